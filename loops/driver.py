@@ -1,0 +1,2 @@
+def on_worker_spawn(sender, proc_name=None, **kwargs):
+    pass
