@@ -1,0 +1,73 @@
+"""Append events to a run's gap-free sequence; ring the doorbell after commit.
+
+Must be called inside a transaction: the run row's `last_seq` is bumped with a
+conditional update, which serialises appenders of one run. Viewers are woken
+after the commit, never before, so they can always read what they are told about.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from loops.models import Event, Run
+
+log = logging.getLogger(__name__)
+
+
+def append(run_id: int, kind: str, data: dict[str, Any] | None = None) -> int:
+    """Append one event; return its seq."""
+    return append_many(run_id, [(kind, data or {})])
+
+
+def append_many(run_id: int, items: Iterable[tuple[str, dict[str, Any]]]) -> int:
+    """Append events in order; return the last seq."""
+    items = list(items)
+    if not items:
+        return 0
+    Run.objects.filter(pk=run_id).update(last_seq=F("last_seq") + len(items))
+    last = Run.objects.filter(pk=run_id).values_list("last_seq", flat=True).get()
+    first = last - len(items) + 1
+    now = timezone.now()
+    Event.objects.bulk_create(
+        Event(run_id=run_id, seq=first + i, kind=kind, data=data, created_at=now)
+        for i, (kind, data) in enumerate(items)
+    )
+    transaction.on_commit(lambda: ring(run_id, last))
+    return last
+
+
+def group_name(run_id: int) -> str:
+    return f"run.{run_id}"
+
+
+FLEET_GROUP = "fleet"
+
+
+def ring(run_id: int, seq: int) -> None:
+    """Wake viewers of `run_id`; they read the events themselves from the database."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        return  # embedded default: viewers tail the events table
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    message = {"type": "run.doorbell", "run": run_id, "seq": seq}
+    try:
+        async_to_sync(layer.group_send)(group_name(run_id), message)
+        async_to_sync(layer.group_send)(FLEET_GROUP, message)
+    except Exception:  # a missed doorbell only delays viewers until their next poll
+        log.warning("doorbell for run %s failed", run_id, exc_info=True)
+
+
+def after(run: Run, seq: int, limit: int = 1000) -> list[Event]:
+    """Return the run's events with seq > `seq`, oldest first."""
+    return list(Event.objects.filter(run=run, seq__gt=seq).order_by("seq")[:limit])

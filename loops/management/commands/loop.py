@@ -1,0 +1,140 @@
+"""`python manage.py loop start|watch|cancel|interject` — the console-less client.
+
+The CLI acts as the instance's (or run's) owner and calls the same service
+functions as the API and the console.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from instances.models import Instance
+from loops import services
+from loops.models import Event, Run
+
+
+class Command(BaseCommand):
+    help = "Start, watch, interject or cancel runs."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        start = sub.add_parser("start", help="start a run")
+        start.add_argument("--instance", type=int, required=True, help="instance id")
+        start.add_argument("--objective-file", required=True, help="a file holding the objective ('-' for stdin)")
+        start.add_argument("--max-iterations", type=int)
+        start.add_argument("--max-cost-usd")
+        start.add_argument("--watch", action="store_true", help="watch the run until it finishes")
+        watch = sub.add_parser("watch", help="print a run's events live until it finishes")
+        watch.add_argument("run", type=int)
+        watch.add_argument("--after", type=int, default=0, help="print events after this seq")
+        cancel = sub.add_parser("cancel", help="stop a run")
+        cancel.add_argument("run", type=int)
+        interject = sub.add_parser("interject", help="send a message to a run's next iteration")
+        interject.add_argument("run", type=int)
+        interject.add_argument("message")
+
+    def handle(self, action, **options):
+        try:
+            return getattr(self, f"do_{action}")(**options)
+        except services.Refused as exc:
+            raise CommandError(exc.message) from None
+
+    def _run(self, run_id):
+        run = Run.objects.select_related("owner").filter(pk=run_id).first()
+        if run is None:
+            raise CommandError(f"no run {run_id}; list runs with GET /v1/instances/ID/loop")
+        return run
+
+    def do_start(self, instance, objective_file, max_iterations, max_cost_usd, watch, **_):
+        found = Instance.objects.select_related("owner").filter(pk=instance).first()
+        if found is None:
+            raise CommandError(f"no instance {instance}")
+        try:
+            objective = sys.stdin.read() if objective_file == "-" else Path(objective_file).read_text()
+        except OSError as exc:
+            raise CommandError(f"cannot read the objective file: {exc}") from None
+        run = services.run_start(
+            instance=found,
+            user=found.owner,
+            objective=objective,
+            max_iterations=max_iterations,
+            max_cost_usd=max_cost_usd,
+            via="cli",
+        )
+        self.stdout.write(f"run {run.pk} started on instance {found.pk} ({found.name})")
+        if watch:
+            return self.do_watch(run.pk, 0)
+        return None
+
+    def do_cancel(self, run, **_):
+        found = self._run(run)
+        found = services.run_cancel(run=found, user=found.owner, via="cli")
+        state = found.outcome or "stop requested"
+        self.stdout.write(f"run {found.pk}: {state}")
+
+    def do_interject(self, run, message, **_):
+        found = self._run(run)
+        services.run_interject(run=found, user=found.owner, text=message, via="cli")
+        self.stdout.write(f"run {found.pk}: message queued for the next iteration")
+
+    def do_watch(self, run, after=0, **_):
+        found = self._run(run)
+        seq = after
+        tty = self.stdout.isatty()
+        while True:
+            batch = list(Event.objects.filter(run=found, seq__gt=seq).order_by("seq")[:500])
+            for event in batch:
+                if tty:
+                    self.stdout.write("\r\033[K", ending="")
+                self.stdout.write(_line(event))
+                seq = event.seq
+            found.refresh_from_db()
+            if tty:
+                self.stdout.write(_progress(found), ending="")
+                self.stdout.flush()
+            if found.status == Run.Status.FINISHED and not batch:
+                if tty:
+                    self.stdout.write("")
+                verified = " (verified)" if found.verified else ""
+                self.stdout.write(f"run {found.pk} finished: {found.outcome}{verified} — {found.outcome_detail}")
+                if found.outcome != Run.Outcome.DONE:
+                    sys.exit(2)
+                return None
+            if found.status == Run.Status.WAITING and not batch:
+                if tty:
+                    self.stdout.write("")
+                self.stdout.write(
+                    f"run {found.pk} is waiting for a person: {found.outcome_detail}\n"
+                    f"answer with: python manage.py loop interject {found.pk} 'MESSAGE'"
+                )
+                sys.exit(3)
+            if not batch:
+                time.sleep(0.3)
+
+
+def _line(event: Event) -> str:
+    data = event.data
+    it = f"#{data['iteration']} " if "iteration" in data else ""
+    summary = ""
+    if event.kind == "decision.made":
+        summary = f"{data.get('verdict')}: {data.get('reason', '')[:120]}"
+    elif event.kind == "checks.finished":
+        summary = ", ".join(f"{c['name']} {'pass' if c['passed'] else 'FAIL'}" for c in data.get("checks", []))
+    elif event.kind == "act.finished":
+        summary = "ok" if data.get("ok") else f"failed: {data.get('detail', '')[:120]}"
+    elif event.kind == "iteration.finished":
+        summary = f"${data.get('cost_usd')} in {data.get('duration_ms')} ms"
+    elif event.kind == "run.finished":
+        summary = f"{data.get('outcome')} — {data.get('detail', '')[:200]}"
+    elif event.kind == "interjection.queued":
+        summary = data.get("text", "")[:120]
+    return f"[{event.seq:>4}] {event.kind:<20} {it}{summary}".rstrip()
+
+
+def _progress(run: Run) -> str:
+    return (
+        f"run {run.pk} · {run.status} · iteration {min(run.next_iteration, run.max_iterations)}/{run.max_iterations}"
+        f" · ${run.spent_micros / 1_000_000:.4f}"
+    )

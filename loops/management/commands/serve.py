@@ -1,0 +1,94 @@
+"""`python manage.py serve` — the web server (daphne) and the worker cluster (qcluster).
+
+Both run in the foreground as child processes; Ctrl-C (or SIGTERM) stops both, and
+if one dies the other is stopped too. `--web-only` / `--workers-only` run one role,
+for deployments that spread them over machines.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from loops import accounts
+
+
+class Command(BaseCommand):
+    help = "Run Tether: web server and worker cluster together (or one of them)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+        parser.add_argument("--port", default=os.environ.get("PORT", "8000"))
+        roles = parser.add_mutually_exclusive_group()
+        roles.add_argument("--web-only", action="store_true", help="run only the web server")
+        roles.add_argument("--workers-only", action="store_true", help="run only the worker cluster")
+        parser.add_argument("--no-migrate", action="store_true")
+
+    def handle(self, host, port, web_only, workers_only, no_migrate, **options):
+        try:
+            port_number = int(port)
+            if not 0 < port_number < 65536:
+                raise ValueError
+        except ValueError:
+            raise CommandError(f"PORT must be a TCP port number (1-65535); got {port!r}") from None
+        if not no_migrate:
+            call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        if not workers_only:
+            self._first_start(host, port_number)
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        children: list[tuple[str, subprocess.Popen]] = []
+        if not workers_only:
+            web = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port_number), "tether.asgi:application"]
+            children.append(("web", subprocess.Popen(web, cwd=settings.BASE_DIR)))
+            self.stdout.write(f"Tether web on http://{host}:{port_number}/")
+        if not web_only:
+            children.append(("workers", subprocess.Popen([*manage, "qcluster"], cwd=settings.BASE_DIR)))
+            self.stdout.write(
+                f"Tether workers: {settings.TETHER_WORKERS} process(es) × {settings.TETHER_RUNS_PER_WORKER} runs"
+            )
+        stopping = False
+
+        def stop(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        code = 0
+        while not stopping:
+            for name, child in children:
+                if child.poll() is not None:
+                    self.stderr.write(f"{name} exited with status {child.returncode}; stopping Tether")
+                    code = child.returncode or 1
+                    stopping = True
+            time.sleep(0.2)
+        for _, child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for _, child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+        sys.exit(code)
+
+    def _first_start(self, host: str, port: int) -> None:
+        User = get_user_model()
+        if User.objects.filter(is_superuser=True).exists():
+            return
+        admin = User.objects.create_superuser("admin", email="")
+        admin.set_unusable_password()
+        admin.save()
+        link = accounts.login_link(admin, f"http://{host}:{port}")
+        self.stdout.write(
+            "\nFirst start: created the account 'admin'. Sign in once with this link (it works one time;\n"
+            f"`python manage.py loginlink admin` makes another):\n\n    {link}\n"
+        )

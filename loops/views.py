@@ -1,0 +1,26 @@
+"""Console views that the loop owns: the one-time sign-in link."""
+
+from django.contrib.auth import get_user_model, login
+from django.contrib.auth.tokens import default_token_generator
+from django.http import HttpResponse
+from django.shortcuts import redirect
+from django.utils.encoding import force_str
+from django.utils.http import urlsafe_base64_decode
+
+
+def login_once(request, uidb64: str, token: str):
+    """Sign in with a one-time link; a used or stale link is refused."""
+    User = get_user_model()
+    try:
+        user = User.objects.get(pk=force_str(urlsafe_base64_decode(uidb64)), is_active=True)
+    except (User.DoesNotExist, ValueError, TypeError, OverflowError):
+        user = None
+    if user is None or not default_token_generator.check_token(user, token):
+        return HttpResponse(
+            "This sign-in link was used already or is not valid. "
+            "Make a new one with: python manage.py loginlink USERNAME",
+            status=400,
+            content_type="text/plain",
+        )
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+    return redirect("/")
