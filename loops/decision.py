@@ -189,9 +189,8 @@ def is_degenerate(text: str) -> bool:
     flat = " ".join(text[:_PERIOD_WINDOW].casefold().split())
     if len(flat) < 20:
         return False
-    flat += " "
-    period = len(flat) - _border(flat)
-    return len(flat) >= DEGENERATE_REPEATS * period
+    # "ab ab ab" repeats "ab " once a separator closes the last repetition; "ababab" repeats as is.
+    return any(len(s) >= DEGENERATE_REPEATS * (len(s) - _border(s)) for s in (flat, flat + " "))
 
 
 def _border(text: str) -> int:
