@@ -1,27 +1,551 @@
 """Reserve / settle / release money up a run's pool chain.
 
-Moves money. Placeholder contract until the budgets app lands: every call is a no-op
-that grants. Callers run these inside their own short transaction.
+Moves money. Every function runs inside the caller's transaction when there is one
+(without a savepoint) and opens its own otherwise. The pools a change touches are
+locked in ascending id order (SELECT ... FOR UPDATE on PostgreSQL; on SQLite the
+IMMEDIATE transaction is the lock), so concurrent reservers cannot deadlock. Each
+change writes one append-only `LedgerEntry` per pool carrying the balances after it.
+
+Rules: a reservation is granted only if every limited pool of the chain keeps
+`spent + reserved + amount <= limit`; `settle` releases the reservation and adds the
+actual cost, even when it exceeds the reservation (an overdraft: the only way `spent`
+can pass a limit) — after which that pool grants nothing until it is covered. A period
+(daily / monthly, UTC) restarts `spent` from zero lazily, the first time the pool is
+touched in the new period. A soft threshold is flagged once per period: `settle`
+returns the crossings and sends `budgets.signals.threshold_crossed` after commit.
+
+`BudgetRefused` is raised after the work is done, so a caller that catches it inside
+its own `atomic()` block can carry on in the same transaction.
 """
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import OperationalError, connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from budgets.models import LedgerEntry, Pool, Reservation
+from budgets.pricing import format_usd
+
+type Actor = AbstractBaseUser | str | None
+"""Who made a change: a user, a label ("runner", "reaper", "admin"), or None for the default."""
+
+log = logging.getLogger(__name__)
+
+HELD = Reservation.Status.HELD
+Kind = LedgerEntry.Kind
 
 
 class BudgetRefused(Exception):
     """A pool in the run's chain has no room for the reservation."""
 
-    def __init__(self, pool_name: str, detail: str) -> None:
+    def __init__(self, pool_name: str, detail: str, pool_id: int | None = None) -> None:
         super().__init__(detail)
         self.pool_name = pool_name
+        self.pool_id = pool_id
         self.detail = detail
 
 
-def reserve(*, run, iteration: int, amount: int) -> int | None:
-    """Hold `amount` micro-dollars for (run, iteration); return the reservation id."""
+class InvalidBudget(ValueError):
+    """Bad input for a budget change (a negative limit, a cap below what is spent, ...); nothing changed."""
+
+
+@dataclass(frozen=True)
+class ThresholdCrossing:
+    """A pool's settled spend reached its soft threshold for the first time this period."""
+
+    pool_id: int
+    pool_name: str
+    spent: int
+    limit: int
+    threshold_percent: int
+    run_id: int | None
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"pool {self.pool_name!r} has spent {format_usd(self.spent)} of its {format_usd(self.limit)} limit "
+            f"(threshold {self.threshold_percent}%)"
+        )
+
+
+# --- time and periods ----------------------------------------------------------------
+
+
+def period_floor(period: str, now: datetime) -> datetime | None:
+    """Return the start (UTC) of the period containing `now`; None for pools without a period."""
+    now = now.astimezone(UTC)
+    if period == Pool.Period.DAILY:
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == Pool.Period.MONTHLY:
+        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     return None
 
 
-def settle(reservation_id: int | None, *, actual: int) -> None:
-    """Close the reservation at the measured cost, refunding the rest."""
+def effective_spent(pool: Pool, now: datetime | None = None) -> int:
+    """Return the pool's spent as it stands at `now` (zero if a period boundary has passed)."""
+    start = period_floor(pool.period, now or timezone.now())
+    if start is not None and start > pool.period_start:
+        return 0
+    return int(pool.spent)
 
 
-def close_abandoned(run) -> None:
-    """Settle, conservatively, every reservation a dead driver left held on `run`."""
+# --- actors and entries ----------------------------------------------------------------
+
+
+def _actor(actor: Actor, default: str) -> tuple[Any, str]:
+    if actor is None:
+        return None, default
+    if isinstance(actor, str):
+        return None, actor[:150]
+    return actor, (actor.get_username() or f"user {actor.pk}")[:150]
+
+
+def _entry(pool: Pool, kind: str, actor: tuple[Any, str], now: datetime, **fields: Any) -> LedgerEntry:
+    user, label = actor
+    return LedgerEntry(
+        pool_id=pool.pk,
+        kind=kind,
+        spent_after=pool.spent,
+        reserved_after=pool.reserved,
+        limit_after=pool.limit,
+        actor=user,
+        actor_label=label,
+        created_at=now,
+        **fields,
+    )
+
+
+# --- locking ---------------------------------------------------------------------------
+
+
+def _lock(pool_ids: Iterable[int], now: datetime, actor: tuple[Any, str]) -> list[Pool]:
+    """Lock the pools in ascending id order and apply any due period reset; return them in that order."""
+    pools = list(Pool.objects.select_for_update().filter(pk__in=sorted(set(pool_ids))).order_by("pk"))
+    entries = []
+    for pool in pools:
+        start = period_floor(pool.period, now)
+        if start is None or start <= pool.period_start:
+            continue
+        cleared = pool.spent
+        Pool.objects.filter(pk=pool.pk).update(spent=0, period_start=start, threshold_flagged_at=None)
+        pool.spent, pool.period_start, pool.threshold_flagged_at = 0, start, None
+        entries.append(
+            _entry(
+                pool,
+                Kind.PERIOD_RESET,
+                actor,
+                now,
+                amount=cleared,
+                spent_delta=-cleared,
+                note=f"new {pool.period} period from {start:%Y-%m-%d}; {format_usd(cleared)} spent last period",
+            )
+        )
+    if entries:
+        LedgerEntry.objects.bulk_create(entries)
+    return pools
+
+
+def _chain_for_run(run: Any) -> list[int]:
+    """Return the ids of the run's pool chain (the run pool if it has one, else the instance pool's)."""
+    rows = dict(
+        Pool.objects.filter(
+            Q(kind=Pool.Kind.RUN, run_id=run.pk) | Q(kind=Pool.Kind.INSTANCE, instance_id=run.instance_id)
+        ).values_list("kind", "path")
+    )
+    path = rows.get(Pool.Kind.RUN) or (rows.get(Pool.Kind.INSTANCE) if run.max_cost_micros is None else None)
+    if path is None:
+        from budgets.services import open_run_pools
+
+        return open_run_pools(run).chain_ids()
+    return [int(part) for part in path.strip("/").split("/") if part]
+
+
+def _refusal(pools: list[Pool], amount: int, run: Any, iteration: int) -> BudgetRefused | None:
+    """Return why the chain cannot hold `amount` more (naming the innermost pool), or None."""
+    for pool in sorted(pools, key=lambda p: -len(p.path)):
+        if pool.limit is None:
+            continue
+        committed = pool.spent + pool.reserved
+        if committed > pool.limit:
+            detail = (
+                f"pool {pool.name!r} is overdrawn: spent {format_usd(pool.spent)} + reserved "
+                f"{format_usd(pool.reserved)} exceeds its {format_usd(pool.limit)} limit; "
+                "nothing more is granted until it is covered (top up or raise the limit)"
+            )
+            return BudgetRefused(pool.name, detail, pool.pk)
+        if committed + amount > pool.limit:
+            detail = (
+                f"pool {pool.name!r} has {format_usd(pool.limit - committed)} left of its "
+                f"{format_usd(pool.limit)} limit (spent {format_usd(pool.spent)}, reserved "
+                f"{format_usd(pool.reserved)}); iteration {iteration} of run {run.pk} needs up to "
+                f"{format_usd(amount)}"
+            )
+            return BudgetRefused(pool.name, detail, pool.pk)
+    return None
+
+
+def _check_amount(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole, non-negative number of micro-dollars, got {value!r}")
+    return value
+
+
+# --- reserve / settle / release / close -----------------------------------------------------
+
+
+def reserve(
+    *, run: Any, iteration: int, amount: int, actor: Actor = None, now: datetime | None = None
+) -> int | None:
+    """Hold `amount` micro-dollars for (run, iteration) in every pool of its chain; return the reservation id.
+
+    Idempotent: while a reservation for (run, iteration) is held, its id is returned again.
+    Opens the run's pools if they do not exist yet. Raises `BudgetRefused` naming the pool.
+    """
+    amount = _check_amount("amount", amount)
+    now = now or timezone.now()
+    who = _actor(actor, "runner")
+    with transaction.atomic(savepoint=False):
+        chain = _chain_for_run(run)
+        pools = _lock(chain, now, who)
+        held = (
+            Reservation.objects.filter(run_id=run.pk, iteration=iteration, status=HELD)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if held is not None:
+            return int(held)
+        refused = _refusal(pools, amount, run, iteration)
+        if refused is None:
+            reservation = Reservation.objects.create(
+                run_id=run.pk, iteration=iteration, amount=amount, chain=[p.pk for p in pools], created_at=now
+            )
+            Pool.objects.filter(pk__in=reservation.chain).update(reserved=F("reserved") + amount)
+            entries = []
+            for pool in pools:
+                pool.reserved += amount
+                entries.append(
+                    _entry(
+                        pool,
+                        Kind.RESERVE,
+                        who,
+                        now,
+                        amount=amount,
+                        reserved_delta=amount,
+                        reservation_id=reservation.pk,
+                        run_id=run.pk,
+                        iteration=iteration,
+                    )
+                )
+            LedgerEntry.objects.bulk_create(entries)
+            return int(reservation.pk)
+    raise refused
+
+
+def settle(
+    reservation_id: int | None, *, actual: int, actor: Actor = None, now: datetime | None = None
+) -> list[ThresholdCrossing]:
+    """Close the reservation at the measured cost `actual`, refunding the rest.
+
+    Idempotent: a reservation that is no longer held is left alone (returns []). Settles
+    beyond the reservation too (an overdraft). Returns the soft thresholds this crossed.
+    """
+    if reservation_id is None:
+        return []
+    actual = _check_amount("actual", actual)
+    return _close(
+        reservation_id, actual, Kind.SETTLE, Reservation.Status.SETTLED, _actor(actor, "runner"), now
+    )
+
+
+def release(reservation_id: int | None, *, actor: Actor = None, now: datetime | None = None) -> None:
+    """Give the whole reservation back: the act never ran, nothing was spent. Idempotent."""
+    if reservation_id is None:
+        return
+    _close(reservation_id, 0, Kind.RELEASE, Reservation.Status.RELEASED, _actor(actor, "runner"), now)
+
+
+def close_abandoned(run: Any, *, actor: Actor = None, now: datetime | None = None) -> int:
+    """Settle every reservation still held on `run` at its reserved amount (a dead driver's); return the total.
+
+    Conservative: the act may have spent up to the reservation, so all of it counts as spent.
+    """
+    now = now or timezone.now()
+    who = _actor(actor, "reaper")
+    total = 0
+    with transaction.atomic(savepoint=False):
+        held = list(Reservation.objects.filter(run_id=run.pk, status=HELD).values_list("pk", "chain"))
+        if not held:
+            return 0
+        pools = {p.pk: p for p in _lock((pk for _, chain in held for pk in chain), now, who)}
+        for reservation in (
+            Reservation.objects.select_for_update().filter(pk__in=[pk for pk, _ in held]).order_by("pk")
+        ):
+            if reservation.status != HELD:
+                continue
+            _apply_close(
+                reservation,
+                [pools[pk] for pk in reservation.chain],
+                reservation.amount,
+                Kind.ABANDONED,
+                Reservation.Status.ABANDONED,
+                who,
+                now,
+            )
+            total += reservation.amount
+    return total
+
+
+def _close(
+    reservation_id: int, actual: int, kind: str, status: str, who: tuple[Any, str], now: datetime | None
+) -> list[ThresholdCrossing]:
+    now = now or timezone.now()
+    with transaction.atomic(savepoint=False):
+        peek = Reservation.objects.filter(pk=reservation_id).values_list("status", "chain").first()
+        if peek is None:
+            raise Reservation.DoesNotExist(f"no reservation {reservation_id}")
+        if peek[0] != HELD:
+            return []
+        pools = _lock(peek[1], now, who)
+        reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
+        if reservation.status != HELD:
+            return []
+        return _apply_close(reservation, pools, actual, kind, status, who, now)
+
+
+def _apply_close(
+    reservation: Reservation,
+    pools: list[Pool],
+    actual: int,
+    kind: str,
+    status: str,
+    who: tuple[Any, str],
+    now: datetime,
+) -> list[ThresholdCrossing]:
+    """Move the reservation out of `reserved` and `actual` into `spent` on every (locked) pool."""
+    amount = reservation.amount
+    overdraft = max(0, actual - amount)
+    Pool.objects.filter(pk__in=[p.pk for p in pools]).update(
+        reserved=F("reserved") - amount, spent=F("spent") + actual
+    )
+    reservation.status, reservation.actual, reservation.overdraft, reservation.closed_at = (
+        status,
+        actual,
+        overdraft,
+        now,
+    )
+    Reservation.objects.filter(pk=reservation.pk).update(
+        status=status, actual=actual, overdraft=overdraft, closed_at=now
+    )
+    note = ""
+    if kind == Kind.ABANDONED:
+        note = "its driver died; settled at the full reservation (conservative)"
+    elif overdraft:
+        note = f"actual cost exceeded the reservation of {format_usd(amount)} by {format_usd(overdraft)}"
+    entries = []
+    crossings = []
+    flagged = []
+    for pool in pools:
+        pool.reserved -= amount
+        pool.spent += actual
+        entries.append(
+            _entry(
+                pool,
+                kind,
+                who,
+                now,
+                amount=actual,
+                spent_delta=actual,
+                reserved_delta=-amount,
+                reservation_id=reservation.pk,
+                run_id=reservation.run_id,
+                iteration=reservation.iteration,
+                note=note,
+            )
+        )
+        if pool.limit is None:
+            continue
+        if overdraft and pool.spent + pool.reserved > pool.limit:
+            entries.append(
+                _entry(
+                    pool,
+                    Kind.OVERDRAFT,
+                    who,
+                    now,
+                    amount=pool.spent + pool.reserved - pool.limit,
+                    reservation_id=reservation.pk,
+                    run_id=reservation.run_id,
+                    iteration=reservation.iteration,
+                    note=f"over its limit by {format_usd(pool.spent + pool.reserved - pool.limit)}; "
+                    "no new reservation until covered",
+                )
+            )
+        if _over_threshold(pool) and pool.threshold_flagged_at is None and pool.threshold_percent is not None:
+            pool.threshold_flagged_at = now
+            flagged.append(pool.pk)
+            crossing = ThresholdCrossing(
+                pool.pk, pool.name, pool.spent, pool.limit, pool.threshold_percent, reservation.run_id
+            )
+            crossings.append(crossing)
+            entries.append(
+                _entry(
+                    pool,
+                    Kind.THRESHOLD,
+                    who,
+                    now,
+                    amount=pool.spent,
+                    run_id=reservation.run_id,
+                    note=crossing.detail,
+                )
+            )
+    if flagged:
+        Pool.objects.filter(pk__in=flagged).update(threshold_flagged_at=now)
+    LedgerEntry.objects.bulk_create(entries)
+    if crossings:
+        _announce(crossings)
+    return crossings
+
+
+def _over_threshold(pool: Pool) -> bool:
+    if pool.limit is None or pool.threshold_percent is None:
+        return False
+    return bool(pool.spent * 100 >= pool.limit * pool.threshold_percent)
+
+
+def _announce(crossings: list[ThresholdCrossing]) -> None:
+    from budgets.signals import threshold_crossed
+
+    def send() -> None:
+        for crossing in crossings:
+            threshold_crossed.send(sender=Pool, crossing=crossing)
+
+    transaction.on_commit(send)
+
+
+# --- limits, top-ups, period resets (admin and API) -------------------------------------------
+
+
+def _pool_id(pool: Pool | int) -> int:
+    return pool if isinstance(pool, int) else pool.pk
+
+
+def top_up(pool: Pool | int, amount: int, actor: Actor, *, now: datetime | None = None) -> Pool:
+    """Raise a limited pool's limit by `amount` micro-dollars; return the pool as it now stands."""
+    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
+        raise InvalidBudget(f"a top-up must be a positive whole number of micro-dollars, got {amount!r}")
+    now = now or timezone.now()
+    who = _actor(actor, "system")
+    with transaction.atomic():
+        (locked,) = _lock([_pool_id(pool)], now, who)
+        if locked.limit is None:
+            raise InvalidBudget(f"pool {locked.name!r} is unlimited; set a limit instead of topping it up")
+        before = locked.limit
+        locked.limit = before + amount
+        _refresh_threshold_flag(locked)
+        Pool.objects.filter(pk=locked.pk).update(
+            limit=locked.limit, threshold_flagged_at=locked.threshold_flagged_at
+        )
+        _entry(
+            locked,
+            Kind.TOP_UP,
+            who,
+            now,
+            amount=amount,
+            note=f"limit {format_usd(before)} -> {format_usd(locked.limit)}",
+        ).save()
+    return locked
+
+
+def set_limit(pool: Pool | int, limit: int | None, actor: Actor, *, now: datetime | None = None) -> Pool:
+    """Set a pool's limit (None = unlimited); refuses a limit below what the pool has spent this period."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise InvalidBudget(
+            f"a limit must be empty or a whole, non-negative number of micro-dollars, got {limit!r}"
+        )
+    now = now or timezone.now()
+    who = _actor(actor, "system")
+    with transaction.atomic():
+        (locked,) = _lock([_pool_id(pool)], now, who)
+        if limit is not None and limit < locked.spent:
+            raise InvalidBudget(
+                f"pool {locked.name!r} has already spent {format_usd(locked.spent)} this period; "
+                f"a limit of {format_usd(limit)} would be below that"
+            )
+        if limit == locked.limit:
+            return locked
+        before = locked.limit
+        locked.limit = limit
+        _refresh_threshold_flag(locked)
+        Pool.objects.filter(pk=locked.pk).update(
+            limit=limit, threshold_flagged_at=locked.threshold_flagged_at
+        )
+        _entry(
+            locked,
+            Kind.LIMIT,
+            who,
+            now,
+            amount=limit or 0,
+            note=f"limit {format_usd(before)} -> {format_usd(limit)}",
+        ).save()
+    return locked
+
+
+def reset_period(pool: Pool | int, actor: Actor, *, now: datetime | None = None) -> Pool:
+    """Start a periodic pool's spend again from zero now (an explicit, logged period reset)."""
+    now = now or timezone.now()
+    who = _actor(actor, "system")
+    with transaction.atomic():
+        (locked,) = _lock([_pool_id(pool)], now, who)
+        if locked.period == Pool.Period.NONE:
+            raise InvalidBudget(f"pool {locked.name!r} has no period to reset; raise its limit instead")
+        cleared = locked.spent
+        locked.spent, locked.threshold_flagged_at = 0, None
+        Pool.objects.filter(pk=locked.pk).update(spent=0, threshold_flagged_at=None)
+        _entry(
+            locked,
+            Kind.PERIOD_RESET,
+            who,
+            now,
+            amount=cleared,
+            spent_delta=-cleared,
+            note=f"period reset by hand; {format_usd(cleared)} spent before it",
+        ).save()
+    return locked
+
+
+def _refresh_threshold_flag(pool: Pool) -> None:
+    # A limit raised past the spend re-arms the soft threshold for this period.
+    if pool.threshold_flagged_at is not None and not _over_threshold(pool):
+        pool.threshold_flagged_at = None
+
+
+# --- retrying whole transactions ------------------------------------------------------------
+
+
+def atomic_with_retry[T](work: Callable[[], T], *, attempts: int = 10, backoff: float = 0.005) -> T:
+    """Run `work()` in its own transaction, retrying it on a deadlock, serialization failure or busy database.
+
+    For callers that own the whole transaction (workers, scripts, benchmarks); it cannot be
+    used inside an `atomic()` block, because a failed statement spoils the outer transaction.
+    """
+    if connection.in_atomic_block:
+        raise RuntimeError("atomic_with_retry must own the transaction; call it outside atomic()")
+    for attempt in range(1, attempts + 1):
+        try:
+            with transaction.atomic():
+                return work()
+        except OperationalError as error:
+            if attempt == attempts:
+                raise
+            log.info("ledger transaction retried after %s (attempt %d)", error, attempt)
+            time.sleep(backoff * (2 ** (attempt - 1)) * (0.5 + random.random()))
+    raise AssertionError("unreachable")

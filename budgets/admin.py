@@ -1,0 +1,266 @@
+"""Admin for pools, the ledger, reservations and prices.
+
+Money never changes through a plain model save here: a new limit goes through
+`ledger.set_limit`, a top-up through `ledger.top_up`, a period reset through
+`ledger.reset_period`, so every change is a ledger entry naming the person.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html_join
+
+from budgets import ledger, selectors, services
+from budgets.models import LedgerEntry, Pool, Price, Reservation
+from budgets.pricing import format_usd, micros_to_usd, usd_to_micros
+
+USD = {"max_digits": 16, "decimal_places": 6, "min_value": Decimal(0)}
+
+
+class PoolForm(forms.ModelForm):
+    limit_usd = forms.DecimalField(label="Limit (USD)", required=False, help_text="empty = unlimited", **USD)
+    top_up_usd = forms.DecimalField(
+        label="Top up (USD)", required=False, help_text="adds to the limit; recorded in the ledger", **USD
+    )
+
+    class Meta:
+        model = Pool
+        fields = ["name", "kind", "parent", "owner", "instance", "run", "period", "threshold_percent"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and self.instance.limit is not None:
+            self.fields["limit_usd"].initial = micros_to_usd(self.instance.limit)
+        if not self.instance.pk:
+            del self.fields["top_up_usd"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        limit = data.get("limit_usd")
+        data["limit"] = None if limit is None else usd_to_micros(limit)
+        pool = self.instance
+        if pool.pk:
+            spent = ledger.effective_spent(pool)
+            if data["limit"] is not None and data["limit"] < spent:
+                self.add_error("limit_usd", f"This pool has already spent {format_usd(spent)} this period.")
+            if data.get("top_up_usd") and data["limit"] is None:
+                self.add_error("top_up_usd", "An unlimited pool cannot be topped up; set a limit instead.")
+        else:
+            kind, parent = data.get("kind"), data.get("parent")
+            if (kind == Pool.Kind.ROOT) != (parent is None):
+                self.add_error("parent", "The root pool, and only it, has no parent.")
+        return data
+
+
+@admin.display(description="limit")
+def _limit(pool: Pool) -> str:
+    return format_usd(pool.limit)
+
+
+@admin.display(description="spent")
+def _spent(pool: Pool) -> str:
+    return format_usd(ledger.effective_spent(pool))
+
+
+@admin.display(description="reserved")
+def _reserved(pool: Pool) -> str:
+    return format_usd(pool.reserved)
+
+
+@admin.display(description="remaining")
+def _remaining(pool: Pool) -> str:
+    return format_usd(selectors.pool_headroom(pool).remaining)
+
+
+class LedgerEntryInline(admin.TabularInline):
+    model = LedgerEntry
+    fk_name = "pool"
+    fields = [
+        "created_at",
+        "kind",
+        "amount_usd",
+        "spent_after",
+        "reserved_after",
+        "limit_after",
+        "run_id",
+        "actor_label",
+        "note",
+    ]
+    readonly_fields = fields
+    ordering = ["-id"]
+    extra = 0
+    max_num = 0
+    can_delete = False
+    show_change_link = True
+
+    @admin.display(description="amount")
+    def amount_usd(self, entry: LedgerEntry) -> str:
+        return format_usd(entry.amount)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin):
+    form = PoolForm
+    list_display = ["name", "kind", "parent", _limit, _spent, _reserved, _remaining, "period"]
+    list_filter = ["kind", "period"]
+    search_fields = ["name"]
+    raw_id_fields = ["parent", "owner", "instance", "run"]
+    readonly_fields = [
+        "path",
+        _spent,
+        _reserved,
+        _remaining,
+        "period_start",
+        "threshold_flagged_at",
+        "children_links",
+    ]
+    inlines = [LedgerEntryInline]
+    actions = ["reset_period"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> list[Any]:
+        fields = list(self.readonly_fields)
+        if obj is not None:
+            # The tree and the period are fixed once a pool exists: no cycles, no silent re-basing.
+            fields += ["kind", "parent", "owner", "instance", "run", "period"]
+        return fields
+
+    @admin.display(description="children")
+    def children_links(self, pool: Pool) -> str:
+        children = pool.children.all()
+        if not children:
+            return "—"
+        return format_html_join(
+            ", ",
+            '<a href="{}">{}</a>',
+            ((reverse("admin:budgets_pool_change", args=[c.pk]), c.name) for c in children),
+        )
+
+    def save_model(self, request: HttpRequest, obj: Pool, form: PoolForm, change: bool) -> None:
+        data = form.cleaned_data
+        if not change:
+            created = services.pool_create(
+                kind=data["kind"],
+                name=data["name"],
+                parent=data.get("parent"),
+                owner=data.get("owner"),
+                instance=data.get("instance"),
+                run=data.get("run"),
+                limit=data["limit"],
+                period=data["period"],
+                threshold_percent=data.get("threshold_percent"),
+                actor=request.user,
+            )
+            obj.pk = created.pk
+            return
+        Pool.objects.filter(pk=obj.pk).update(
+            name=data["name"], threshold_percent=data.get("threshold_percent")
+        )
+        if data["limit"] != Pool.objects.values_list("limit", flat=True).get(pk=obj.pk):
+            ledger.set_limit(obj.pk, data["limit"], request.user)
+        if data.get("top_up_usd"):
+            ledger.top_up(obj.pk, usd_to_micros(data["top_up_usd"]), request.user)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        # The only inline is the read-only ledger.
+        return
+
+    @admin.action(description="Reset the period of the selected pools (spent starts again from zero)")
+    def reset_period(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
+        for pool in queryset:
+            try:
+                ledger.reset_period(pool, request.user)
+            except ledger.InvalidBudget as error:
+                self.message_user(request, str(error), messages.ERROR)
+            else:
+                self.message_user(request, f"{pool.name}: period reset", messages.SUCCESS)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "created_at",
+        "pool",
+        "kind",
+        "amount_usd",
+        "spent_after",
+        "reserved_after",
+        "run_id",
+        "actor_label",
+    ]
+    list_filter = ["kind"]
+    list_select_related = ["pool"]
+    search_fields = ["pool__name", "note", "actor_label"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description="amount")
+    def amount_usd(self, entry: LedgerEntry) -> str:
+        return format_usd(entry.amount)
+
+
+@admin.register(Reservation)
+class ReservationAdmin(ReadOnlyAdmin):
+    list_display = [
+        "id",
+        "run_id",
+        "iteration",
+        "status",
+        "amount_usd",
+        "actual_usd",
+        "overdraft",
+        "created_at",
+    ]
+    list_filter = ["status"]
+    search_fields = ["=run_id"]
+
+    @admin.display(description="amount")
+    def amount_usd(self, reservation: Reservation) -> str:
+        return format_usd(reservation.amount)
+
+    @admin.display(description="actual")
+    def actual_usd(self, reservation: Reservation) -> str:
+        return "—" if reservation.actual is None else format_usd(reservation.actual)
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin):
+    list_display = [
+        "model",
+        "effective_from",
+        "input_usd_per_mtok",
+        "output_usd_per_mtok",
+        "cache_write_usd_per_mtok",
+        "cache_read_usd_per_mtok",
+    ]
+    search_fields = ["model"]
+    list_filter = ["effective_from"]

@@ -1,0 +1,294 @@
+"""Reads for pages, the API and the runner: headroom, thresholds, prices, estimates, audits.
+
+No writes. Balances are shown as they stand now: a pool whose period has ended shows
+zero spent even before the ledger touches it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q, QuerySet, Sum
+from django.utils import timezone
+
+from budgets import pricing
+from budgets.ledger import effective_spent
+from budgets.models import LedgerEntry, Pool, Price, Reservation
+
+log = logging.getLogger(__name__)
+
+# The dearest published rates (the claude-opus-4 family), used for a model with no price row.
+FALLBACK_RATES = pricing.Rates(
+    input_usd_per_mtok=Decimal("15"),
+    output_usd_per_mtok=Decimal("75"),
+    cache_write_usd_per_mtok=Decimal("18.75"),
+    cache_read_usd_per_mtok=Decimal("1.50"),
+)
+DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
+
+
+@dataclass(frozen=True)
+class PoolHeadroom:
+    id: int
+    name: str
+    kind: str
+    period: str
+    limit: int | None
+    spent: int
+    reserved: int
+    remaining: int | None  # limit - spent - reserved; negative when overdrawn; None when unlimited
+    threshold_percent: int | None
+    over_threshold: bool
+
+    @property
+    def overdrawn(self) -> bool:
+        return self.remaining is not None and self.remaining < 0
+
+    def as_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["overdrawn"] = self.overdrawn
+        return data
+
+
+@dataclass(frozen=True)
+class ChainHeadroom:
+    """A run's pool chain, root first, and what it can still grant."""
+
+    pools: list[PoolHeadroom]
+    remaining: int | None  # the least any limited pool has left (never below zero); None if all unlimited
+    limiting: PoolHeadroom | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "remaining_micros": self.remaining,
+            "remaining_usd": pricing.format_usd(self.remaining),
+            "limiting_pool": self.limiting.id if self.limiting else None,
+            "pools": [p.as_json() for p in self.pools],
+        }
+
+
+def pool_headroom(pool: Pool, now: datetime | None = None) -> PoolHeadroom:
+    spent = effective_spent(pool, now)
+    remaining = None if pool.limit is None else pool.limit - spent - pool.reserved
+    over = (
+        pool.limit is not None
+        and pool.threshold_percent is not None
+        and spent * 100 >= pool.limit * pool.threshold_percent
+    )
+    return PoolHeadroom(
+        id=pool.pk,
+        name=pool.name,
+        kind=pool.kind,
+        period=pool.period,
+        limit=pool.limit,
+        spent=spent,
+        reserved=pool.reserved,
+        remaining=remaining,
+        threshold_percent=pool.threshold_percent,
+        over_threshold=over,
+    )
+
+
+def chain_headroom(pools: Iterable[Pool], now: datetime | None = None) -> tuple[int | None, Pool | None]:
+    """Return (the least remaining of the limited pools, never below zero, and that pool)."""
+    best: tuple[int | None, Pool | None] = (None, None)
+    for pool in pools:
+        if pool.limit is None:
+            continue
+        left = max(0, pool.limit - effective_spent(pool, now) - pool.reserved)
+        if best[0] is None or left < best[0]:
+            best = (left, pool)
+    return best
+
+
+def run_chain(run: Any) -> list[Pool]:
+    """Return the run's pools, root first (the run pool's chain, else the instance pool's); [] if none yet."""
+    leaf = (
+        Pool.objects.filter(kind=Pool.Kind.RUN, run_id=run.pk).first()
+        or Pool.objects.filter(kind=Pool.Kind.INSTANCE, instance_id=run.instance_id).first()
+    )
+    if leaf is None:
+        return []
+    return list(Pool.objects.filter(pk__in=leaf.chain_ids()).order_by("path"))
+
+
+def headroom_for_run(run: Any, now: datetime | None = None) -> ChainHeadroom:
+    """Return the run's chain with limit / spent / reserved / remaining per pool, for pages and the API."""
+    return headroom_for_chain(run_chain(run), now)
+
+
+def headroom_for_pool(pool: Pool, now: datetime | None = None) -> ChainHeadroom:
+    return headroom_for_chain(list(Pool.objects.filter(pk__in=pool.chain_ids()).order_by("path")), now)
+
+
+def headroom_for_chain(pools: list[Pool], now: datetime | None = None) -> ChainHeadroom:
+    now = now or timezone.now()
+    rows = [pool_headroom(p, now) for p in pools]
+    remaining, limiting = chain_headroom(pools, now)
+    return ChainHeadroom(
+        pools=rows,
+        remaining=remaining,
+        limiting=next((r for r in rows if limiting is not None and r.id == limiting.pk), None),
+    )
+
+
+def pools_over_threshold(run: Any, now: datetime | None = None) -> list[PoolHeadroom]:
+    """Return the pools of the run's chain whose spend this period is at or past their soft threshold."""
+    return [p for p in headroom_for_run(run, now).pools if p.over_threshold]
+
+
+def pools_visible_to(user: Any) -> QuerySet[Pool]:
+    """Return the pools `user` may see: all for staff, else the pools they own."""
+    if user.is_staff:
+        return Pool.objects.all()
+    return Pool.objects.filter(Q(owner=user) | Q(instance__owner=user) | Q(run__owner=user)).distinct()
+
+
+def pool_as_json(pool: Pool, now: datetime | None = None) -> dict[str, Any]:
+    row = pool_headroom(pool, now).as_json()
+    row.update(
+        parent=pool.parent_id,
+        instance=pool.instance_id,
+        run=pool.run_id,
+        children=list(pool.children.values_list("pk", flat=True)),
+        chain=headroom_for_pool(pool, now).as_json(),
+    )
+    return row
+
+
+# --- prices and estimates ---------------------------------------------------------------
+
+
+def price_for_model(model: str, on: Any = None) -> pricing.RatesLike:
+    """Return the rates in force for `model`; an unknown model is priced at the dearest rates (logged)."""
+    price: Price | None = Price.objects.for_model(model or "", on)
+    if price is not None:
+        return price
+    log.warning("no price for model %r; pricing it at the dearest known rates", model)
+    dearest: Price | None = Price.objects.order_by("-output_usd_per_mtok", "-input_usd_per_mtok").first()
+    if dearest is None or dearest.output_usd_per_mtok < FALLBACK_RATES.output_usd_per_mtok:
+        return FALLBACK_RATES
+    return dearest
+
+
+def usage_cost(usage: pricing.UsageLike) -> int:
+    """Return what `usage` cost in micro-dollars: as reported, else its tokens x the model's price."""
+    if usage.cost_micros is not None:
+        return pricing.cost_micros(usage, None)
+    if not (usage.input_tokens or usage.output_tokens or usage.cache_write_tokens or usage.cache_read_tokens):
+        return 0
+    return pricing.cost_micros(usage, price_for_model(usage.model))
+
+
+def _setting(name: str, default: Any) -> Any:
+    return getattr(settings, name, default)
+
+
+def estimate_iteration(run: Any) -> int:
+    """Return the worst-case micro-dollars of one iteration of `run` (act plus an llm decider's call).
+
+    `command` brain: the instance's `iteration_reserve_micros` if it has one, else
+    TETHER_COMMAND_ITERATION_RESERVE_USD (default 0.05). `anthropic` brain: up to
+    min(instance.max_tool_turns, TETHER_ANTHROPIC_RESERVE_TURNS (default 4)) model calls of
+    `max_output_tokens` each at the model's price, each re-sending the context and every
+    earlier output. An act that may run more turns than that can overdraw; the brain should
+    treat the reservation as its allowance for the act.
+    """
+    instance = run.instance
+    if instance.brain == "anthropic":
+        model = getattr(instance, "model", "") or _setting("TETHER_ANTHROPIC_MODEL", DEFAULT_ANTHROPIC_MODEL)
+        act = pricing.worst_case_call_micros(
+            price_for_model(model),
+            input_tokens=_context_tokens(run),
+            max_output_tokens=int(
+                getattr(instance, "max_output_tokens", 0)
+                or _setting("TETHER_ANTHROPIC_MAX_OUTPUT_TOKENS", 8192)
+            ),
+            calls=max(
+                1,
+                min(
+                    int(getattr(instance, "max_tool_turns", 1) or 1),
+                    int(_setting("TETHER_ANTHROPIC_RESERVE_TURNS", 4)),
+                ),
+            ),
+        )
+    else:
+        own = getattr(instance, "iteration_reserve_micros", None)
+        if own is not None:
+            act = int(own)
+        else:
+            act = pricing.usd_to_micros(_setting("TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05"))
+    if getattr(instance, "decider", "") == "llm":
+        model = (
+            getattr(instance, "decider_model", "")
+            or getattr(instance, "model", "")
+            or _setting("TETHER_ANTHROPIC_MODEL", DEFAULT_ANTHROPIC_MODEL)
+        )
+        act += pricing.worst_case_call_micros(
+            price_for_model(model),
+            input_tokens=_context_tokens(run),
+            max_output_tokens=int(_setting("TETHER_DECIDER_MAX_OUTPUT_TOKENS", 1024)),
+        )
+    return act
+
+
+def _context_tokens(run: Any) -> int:
+    """A generous size of one call's prompt: system prompt, objective, instruction, history, tool schemas."""
+    chars = (
+        len(getattr(run.instance, "system_prompt", "") or "")
+        + len(run.objective or "")
+        + len(run.next_instruction or "")
+        + len(str((run.history or {}).get("snapshot", "")))
+    )
+    overhead = int(_setting("TETHER_ANTHROPIC_PROMPT_OVERHEAD_TOKENS", 4000))
+    return pricing.tokens_for_chars(chars) + overhead
+
+
+# --- audit -------------------------------------------------------------------------------
+
+
+def audit_pool(pool: Pool) -> list[str]:
+    """Return every way the pool's balances disagree with its ledger and reservations ([] when sound).
+
+    spent == Σ spent_delta (settles, abandoned closes, minus period resets) == Σ settled since
+    the last reset; reserved == Σ reserved_delta == Σ amounts of held reservations holding it.
+    """
+    pool.refresh_from_db()
+    problems = []
+    entries = LedgerEntry.objects.filter(pool=pool)
+    sums = entries.aggregate(spent=Sum("spent_delta"), reserved=Sum("reserved_delta"))
+    if (sums["spent"] or 0) != pool.spent:
+        problems.append(f"{pool.name}: spent {pool.spent} != ledger Σ spent_delta {sums['spent'] or 0}")
+    if (sums["reserved"] or 0) != pool.reserved:
+        problems.append(
+            f"{pool.name}: reserved {pool.reserved} != ledger Σ reserved_delta {sums['reserved'] or 0}"
+        )
+    last_reset = (
+        entries.filter(kind=LedgerEntry.Kind.PERIOD_RESET)
+        .order_by("-pk")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    since = entries.filter(kind__in=[LedgerEntry.Kind.SETTLE, LedgerEntry.Kind.ABANDONED])
+    if last_reset is not None:
+        since = since.filter(pk__gt=last_reset)
+    settled = since.aggregate(total=Sum("amount"))["total"] or 0
+    if settled != pool.spent:
+        problems.append(f"{pool.name}: spent {pool.spent} != Σ settled since the period began {settled}")
+    held = (
+        Reservation.objects.filter(
+            status=Reservation.Status.HELD, entries__pool=pool, entries__kind=LedgerEntry.Kind.RESERVE
+        ).aggregate(total=Sum("amount"))["total"]
+        or 0
+    )
+    if held != pool.reserved:
+        problems.append(f"{pool.name}: reserved {pool.reserved} != Σ held reservations {held}")
+    if pool.spent < 0 or pool.reserved < 0:
+        problems.append(f"{pool.name}: negative balance (spent {pool.spent}, reserved {pool.reserved})")
+    return problems

@@ -1,0 +1,202 @@
+"""Writes that shape the pool tree: open a run's chain, create pools, cap a run.
+
+Every function runs in the caller's transaction (inside a savepoint, so an
+`InvalidBudget` leaves nothing behind). Money inside pools moves only through
+`budgets.ledger`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+
+from budgets import ledger
+from budgets.ledger import InvalidBudget
+from budgets.models import Pool
+from budgets.pricing import format_usd
+
+ROOT_NAME = "organisation"
+
+
+def pool_create(
+    *,
+    kind: str,
+    name: str,
+    parent: Pool | None,
+    owner: Any = None,
+    instance: Any = None,
+    run: Any = None,
+    limit: int | None = None,
+    period: str = Pool.Period.NONE,
+    threshold_percent: int | None = 80,
+    actor: ledger.Actor = None,
+) -> Pool:
+    """Create a pool under `parent`; a limit given here is logged as the pool's first limit change."""
+    if (kind == Pool.Kind.ROOT) != (parent is None):
+        raise InvalidBudget("the root pool, and only it, has no parent")
+    if kind not in Pool.Kind.values:
+        raise InvalidBudget(f"unknown pool kind {kind!r}")
+    if period not in Pool.Period.values:
+        raise InvalidBudget(f"unknown period {period!r}")
+    if threshold_percent is not None and not 0 <= threshold_percent <= 100:
+        raise InvalidBudget(f"a threshold is a percentage, got {threshold_percent!r}")
+    _check_limit(limit)
+    with transaction.atomic():
+        pool: Pool = Pool.objects.create(
+            kind=kind,
+            name=name[:200],
+            parent=parent,
+            owner=owner,
+            instance=instance,
+            run=run,
+            period=period,
+            threshold_percent=threshold_percent,
+        )
+        pool.path = f"{parent.path if parent else '/'}{pool.pk}/"
+        Pool.objects.filter(pk=pool.pk).update(path=pool.path)
+        if limit is not None:
+            pool = ledger.set_limit(pool, limit, actor)
+    return pool
+
+
+def root_pool() -> Pool:
+    """Return the organisation's root pool, creating it (unlimited) on first use."""
+    pool: Pool | None = Pool.objects.filter(kind=Pool.Kind.ROOT).first()
+    return pool or _create_once(
+        lambda: pool_create(kind=Pool.Kind.ROOT, name=ROOT_NAME, parent=None), kind="root"
+    )
+
+
+def user_pool(user: Any) -> Pool:
+    """Return `user`'s pool under the root, creating it (unlimited) on first use."""
+    pool: Pool | None = Pool.objects.filter(kind=Pool.Kind.USER, owner=user).first()
+    if pool:
+        return pool
+    parent = root_pool()
+    return _create_once(
+        lambda: pool_create(
+            kind=Pool.Kind.USER, name=f"user {user.get_username()}", parent=parent, owner=user
+        ),
+        kind="user",
+        owner=user,
+    )
+
+
+def instance_pool(instance: Any) -> Pool:
+    """Return `instance`'s pool under its owner's pool, creating it (unlimited) on first use."""
+    pool: Pool | None = Pool.objects.filter(kind=Pool.Kind.INSTANCE, instance=instance).first()
+    if pool:
+        return pool
+    parent = user_pool(instance.owner)
+    return _create_once(
+        lambda: pool_create(
+            kind=Pool.Kind.INSTANCE,
+            name=f"instance {instance.name} (#{instance.pk})",
+            parent=parent,
+            owner=instance.owner,
+            instance=instance,
+        ),
+        kind="instance",
+        instance=instance,
+    )
+
+
+def _create_once(create: Callable[[], Pool], **lookup: Any) -> Pool:
+    # Two transactions may race to create the same pool; the unique constraint lets one win.
+    from django.db import IntegrityError
+
+    try:
+        with transaction.atomic():
+            return create()
+    except IntegrityError:
+        winner: Pool = Pool.objects.get(**lookup)
+        return winner
+
+
+def open_run_pools(run: Any) -> Pool:
+    """Ensure the chain root -> user -> instance exists for `run`, plus a run pool if it has a cap.
+
+    Return the innermost pool (the run pool, or the instance pool). Called by `run_start` inside
+    its transaction. Raises `InvalidBudget` (and changes nothing) for a negative cap or a cap
+    larger than the instance chain's remaining headroom.
+    """
+    with transaction.atomic():
+        parent = instance_pool(run.instance)
+        if run.max_cost_micros is None:
+            return parent
+        existing: Pool | None = Pool.objects.filter(kind=Pool.Kind.RUN, run=run).first()
+        if existing:
+            return existing
+        cap = _check_cap(run.max_cost_micros)
+        _check_fits(parent, cap, f"run {run.pk}")
+        return pool_create(
+            kind=Pool.Kind.RUN,
+            name=f"run {run.pk}",
+            parent=parent,
+            owner=run.owner,
+            run=run,
+            limit=cap,
+            threshold_percent=None,
+        )
+
+
+def run_set_cap(run: Any, cap: int | None, actor: ledger.Actor) -> Pool:
+    """Give `run` a cost cap (or remove it with None), e.g. "raise the cap and resume"; return its pool.
+
+    The caller stores `run.max_cost_micros` itself. The new cap, net of what the run has
+    spent and holds, must fit in the instance chain's remaining headroom.
+    """
+    with transaction.atomic():
+        pool: Pool | None = Pool.objects.filter(kind=Pool.Kind.RUN, run=run).first()
+        if pool is None:
+            if cap is None:
+                return instance_pool(run.instance)
+            parent = instance_pool(run.instance)
+            cap = _check_cap(cap)
+            _check_fits(parent, cap, f"run {run.pk}")
+            return pool_create(
+                kind=Pool.Kind.RUN,
+                name=f"run {run.pk}",
+                parent=parent,
+                owner=run.owner,
+                run=run,
+                limit=cap,
+                threshold_percent=None,
+                actor=actor,
+            )
+        if cap is not None:
+            cap = _check_cap(cap)
+            assert pool.parent is not None
+            _check_fits(pool.parent, cap - pool.spent - pool.reserved, f"run {run.pk}", cap)
+        return ledger.set_limit(pool, cap, actor)
+
+
+def _check_limit(limit: Any, what: str = "a limit") -> int | None:
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise InvalidBudget(f"{what} must be a whole number of micro-dollars, got {limit!r}")
+    if limit < 0:
+        raise InvalidBudget(f"{what} cannot be negative, got {format_usd(limit)}")
+    return limit
+
+
+def _check_cap(cap: Any) -> int:
+    checked = _check_limit(cap, what="a run's cost cap")
+    if checked is None:
+        raise InvalidBudget("a run's cost cap must be a number")
+    return checked
+
+
+def _check_fits(parent: Pool, needed: int, label: str, cap: int | None = None) -> None:
+    from budgets.selectors import chain_headroom
+
+    remaining, tightest = chain_headroom(Pool.objects.filter(pk__in=parent.chain_ids()))
+    if remaining is not None and needed > remaining:
+        assert tightest is not None
+        raise InvalidBudget(
+            f"a cap of {format_usd(cap if cap is not None else needed)} for {label} is more than pool "
+            f"{tightest.name!r} has left ({format_usd(remaining)})"
+        )
