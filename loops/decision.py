@@ -380,7 +380,8 @@ def _escalate(problem: str) -> Decision:
 
 def _decision(verdict: Verdict, reason: str, instruction: str) -> Decision:
     reason = reason.strip() or f"the decider chose {verdict} without giving a reason"
-    instruction = instruction.strip() if verdict == "continue" else ""
+    # A next instruction means something when the loop goes on, now or once a person answers.
+    instruction = instruction.strip() if verdict in ("continue", "escalate") else ""
     return Decision(verdict, _cap(reason, MAX_REASON_CHARS), _cap(instruction, MAX_INSTRUCTION_CHARS))
 
 

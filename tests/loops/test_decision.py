@@ -50,8 +50,15 @@ NOT_UNDERSTOOD = "could not be understood"
             "step one\nstep two",
         ),
         ('{"verdict": "done", "reason": {"tests": "pass"}}', "done", '{"tests": "pass"}', ""),
-        # A next instruction only means something for `continue`.
+        # A next instruction means nothing once the run is over; an escalated run keeps it for its resume.
         ('{"verdict": "done", "reason": "r", "next_instruction": "ignored"}', "done", "r", ""),
+        ('{"verdict": "failed", "reason": "r", "next_instruction": "ignored"}', "failed", "r", ""),
+        (
+            '{"verdict": "escalate", "reason": "r", "next_instruction": "then migrate"}',
+            "escalate",
+            "r",
+            "then migrate",
+        ),
         # Agreeing keys are not a contradiction; keys naming nothing known are ignored next to one that does.
         ('{"verdict": "done", "status": "complete"}', "done", None, ""),
         ('{"verdict": "done", "action": "report"}', "done", None, ""),
@@ -361,7 +368,7 @@ def test_parse_never_raises(text, recent):
     assert result.reason.strip()
     assert len(result.reason) <= MAX_REASON_CHARS
     assert len(result.next_instruction) <= MAX_INSTRUCTION_CHARS
-    if result.verdict != "continue":
+    if result.verdict in ("done", "failed"):
         assert result.next_instruction == ""
 
 
@@ -401,7 +408,7 @@ def test_json_with_a_valid_verdict_round_trips(verdict_and_spelling, key, reason
     result = parse(wrapper.replace("{}", payload))
     assert result.verdict == verdict
     assert result.reason == (reason.strip() or result.reason)
-    assert result.next_instruction == (instruction.strip() if verdict == "continue" else "")
+    assert result.next_instruction == (instruction.strip() if verdict in ("continue", "escalate") else "")
 
 
 # -- the `checks` decider ----------------------------------------------------------------------
