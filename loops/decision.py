@@ -226,20 +226,23 @@ def _loads(text: str) -> object:
     for candidate in (text, _TRAILING_COMMA.sub(r"\1", text)):
         try:
             return json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             continue
     return None
 
 
-def _as_decision_object(value: object) -> dict[str, object] | None:
-    """Return `value` as a dict with normalised keys if it carries a verdict, else None."""
+def _as_decision_object(value: object, depth: int = 0) -> dict[str, object] | None:
+    """Return `value` as a dict with normalised keys if it carries a verdict, else None.
+
+    Accepts the decision wrapped once or twice: {"decision": {"verdict": ...}}.
+    """
     if not isinstance(value, Mapping):
         return None
     obj = {_key(str(k)): v for k, v in value.items()}
     for key in _VERDICT_KEYS:
         inner = obj.get(key)
-        if isinstance(inner, Mapping):
-            nested = _as_decision_object(inner)
+        if isinstance(inner, Mapping) and depth < 2:
+            nested = _as_decision_object(inner, depth + 1)
             if nested is not None:
                 return nested
     if any(isinstance(obj.get(key), str) for key in _VERDICT_KEYS):
@@ -267,7 +270,7 @@ def _json_objects(text: str) -> tuple[list[dict[str, object]], str]:
             attempts += 1
             try:
                 value, end = decoder.raw_decode(text, position)
-            except ValueError:
+            except (ValueError, RecursionError):
                 position = text.find("{", position + 1)
                 continue
             obj = _as_decision_object(value)

@@ -544,3 +544,16 @@ def test_from_checks_properties(checks, act_ok, act_detail):
 
 def test_module_has_no_django():
     assert "django" not in repr(vars(decision).keys())
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000,
+        '{"a":' * 100_000 + "1" + "}" * 100_000,
+        'x {"verdict": ' + "[" * 100_000,
+        '{"decision":' * 900 + '"done"' + "}" * 900,
+    ],
+)
+def test_absurd_nesting_does_not_raise(text):
+    assert parse(text).verdict in VERDICTS
