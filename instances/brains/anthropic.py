@@ -1,0 +1,708 @@
+"""The `anthropic` brain and the `llm` decider: Claude, through the official SDK, with the user's key.
+
+Runs in the worker; holds no database transaction and makes network calls. The only
+module that imports `anthropic`; provider words (`tool_use`, `end_turn`, HTTP 529) stop here.
+
+`AnthropicBrain(instance).act(request)` is one bounded tool-use exchange: the instance's
+system prompt and the run's objective (the stable, cached prefix), then the compacted
+history of earlier iterations, the latest checks and the instruction; the instance's
+tools; at most `max_tool_turns` tool turns and `max_output_tokens` output tokens. The
+assistant's content is sent back exactly as received (the raw JSON blocks) before the
+tool results. A stop request is honoured between tool turns, during a tool and by
+abandoning the model call in flight (the call runs in a worker thread that is polled).
+
+`decide(instance, snapshot)` asks Claude for `{verdict, reason, next_instruction}` through an
+optional (`auto`) tool, and returns the raw answer text for `loops.decision.parse`.
+
+Errors: a missing key, 401/403, or a billing refusal (402, or a 400 whose message says
+"credit balance") raise `CredentialError` at once, with no retry. 408/409/429/5xx/529,
+timeouts and dropped connections are retried with jittered exponential backoff, at most
+`TETHER_ANTHROPIC_RETRIES` retries per act; past that `ProviderError`. Other 4xx raise
+`ProviderError` without retry. Every raised error carries the usage of every call made.
+
+Keys: the SDK is always given `api_key` and `base_url` explicitly (it never reads the
+environment or local profiles); the key is scrubbed from every text this module returns,
+raises or logs, and tools never see it (commands get a minimal environment).
+
+Settings (all optional): TETHER_ANTHROPIC_RETRIES (4), TETHER_ANTHROPIC_BACKOFF_SECONDS (1.0),
+TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS (30), TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS (300),
+TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL (8192), TETHER_ANTHROPIC_DEFAULT_MODEL,
+TETHER_CONTEXT_BUDGET_TOKENS (4000: the history's share of the prompt), TETHER_CONTEXT_RECENT (3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anthropic
+from django.conf import settings
+
+from instances import credentials
+from instances.brains.base import ActRequest, CredentialError, ProviderError, Reply, Usage
+from instances.tools import ToolContext, definitions, run_tool
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+CACHE = {"type": "ephemeral"}
+BILLING_CODES = frozenset(
+    {
+        "enforced_spend_limit_reached",
+        "contract_spend_limit_reached",
+        "linked_organization_spend_limit_reached",
+        "linked_organization_billing_unavailable",
+        "organization_on_hold",
+    }
+)
+DEFAULT_SYSTEM_PROMPT = (
+    "You are an autonomous agent run by Tether. Each turn of the loop you receive an instruction; "
+    "work toward the objective with the tools you have, inside your workspace, then reply with a "
+    "short account of what you did and what remains."
+)
+DECIDER_PROMPT = """You are the judge of an autonomous agent loop run by Tether.
+After each iteration you see the objective, what the agent was told and answered, the results of the
+machine checks, and a summary of earlier iterations. Decide what happens next:
+
+- "done": the objective is met and the evidence (fresh check results, the agent's account) shows it;
+- "continue": progress is possible; give the precise next instruction for the agent;
+- "escalate": a person is needed (missing information, a decision, access the agent lacks);
+- "failed": the objective cannot be reached (impossible, or the same failure repeats without progress).
+
+Never call a run done while a required check fails. Prefer a different next instruction to repeating one
+that did not work. Answer by calling the record_decision tool once. If you cannot call it, answer with only
+a JSON object: {"verdict": "...", "reason": "...", "next_instruction": "..."}."""
+DECISION_TOOL = {
+    "name": "record_decision",
+    "description": "Record the verdict on the iteration just finished, the reason, and the next instruction.",
+    "input_schema": {
+        "type": "object",
+        "properties": {
+            "verdict": {"type": "string", "enum": ["continue", "done", "escalate", "failed"]},
+            "reason": {"type": "string", "description": "one or two sentences of evidence"},
+            "next_instruction": {"type": "string", "description": "what the agent does next (for continue)"},
+        },
+        "required": ["verdict", "reason"],
+    },
+}
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    retries: int
+    backoff: float
+    backoff_max: float
+    call_timeout: float
+    max_tokens_per_call: int
+    context_tokens: int
+    recent: int
+    poll: float = 0.05
+
+
+def limits() -> Limits:
+    """Return the brain's bounds from settings (read on every act, so tests can override them)."""
+    return Limits(
+        retries=int(getattr(settings, "TETHER_ANTHROPIC_RETRIES", 4)),
+        backoff=float(getattr(settings, "TETHER_ANTHROPIC_BACKOFF_SECONDS", 1.0)),
+        backoff_max=float(getattr(settings, "TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS", 30.0)),
+        call_timeout=float(getattr(settings, "TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0)),
+        max_tokens_per_call=int(getattr(settings, "TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL", 8192)),
+        context_tokens=int(getattr(settings, "TETHER_CONTEXT_BUDGET_TOKENS", 4000)),
+        recent=int(getattr(settings, "TETHER_CONTEXT_RECENT", 3)),
+    )
+
+
+def model_for(instance: Any) -> str:
+    return instance.model or str(getattr(settings, "TETHER_ANTHROPIC_DEFAULT_MODEL", DEFAULT_MODEL))
+
+
+# --- compaction (pure) ------------------------------------------------------------------------
+
+
+def estimate_tokens(text: str) -> int:
+    """Return a rough token count (four characters a token)."""
+    return math.ceil(len(text) / 4)
+
+
+def clip(text: str, limit: int) -> str:
+    """Return `text` cut to about `limit` characters, keeping its head and its tail."""
+    text = text or ""
+    if len(text) <= limit:
+        return text
+    if limit < 40:
+        return text[:limit]
+    head = limit // 3
+    tail = limit - head - 20
+    return f"{text[:head]} …[{len(text) - head - tail} chars]… {text[-tail:]}"
+
+
+def _checks(value: Any) -> list[tuple[str, bool | None, str]]:
+    """Normalise check results given as {name: passed} or [{name, passed|ok|status, output}]."""
+    found: list[tuple[str, bool | None, str]] = []
+    if isinstance(value, Mapping):
+        for name, passed in value.items():
+            found.append((str(name), passed if isinstance(passed, bool) else None, ""))
+    elif isinstance(value, list):
+        for item in value:
+            if not isinstance(item, Mapping):
+                continue
+            passed = item.get("passed", item.get("ok"))
+            if passed is None and "status" in item:
+                passed = item["status"] in ("passed", "pass", "ok", True)
+            output = item.get("output") or item.get("detail") or ""
+            found.append((str(item.get("name", "?")), passed if isinstance(passed, bool) else None, str(output)))
+    return found
+
+
+def _verdict(item: Mapping[str, Any]) -> str:
+    decision = item.get("decision")
+    if isinstance(decision, Mapping) and decision.get("verdict"):
+        return str(decision["verdict"])
+    return str(item.get("verdict") or "")
+
+
+def _number(item: Mapping[str, Any]) -> int:
+    value = item.get("iteration", item.get("number", 0))
+    return value if isinstance(value, int) else 0
+
+
+def summarise_iteration(item: Mapping[str, Any]) -> str:
+    """Return one line for an older iteration: verdict, check tally, instruction gist."""
+    checks = _checks(item.get("checks"))
+    parts = [f"#{_number(item)}"]
+    if verdict := _verdict(item):
+        parts.append(verdict)
+    if item.get("act_ok") is False:
+        parts.append("act failed")
+    if checks:
+        passed = sum(1 for _, ok, _ in checks if ok)
+        failing = [name for name, ok, _ in checks if ok is False]
+        tally = f"checks {passed}/{len(checks)}"
+        parts.append(tally + (f" (failing: {', '.join(failing[:4])})" if failing else ""))
+    instruction = " ".join(str(item.get("instruction") or "").split())
+    parts.append(f"did: {clip(instruction, 100)}")
+    return "- " + "; ".join(parts)
+
+
+def render_iteration(item: Mapping[str, Any], limit: int) -> str:
+    """Return an iteration nearly verbatim, each field clipped so the whole fits `limit` chars."""
+    field_limit = max(limit // 3, 80)
+    lines = [f"Iteration {_number(item)}:"]
+    if instruction := str(item.get("instruction") or ""):
+        lines.append(f"  instruction: {clip(instruction, field_limit)}")
+    response = str(item.get("response") or item.get("text") or "")
+    if response:
+        lines.append(f"  agent answered: {clip(response, field_limit)}")
+    if item.get("act_ok") is False or item.get("act_detail"):
+        lines.append(f"  act: {'ok' if item.get('act_ok') else 'failed'} {clip(str(item.get('act_detail') or ''), 200)}")
+    for name, ok, output in _checks(item.get("checks")):
+        state = "passed" if ok else "FAILED" if ok is False else "?"
+        lines.append(f"  check {name}: {state}" + (f" — {clip(output, 300)}" if output and not ok else ""))
+    if verdict := _verdict(item):
+        decision = item.get("decision")
+        reason = decision.get("reason", "") if isinstance(decision, Mapping) else ""
+        lines.append(f"  verdict: {verdict}" + (f" — {clip(str(reason), 200)}" if reason else ""))
+    return clip("\n".join(lines), limit)
+
+
+def compact_history(items: Iterable[Mapping[str, Any]], *, budget_tokens: int, recent: int = 3) -> str:
+    """Return earlier iterations as text within `budget_tokens`: recent ones verbatim, older summarised.
+
+    Pure. Older summaries are kept newest first until the budget runs out; the rest are
+    counted, not shown, so the text stops growing however long the run gets.
+    """
+    ordered = sorted((i for i in items if isinstance(i, Mapping)), key=_number)
+    if not ordered:
+        return ""
+    budget = max(budget_tokens, 200) * 4
+    latest = ordered[-recent:] if recent > 0 else []
+    older = ordered[: len(ordered) - len(latest)]
+    share = (budget * 2 // 3) // max(len(latest), 1)
+    verbatim = [render_iteration(item, share) for item in latest]
+    room = budget - sum(len(v) + 1 for v in verbatim) - 120
+    lines: list[str] = []
+    for item in reversed(older):
+        line = summarise_iteration(item)
+        if len(line) + 1 > room:
+            break
+        lines.append(line)
+        room -= len(line) + 1
+    parts = [f"History of this run ({len(ordered)} earlier iteration(s); recent ones in full):"]
+    if omitted := len(older) - len(lines):
+        parts.append(f"- ({omitted} older iteration(s) not shown)")
+    parts += reversed(lines)
+    parts += verbatim
+    return "\n".join(parts)
+
+
+def render_checks(checks: Iterable[Mapping[str, Any]]) -> str:
+    lines = []
+    for name, ok, output in _checks(list(checks)):
+        state = "passed" if ok else "FAILED" if ok is False else "unknown"
+        lines.append(f"- {name}: {state}" + (f"\n{clip(output, 1500)}" if output and not ok else ""))
+    return "Latest check results:\n" + "\n".join(lines) if lines else ""
+
+
+# --- the model call --------------------------------------------------------------------------
+
+
+class _Stopped(Exception):
+    pass
+
+
+class _TimedOut(Exception):
+    pass
+
+
+def _retry_after(exc: anthropic.APIStatusError) -> float | None:
+    headers = exc.response.headers
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        try:
+            return float(headers.get(name)) * scale
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def classify(exc: BaseException) -> tuple[str, str, float | None]:
+    """Return (kind, description, retry-after seconds) for a failed call.
+
+    kind is "credential" (never retried), "transient" (retried) or "fatal" (not retried).
+    """
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        kind_name = str(exc.type or "")
+        message = str(exc.api_message or "")
+        said = f"{status} {kind_name}".strip() + (f": {clip(message, 300)}" if message else "")
+        if status == 401 or kind_name == "authentication_error":
+            return "credential", f"Anthropic rejected the API key ({said}); check the instance's credential", None
+        if status == 403 or kind_name == "permission_error":
+            return "credential", f"the API key is not allowed to make this request ({said})", None
+        billing = (
+            status == 402
+            or kind_name == "billing_error"
+            or "credit balance" in message.lower()
+            or (exc.error_code or "") in BILLING_CODES
+        )
+        if billing:
+            return "credential", f"Anthropic refused the request for billing reasons ({said}); add credits or use another key", None
+        if status in (408, 409, 429) or status >= 500:
+            return "transient", f"Anthropic is unavailable ({said})", _retry_after(exc)
+        return "fatal", f"Anthropic refused the request ({said})", None
+    if isinstance(exc, anthropic.APITimeoutError):
+        return "transient", "the model call timed out", None
+    if isinstance(exc, anthropic.APIConnectionError):
+        return "transient", "the connection to the model endpoint failed", None
+    return "fatal", f"the model call failed ({type(exc).__name__})", None
+
+
+class Session:
+    """One act's (or one decision's) client, usage tally, retry budget and stop/deadline watch."""
+
+    def __init__(self, instance: Any, *, stop: threading.Event, deadline: float, model: str) -> None:
+        self.instance = instance
+        self.stop = stop
+        self.deadline = deadline
+        self.limits = limits()
+        self.usage = Usage(model=model)
+        self.retries = 0
+        self.abandoned = 0
+        try:
+            key = credentials.resolve_api_key(instance)
+        except credentials.CredentialUnreadable as exc:
+            raise CredentialError(str(exc), self.usage) from None
+        if not key:
+            try:
+                credentials.ensure_usable(instance)
+            except ValueError as exc:
+                raise CredentialError(str(exc), self.usage) from None
+            raise CredentialError("no Anthropic API key", self.usage)
+        self.secrets = tuple(dict.fromkeys([key, *credentials.secrets_for(instance)]))
+        self.base_url = credentials.resolve_base_url(instance)
+        self.client = anthropic.Anthropic(
+            api_key=key,
+            base_url=self.base_url,
+            max_retries=0,
+            timeout=self.limits.call_timeout,
+        )
+
+    def scrub(self, text: str) -> str:
+        return credentials.scrub(text, self.secrets)
+
+    def close(self) -> None:
+        # Closing the pool also tears down a call abandoned in flight.
+        try:
+            self.client.close()
+        except Exception:  # noqa: BLE001 - closing must never mask the act's own result
+            log.debug("closing the anthropic client failed", exc_info=False)
+
+    def create(self, params: dict[str, Any]) -> dict[str, Any]:
+        """Send one Messages request, retrying transient failures; return the raw response body."""
+        while True:
+            if self.stop.is_set():
+                raise _Stopped
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise _TimedOut
+            ok, value = self._send(params, min(self.limits.call_timeout, remaining))
+            self.usage.calls += 1
+            if ok:
+                self._count(value)
+                return value
+            kind, detail, retry_after = classify(value)
+            detail = self.scrub(detail)
+            if kind == "credential":
+                log.warning("instance %s: %s", self.instance.pk, detail)
+                raise CredentialError(detail, self.usage)
+            if kind == "fatal":
+                log.warning("instance %s: %s", self.instance.pk, detail)
+                raise ProviderError(detail, self.usage)
+            if self.retries >= self.limits.retries:
+                raise ProviderError(f"{detail}; gave up after {self.usage.calls} attempt(s)", self.usage)
+            self.retries += 1
+            delay = min(self.limits.backoff_max, self.limits.backoff * 2 ** (self.retries - 1))
+            delay *= 0.5 + random.random() / 2
+            if retry_after is not None:
+                delay = max(delay, min(retry_after, self.limits.backoff_max))
+            log.info(
+                "instance %s: %s; retry %d of %d in %.2fs",
+                self.instance.pk, detail, self.retries, self.limits.retries, delay,
+            )
+            if delay >= remaining:
+                raise _TimedOut
+            if self.stop.wait(delay):
+                raise _Stopped
+
+    def _send(self, params: dict[str, Any], timeout: float) -> tuple[bool, Any]:
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                raw = self.client.messages.with_raw_response.create(**params, timeout=timeout)
+                box["body"] = json.loads(raw.http_response.read())
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                box["error"] = exc
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=call, name="tether-anthropic-call", daemon=True)
+        worker.start()
+        while not done.wait(self.limits.poll):
+            if self.stop.is_set():
+                # Abandon the call. The provider may bill its input, so count it conservatively.
+                self.abandoned += 1
+                self.usage.calls += 1
+                self.usage.input_tokens += estimate_tokens(json.dumps(params, default=str))
+                raise _Stopped
+        if "error" in box:
+            return False, box["error"]
+        body = box.get("body")
+        if not isinstance(body, dict):
+            return False, ValueError("the model endpoint returned something other than a message")
+        return True, body
+
+    def _count(self, body: Mapping[str, Any]) -> None:
+        usage = body.get("usage") or {}
+        self.usage.input_tokens += int(usage.get("input_tokens") or 0)
+        self.usage.output_tokens += int(usage.get("output_tokens") or 0)
+        self.usage.cache_write_tokens += int(usage.get("cache_creation_input_tokens") or 0)
+        self.usage.cache_read_tokens += int(usage.get("cache_read_input_tokens") or 0)
+
+
+def _with_cache_marker(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return messages with a cache breakpoint on the last block of the last (user) message.
+
+    Only that message is copied; the assistant turns are sent exactly as received.
+    """
+    if not messages or messages[-1]["role"] != "user":
+        return messages
+    last = messages[-1]
+    content = last["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content]
+    blocks[-1]["cache_control"] = CACHE
+    return [*messages[:-1], {"role": "user", "content": blocks}]
+
+
+def _texts(content: Iterable[Mapping[str, Any]]) -> str:
+    return "\n".join(str(b.get("text", "")) for b in content if b.get("type") == "text" and b.get("text"))
+
+
+def _brief_input(value: Any, limit: int = 300) -> Any:
+    if isinstance(value, str):
+        return clip(value, limit)
+    if isinstance(value, Mapping):
+        return {k: _brief_input(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_brief_input(v, limit) for v in value[:20]]
+    return value
+
+
+def call_signature(name: str, arguments: Any) -> str:
+    """Return a stable text naming one tool call, to match an approval to a call."""
+    return f"{name} {json.dumps(arguments, sort_keys=True, separators=(',', ':'))}"
+
+
+# --- the brain ------------------------------------------------------------------------------
+
+
+class AnthropicBrain:
+    """Claude acting with tools in the instance's workspace (see the module docstring)."""
+
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+
+    def act(self, request: ActRequest) -> Reply:
+        session = Session(
+            self.instance,
+            stop=request.stop,
+            deadline=time.monotonic() + max(float(request.timeout), 1.0),
+            model=model_for(self.instance),
+        )
+        try:
+            return _Act(self.instance, request, session).run()
+        finally:
+            session.close()
+
+
+class _Act:
+    def __init__(self, instance: Any, request: ActRequest, session: Session) -> None:
+        self.instance = instance
+        self.request = request
+        self.session = session
+        self.limits = session.limits
+        self.texts: list[str] = []
+        self.executed: list[dict[str, Any]] = []
+        self.approved = {
+            call_signature(c["name"], c.get("input", {}))
+            for c in getattr(request, "approved_calls", None) or []
+            if isinstance(c, Mapping) and "name" in c
+        }
+
+    def run(self) -> Reply:
+        instance, request = self.instance, self.request
+        request.workspace.mkdir(parents=True, exist_ok=True)
+        context = ToolContext(
+            workspace=request.workspace,
+            timeout=float(instance.tool_timeout_seconds),
+            output_cap=int(getattr(settings, "TETHER_OUTPUT_CAP_BYTES", 64 * 1024)),
+            command_allow=tuple(instance.command_allow or ()),
+            command_deny=tuple(instance.command_deny or ()),
+            stop=request.stop,
+            secrets=self.session.secrets,
+        )
+        try:
+            tools = definitions(list(instance.tools or []))
+        except ValueError as exc:
+            return self._reply(False, f"the instance's tools are misconfigured: {exc}")
+        # Breakpoints: tools + system prompt (shared by every run of the instance), + the
+        # objective (shared by every iteration of the run), + the act's latest turn.
+        system = [
+            {"type": "text", "text": instance.system_prompt or DEFAULT_SYSTEM_PROMPT, "cache_control": CACHE},
+            {
+                "type": "text",
+                "text": f"The objective of this run:\n{request.objective}\n\n"
+                "Your workspace is the current directory of every tool; give paths relative to it.",
+                "cache_control": CACHE,
+            },
+        ]
+        try:
+            messages: list[dict[str, Any]] = [{"role": "user", "content": self._opening(context)}]
+            turns = 0
+            while True:
+                room = int(instance.max_output_tokens) - self.session.usage.output_tokens
+                if room <= 0:
+                    return self._reply(True, f"the act used its {instance.max_output_tokens} output tokens")
+                params: dict[str, Any] = {
+                    "model": self.session.usage.model,
+                    "max_tokens": min(room, self.limits.max_tokens_per_call),
+                    "system": system,
+                    "messages": _with_cache_marker(messages),
+                }
+                if tools:
+                    params["tools"] = tools
+                    params["tool_choice"] = {"type": "auto"}
+                body = self.session.create(params)
+                content = body.get("content") or []
+                messages.append({"role": "assistant", "content": content})
+                if said := _texts(content):
+                    self.texts.append(said)
+                calls = [b for b in content if b.get("type") == "tool_use"]
+                stop_reason = body.get("stop_reason")
+                if stop_reason == "refusal":
+                    return self._reply(False, "the model declined to continue (refusal)")
+                if stop_reason == "max_tokens":
+                    return self._reply(True, "the model reached the output token limit mid-answer")
+                if stop_reason != "tool_use" or not calls:
+                    return self._reply(True, "")
+                if turns >= int(instance.max_tool_turns):
+                    return self._reply(True, f"the act stopped at its limit of {instance.max_tool_turns} tool turns")
+                if parked := self._needing_approval(calls):
+                    return parked
+                messages.append({"role": "user", "content": self._run_tools(calls, context)})
+                turns += 1
+        except _Stopped:
+            detail = "stopped during the act"
+            if self.session.abandoned:
+                detail += "; the model call in flight was abandoned and its input counted as an estimate"
+            return self._reply(False, detail, stopped=True)
+        except _TimedOut:
+            return self._reply(False, f"the act passed its {request.timeout:g}s time limit", timed_out=True)
+
+    def _opening(self, context: ToolContext) -> list[dict[str, Any]]:
+        request = self.request
+        blocks: list[dict[str, Any]] = []
+        if history := compact_history(
+            request.snapshot, budget_tokens=self.limits.context_tokens, recent=self.limits.recent
+        ):
+            blocks.append({"type": "text", "text": history})
+        if checks := render_checks(request.checks):
+            blocks.append({"type": "text", "text": checks})
+        ran = []
+        for call in getattr(request, "approved_calls", None) or []:
+            if not isinstance(call, Mapping) or "name" not in call:
+                continue
+            result = run_tool(str(call["name"]), call.get("input", {}), context)
+            self._record(call, result)
+            state = "failed" if result.is_error else "ran"
+            ran.append(f"- {call_signature(str(call['name']), call.get('input', {}))} {state}:\n{clip(result.content, 4000)}")
+        if ran:
+            blocks.append({"type": "text", "text": "A person approved the calls you proposed; they were run:\n" + "\n".join(ran)})
+        blocks.append({"type": "text", "text": f"Iteration {request.iteration}. Instruction:\n{request.instruction}"})
+        return blocks
+
+    def _needing_approval(self, calls: list[dict[str, Any]]) -> Reply | None:
+        gated = set(self.instance.approval_tools or ())
+        pending = [
+            c for c in calls
+            if c.get("name") in gated and call_signature(c["name"], c.get("input", {})) not in self.approved
+        ]
+        if not pending:
+            return None
+        shown = "; ".join(self.session.scrub(clip(call_signature(c["name"], c.get("input", {})), 500)) for c in pending)
+        reply = self._reply(False, f"needs approval: {shown}")
+        reply.tool_calls = [
+            {"name": c["name"], "input": c.get("input", {}), "id": c.get("id", ""), "needs_approval": True}
+            for c in pending
+        ]
+        return reply
+
+    def _run_tools(self, calls: list[dict[str, Any]], context: ToolContext) -> list[dict[str, Any]]:
+        results = []
+        for call in calls:
+            if self.request.stop.is_set():
+                raise _Stopped
+            if time.monotonic() >= self.session.deadline:
+                raise _TimedOut
+            result = run_tool(str(call.get("name")), call.get("input", {}), context)
+            self._record(call, result)
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": call["id"],
+                "content": result.content or "(no output)",
+            }
+            if result.is_error:
+                block["is_error"] = True
+            results.append(block)
+        return results
+
+    def _record(self, call: Mapping[str, Any], result: Any) -> None:
+        self.executed.append(
+            {
+                "name": call.get("name"),
+                "input": _brief_input(call.get("input", {})),
+                "is_error": result.is_error,
+                "result": clip(result.content, 300),
+            }
+        )
+        log.debug("run %s: tool %s %s", self.request.run_id, call.get("name"), "refused" if result.is_error else "ran")
+
+    def _reply(self, ok: bool, detail: str, *, stopped: bool = False, timed_out: bool = False) -> Reply:
+        scrub = self.session.scrub
+        calls = json.loads(scrub(json.dumps(self.executed))) if self.executed else []
+        return Reply(
+            ok=ok,
+            text=scrub("\n\n".join(self.texts)),
+            usage=self.session.usage,
+            detail=scrub(detail),
+            tool_calls=calls,
+            stopped=stopped,
+            timed_out=timed_out,
+        )
+
+
+# --- the decider ----------------------------------------------------------------------------
+
+
+def render_decider_prompt(snapshot: Mapping[str, Any], *, budget_tokens: int, recent: int) -> str:
+    """Return the decider's view of a finished iteration as text. Pure."""
+    parts = [f"Objective:\n{clip(str(snapshot.get('objective') or ''), 6000)}"]
+    if history := compact_history(snapshot.get("history") or [], budget_tokens=budget_tokens, recent=recent):
+        parts.append(history)
+    iteration, most = snapshot.get("iteration"), snapshot.get("max_iterations")
+    if iteration:
+        parts.append(f"This was iteration {iteration}" + (f" of at most {most}." if most else "."))
+    if instruction := snapshot.get("instruction"):
+        parts.append(f"The agent was told:\n{clip(str(instruction), 3000)}")
+    act = "succeeded" if snapshot.get("act_ok", True) else "failed"
+    detail = str(snapshot.get("act_detail") or "")
+    parts.append(f"The act {act}." + (f" ({clip(detail, 500)})" if detail else ""))
+    if response := snapshot.get("response"):
+        parts.append(f"The agent answered:\n{clip(str(response), 4000)}")
+    checks = render_checks(snapshot.get("checks") or [])
+    parts.append(checks or "No machine checks are configured; judge from the agent's account.")
+    parts.append("Decide now with record_decision.")
+    return "\n\n".join(parts)
+
+
+def decide(
+    instance: Any,
+    snapshot: dict[str, Any],
+    *,
+    stop: threading.Event | None = None,
+    timeout: float | None = None,
+) -> tuple[str, Usage]:
+    """Ask Claude to judge an iteration; return its raw answer text and the usage of the call(s)."""
+    session = Session(
+        instance,
+        stop=stop or threading.Event(),
+        deadline=time.monotonic() + (timeout or float(instance.act_timeout_seconds)),
+        model=model_for(instance),
+    )
+    lim = session.limits
+    params = {
+        "model": session.usage.model,
+        "max_tokens": 1024,
+        "system": [{"type": "text", "text": DECIDER_PROMPT, "cache_control": CACHE}],
+        "tools": [DECISION_TOOL],
+        "tool_choice": {"type": "auto"},
+        "messages": [
+            {
+                "role": "user",
+                "content": render_decider_prompt(snapshot, budget_tokens=lim.context_tokens, recent=lim.recent),
+            }
+        ],
+    }
+    try:
+        body = session.create(params)
+    except _Stopped:
+        raise ProviderError("the decision was stopped before Claude answered", session.usage) from None
+    except _TimedOut:
+        raise ProviderError("the decision timed out", session.usage) from None
+    finally:
+        session.close()
+    content = body.get("content") or []
+    for block in content:
+        if block.get("type") == "tool_use" and block.get("name") == DECISION_TOOL["name"]:
+            return session.scrub(json.dumps(block.get("input") or {})), session.usage
+    return session.scrub(_texts(content)), session.usage

@@ -1,0 +1,349 @@
+"""The shell tool: one command run inside the workspace under an instance's guardrails.
+
+Spawns a process. The command (an argv list, or a string run with `sh -c`) runs with
+cwd = the workspace, stdin closed, an environment of PATH, HOME (the workspace) and LANG
+only — nothing of the platform's own environment, so no key can leak into it — a
+timeout, a cap on the output kept, and its whole process group killed at the timeout or
+when the run is stopped. Before it runs, the command is checked: the instance's deny
+list, then its allow list, then every word that names a path must stay inside the
+workspace (no `..`, no `~`, no absolute path outside, no symlink leading out).
+
+That check is a guardrail against honest mistakes, not a sandbox: a determined program
+can still compute a path at run time. The sandbox is bubblewrap: when `bwrap` is on PATH
+and works, the command runs in fresh namespaces (no network) that see the system's
+binaries read-only, a private /tmp and the workspace as the only writable directory.
+`settings.TETHER_SHELL_SANDBOX` chooses: "auto" (default: bubblewrap when it works),
+"bwrap" (required; commands are refused without it) or "none".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+SAFE_PATH = os.pathsep.join(dict.fromkeys([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]))
+SYSTEM_PREFIXES = ("/usr/", "/bin/", "/sbin/", "/usr/local/", str(Path(sys.executable).parent) + "/")
+DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/urandom"})
+SEPARATORS = frozenset({";", "&&", "||", "|", "&", "(", ")", ";;", "|&", "\n"})
+REDIRECTS = frozenset({">", ">>", "<", "<<", "<<<", ">&", "<&", ">|", "&>", "&>>"})
+# Programs that run another program named by a later word; the later one is checked too.
+WRAPPERS = frozenset({"env", "nohup", "nice", "exec", "command", "time", "xargs", "sudo", "stdbuf", "timeout", "doas"})
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
+SUBSTITUTION = re.compile(r"\$\(([^()]*)\)")
+
+
+class CommandRefused(Exception):
+    """A command the instance's guardrails refuse; the message is shown to the model."""
+
+
+@dataclass
+class CommandResult:
+    exit_code: int | None
+    output: str
+    timed_out: bool = False
+    stopped: bool = False
+    truncated: bool = False
+    sandboxed: bool = False
+
+    def as_text(self) -> str:
+        if self.stopped:
+            head = "stopped: the run was stopped while the command ran"
+        elif self.timed_out:
+            head = "timed out: the command was killed"
+        else:
+            head = f"exit code {self.exit_code}"
+        return f"{head}\n{self.output}" if self.output else head
+
+
+def minimal_env(workspace: Path) -> dict[str, str]:
+    """Return the whole environment a command gets: a search path, a home, a locale."""
+    return {"PATH": SAFE_PATH, "HOME": str(workspace), "LANG": "C.UTF-8"}
+
+
+# --- checking ----------------------------------------------------------------------------
+
+
+def _words(script: str) -> list[str]:
+    # Newlines and backticks separate commands too; shlex would fold them into words.
+    lexer = shlex.shlex(script.replace("\n", " ; ").replace("`", " ; "), posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError as exc:
+        raise CommandRefused(f"command refused: it does not parse ({exc})") from None
+
+
+def _simple_commands(words: Sequence[str]) -> list[list[str]]:
+    commands: list[list[str]] = [[]]
+    for word in words:
+        if word in SEPARATORS or word == "$":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return [c for c in commands if c]
+
+
+def _programs(command: Sequence[str]) -> list[tuple[str, str]]:
+    """Return (program, the simple command as text) for a command and the programs it wraps."""
+    found: list[tuple[str, str]] = []
+    words = [w for w in command if w not in REDIRECTS]
+    text = " ".join(command)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if "=" in word and not word.startswith("=") and word.split("=", 1)[0].isidentifier():
+            i += 1  # an assignment before the program
+            continue
+        name = os.path.basename(word)
+        found.append((name, " ".join([name, *words[i + 1 :]])))
+        if name in SHELLS and "-c" in words[i + 1 :]:
+            at = words.index("-c", i + 1)
+            if at + 1 < len(words):
+                for inner in _simple_commands(_words(words[at + 1])):
+                    found.extend(_programs(inner))
+            break
+        if name not in WRAPPERS:
+            break
+        i += 1
+        # Skip the wrapper's own options and, for `timeout`, its duration.
+        while i < len(words) and (words[i].startswith("-") or (name == "timeout" and words[i][:1].isdigit())):
+            i += 1
+    if not found and text:
+        found.append((text, text))
+    return found
+
+
+def _matches(pattern: str, program: str, text: str) -> bool:
+    if " " in pattern.strip():
+        return fnmatch.fnmatchcase(text, pattern.strip())
+    return fnmatch.fnmatchcase(program, pattern.strip())
+
+
+def _check_lists(programs: list[tuple[str, str]], allow: Sequence[str], deny: Sequence[str]) -> None:
+    for program, text in programs:
+        for pattern in deny:
+            if _matches(pattern, program, text):
+                raise CommandRefused(f"command refused: {program!r} matches {pattern!r} on this instance's deny list")
+        if allow and not any(_matches(p, program, text) for p in allow):
+            raise CommandRefused(
+                f"command refused: {program!r} is not on this instance's allow list (allowed: {', '.join(allow)})"
+            )
+
+
+def _check_path(word: str, workspace: Path, *, command_position: bool) -> None:
+    candidates = [word]
+    if "=" in word:
+        candidates.append(word.split("=", 1)[1])
+    for value in candidates:
+        if not value or value.startswith("-") and "=" not in value:
+            continue
+        if value.startswith("~"):
+            raise CommandRefused(f"command refused: {word!r} points outside the workspace ('~' is not allowed)")
+        if ".." in Path(value).parts or value.endswith("/.."):
+            raise CommandRefused(f"command refused: {word!r} uses '..'; paths stay inside the workspace")
+        if value.startswith("/"):
+            if value in DEVICES:
+                continue
+            if command_position and value.startswith(SYSTEM_PREFIXES):
+                continue
+            if not Path(value).resolve().is_relative_to(workspace):
+                raise CommandRefused(
+                    f"command refused: {word!r} is an absolute path outside the workspace; use paths relative to it"
+                )
+            continue
+        candidate = workspace / value
+        if ("/" in value or os.path.lexists(candidate)) and not candidate.resolve().is_relative_to(workspace):
+            raise CommandRefused(f"command refused: {word!r} leads outside the workspace (through a symlink)")
+
+
+def check_command(
+    command: str | Sequence[str],
+    *,
+    workspace: Path,
+    allow: Sequence[str] = (),
+    deny: Sequence[str] = (),
+) -> list[str]:
+    """Return the argv to run for `command`, or raise CommandRefused saying why not."""
+    workspace = workspace.resolve()
+    if isinstance(command, str):
+        if not command.strip():
+            raise CommandRefused("command refused: it is empty")
+        argv = ["sh", "-c", command]
+        commands = _simple_commands(_words(command))
+    else:
+        argv = [str(a) for a in command]
+        if not argv or not argv[0]:
+            raise CommandRefused("command refused: argv is empty")
+        commands = [argv]
+        if os.path.basename(argv[0]) in SHELLS and "-c" in argv[1:]:
+            at = argv.index("-c")
+            if at + 1 < len(argv):
+                commands += _simple_commands(_words(argv[at + 1]))
+    # Command substitutions inside quoted words run programs too.
+    for simple in list(commands):
+        for word in simple:
+            for inner in SUBSTITUTION.findall(word):
+                commands += _simple_commands(_words(inner))
+    programs = [p for c in commands for p in _programs(c)]
+    _check_lists(programs, allow, deny)
+    for simple in commands:
+        words = [w for w in simple if w not in REDIRECTS]
+        first = next((i for i, w in enumerate(words) if not ("=" in w and w.split("=", 1)[0].isidentifier())), 0)
+        for index, word in enumerate(words):
+            _check_path(word, workspace, command_position=index == first)
+    return argv
+
+
+# --- sandbox ----------------------------------------------------------------------------
+
+
+def sandbox_argv(argv: Sequence[str], workspace: Path) -> list[str]:
+    """Return `argv` wrapped in bubblewrap: read-only system, private /tmp, the workspace writable."""
+    ws = str(workspace.resolve())
+    wrapped = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
+    for path in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc/alternatives", "/etc/ssl",
+                 "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
+                 sys.base_prefix, sys.prefix):
+        wrapped += ["--ro-bind-try", path, path]
+    wrapped += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", ws, ws, "--chdir", ws, "--"]
+    return wrapped + list(argv)
+
+
+@functools.cache
+def bwrap_works() -> bool:
+    """Return whether bubblewrap is installed and can create its namespaces here."""
+    if shutil.which("bwrap") is None:
+        return False
+    try:
+        probe = subprocess.run(
+            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
+            capture_output=True,
+            timeout=10,
+            env=minimal_env(Path("/")),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    if probe.returncode != 0:
+        log.warning("bubblewrap is installed but cannot sandbox here; shell tools run without it")
+    return probe.returncode == 0
+
+
+def _sandbox_mode() -> str:
+    return str(getattr(settings, "TETHER_SHELL_SANDBOX", "auto"))
+
+
+# --- running ----------------------------------------------------------------------------
+
+
+class _Capture:
+    """Keep the head and the tail of a stream, up to `cap` bytes in all."""
+
+    def __init__(self, cap: int) -> None:
+        self.head_cap = cap // 4
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head.extend(chunk[:room])
+            chunk = chunk[room:]
+        self.tail.extend(chunk)
+        if len(self.tail) > self.tail_cap:
+            excess = len(self.tail) - self.tail_cap
+            del self.tail[:excess]
+            self.dropped += excess
+
+    def text(self) -> str:
+        middle = f"\n… {self.dropped} bytes of output elided …\n".encode() if self.dropped else b""
+        return bytes(self.head + middle + self.tail).decode("utf-8", errors="replace")
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_command(
+    command: str | Sequence[str],
+    *,
+    workspace: Path,
+    timeout: float,
+    output_cap: int = 64 * 1024,
+    allow: Iterable[str] = (),
+    deny: Iterable[str] = (),
+    stop: threading.Event | None = None,
+) -> CommandResult:
+    """Run a checked command in the workspace; raise CommandRefused before running a refused one."""
+    workspace = workspace.resolve()
+    argv = check_command(command, workspace=workspace, allow=tuple(allow), deny=tuple(deny))
+    mode = _sandbox_mode()
+    sandboxed = mode != "none" and bwrap_works()
+    if mode == "bwrap" and not sandboxed:
+        raise CommandRefused("command refused: this server requires bubblewrap for commands and it is unavailable")
+    if sandboxed:
+        argv = sandbox_argv(argv, workspace)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=workspace,
+            env=minimal_env(workspace),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise CommandRefused(f"command could not start: {exc.strerror or exc}") from None
+    capture = _Capture(max(output_cap, 1024))
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            capture.feed(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + max(timeout, 0.1)
+    timed_out = stopped = False
+    while proc.poll() is None:
+        if stop is not None and stop.is_set():
+            stopped = True
+        elif time.monotonic() >= deadline:
+            timed_out = True
+        if stopped or timed_out:
+            _kill(proc)
+            break
+        time.sleep(0.02)
+    _kill(proc)  # stray children holding the pipe open go too
+    proc.wait()
+    reader.join(timeout=2)
+    return CommandResult(
+        exit_code=proc.returncode if not (timed_out or stopped) else None,
+        output=capture.text(),
+        timed_out=timed_out,
+        stopped=stopped,
+        truncated=capture.dropped > 0,
+        sandboxed=sandboxed,
+    )

@@ -1,0 +1,434 @@
+"""A local, scripted stand-in for the Anthropic Messages API.
+
+A threaded HTTP server on 127.0.0.1 (a free port) answering `POST /v1/messages` in the
+documented shapes: message responses with `text` and `tool_use` content blocks, a
+`stop_reason`, and `usage` including `cache_creation_input_tokens` and
+`cache_read_input_tokens`; errors as `{"type": "error", "error": {"type", "message"}}`
+with the status codes the API uses (400, 401, 402, 403, 429, 500, 529).
+
+Tests script it: `enqueue` replies (or errors, delays, dropped connections) in order,
+or set `responder` to compute a reply from each request; then inspect `requests`
+(method, path, headers, body) to count calls and see exactly what was sent.
+
+Like the real API it is strict about the conversation: roles alternate, every
+`tool_use` is answered by a `tool_result` in the next user turn, and — unlike the real
+API, to catch clients that rewrite history — an assistant turn sent back must equal,
+block for block, content this server returned.
+
+Token counts are computed, not scripted, unless a reply gives its own `usage`: about
+four characters a token over tools, system and messages, with prompt caching
+simulated at `cache_control` breakpoints (a prefix seen before is a cache read, a new
+one a cache write).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "api_error",
+    529: "overloaded_error",
+}
+CREDIT_TOO_LOW = (
+    "Your credit balance is too low to access the Anthropic API. "
+    "Please go to Plans & Billing to upgrade or purchase credits."
+)
+
+
+def text(value: str, *, stop_reason: str = "end_turn", usage: dict | None = None) -> dict:
+    """Return a scripted reply holding one text block."""
+    reply: dict[str, Any] = {"content": [{"type": "text", "text": value}], "stop_reason": stop_reason}
+    if usage is not None:
+        reply["usage"] = usage
+    return reply
+
+
+def tool_use(
+    name: str, input: dict, *, id: str | None = None, say: str = "", usage: dict | None = None
+) -> dict:
+    """Return a scripted reply asking for one tool call (optionally after some text)."""
+    return tool_uses([(name, input, id)], say=say, usage=usage)
+
+
+def tool_uses(calls: list[tuple], *, say: str = "", usage: dict | None = None) -> dict:
+    """Return a scripted reply asking for several tool calls: [(name, input[, id])]."""
+    content: list[dict] = [{"type": "text", "text": say}] if say else []
+    for call in calls:
+        name, arguments = call[0], call[1]
+        call_id = call[2] if len(call) > 2 and call[2] else None
+        content.append({"type": "tool_use", "id": call_id, "name": name, "input": arguments})
+    reply: dict[str, Any] = {"content": content, "stop_reason": "tool_use"}
+    if usage is not None:
+        reply["usage"] = usage
+    return reply
+
+
+@dataclass
+class Error:
+    status: int
+    message: str
+    type: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Delay:
+    """Hold the response this long (or until the server stops), then send `then`."""
+
+    seconds: float
+    then: Any = None
+
+
+@dataclass
+class Drop:
+    """Close the connection without answering."""
+
+
+@dataclass
+class Received:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+    raw: bytes
+    at: float
+
+
+def count_tokens(value: Any) -> int:
+    """About four characters a token, at least one per non-empty piece."""
+    if value is None:
+        return 0
+    if not isinstance(value, str):
+        value = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return math.ceil(len(value) / 4) if value else 0
+
+
+def _strip_cache(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_cache(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_strip_cache(v) for v in value]
+    return value
+
+
+def segments(body: dict) -> list[tuple[Any, bool]]:
+    """Return the request's cacheable pieces in prefix order: (piece, has a cache_control breakpoint)."""
+    pieces: list[tuple[Any, bool]] = []
+    for tool in body.get("tools") or []:
+        pieces.append((_strip_cache(tool), "cache_control" in tool))
+    system = body.get("system")
+    if isinstance(system, str):
+        pieces.append((system, False))
+    elif isinstance(system, list):
+        for block in system:
+            pieces.append((_strip_cache(block), "cache_control" in block))
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            pieces.append(({"role": message.get("role"), "text": content}, False))
+            continue
+        for block in content or []:
+            piece = {"role": message.get("role"), **_strip_cache(block)}
+            pieces.append((piece, isinstance(block, dict) and "cache_control" in block))
+    return pieces
+
+
+def _piece_tokens(piece: Any) -> int:
+    if isinstance(piece, dict):
+        kind = piece.get("type")
+        if kind == "text":
+            return count_tokens(piece.get("text", ""))
+        if kind == "tool_use":
+            return count_tokens(piece.get("name", "")) + count_tokens(piece.get("input", {}))
+        if kind == "tool_result":
+            return count_tokens(piece.get("content", ""))
+    return count_tokens(piece)
+
+
+class MessagesServer:
+    """The scripted server. Use as a context manager, or call `start()` and `stop()`."""
+
+    def __init__(self, *, api_key: str | None = None, cache_min_tokens: int = 0) -> None:
+        self.api_key = api_key
+        self.cache_min_tokens = cache_min_tokens
+        self.script: deque[Any] = deque()
+        self.responder: Callable[[dict], Any] | None = None
+        self.requests: list[Received] = []
+        self.problems: list[str] = []
+        self._returned: dict[str, list[dict]] = {}
+        self._cached: set[str] = set()
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._released = threading.Event()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start(self) -> MessagesServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                server._handle(self)
+
+            def do_GET(self) -> None:
+                server._handle(self)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._httpd.block_on_close = False
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._released.set()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> MessagesServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        assert self._httpd is not None, "start the server first"
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # --- scripting -------------------------------------------------------------------
+    def enqueue(self, *replies: Any) -> None:
+        with self._lock:
+            self.script.extend(replies)
+
+    def enqueue_error(self, status: int, message: str = "", *, type: str = "", headers: dict | None = None) -> None:
+        self.enqueue(Error(status, message or f"scripted {status}", type, headers or {}))
+
+    @property
+    def calls(self) -> int:
+        return sum(1 for r in self.requests if r.path.startswith("/v1/messages"))
+
+    @property
+    def bodies(self) -> list[dict]:
+        return [r.body for r in self.requests]
+
+    # --- serving ---------------------------------------------------------------------
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("content-length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        received = Received(
+            handler.command,
+            handler.path,
+            {k.lower(): v for k, v in handler.headers.items()},
+            body,
+            raw,
+            time.monotonic(),
+        )
+        with self._lock:
+            self.requests.append(received)
+        if handler.command != "POST" or handler.path.split("?")[0] != "/v1/messages":
+            return self._send_error(handler, Error(404, f"no route for {handler.command} {handler.path}"))
+        if problem := self._check_auth(received):
+            return self._send_error(handler, problem)
+        if not isinstance(body, dict):
+            return self._send_error(handler, Error(400, "the request body must be a JSON object"))
+        if problem_text := self._validate(body):
+            self.problems.append(problem_text)
+            return self._send_error(handler, Error(400, problem_text))
+        with self._lock:
+            scripted = self.script.popleft() if self.script else None
+        if scripted is None and self.responder is not None:
+            scripted = self.responder(body)
+        if scripted is None:
+            self.problems.append("no scripted reply left")
+            return self._send_error(handler, Error(500, "the fake server has no scripted reply left"))
+        self._answer(handler, body, scripted)
+
+    def _answer(self, handler: BaseHTTPRequestHandler, body: dict, scripted: Any) -> None:
+        while isinstance(scripted, Delay):
+            self._released.wait(scripted.seconds)
+            if self._released.is_set():
+                return self._drop(handler)
+            scripted = scripted.then
+            if scripted is None:
+                with self._lock:
+                    scripted = self.script.popleft() if self.script else None
+        if isinstance(scripted, Drop):
+            return self._drop(handler)
+        if isinstance(scripted, Error):
+            return self._send_error(handler, scripted)
+        self._send_json(handler, 200, self._message(body, scripted))
+
+    def _check_auth(self, received: Received) -> Error | None:
+        if received.headers.get("anthropic-version") is None:
+            return Error(400, "anthropic-version header is required")
+        if self.api_key is None:
+            return None
+        bearer = received.headers.get("authorization", "")
+        given = bearer[len("Bearer ") :] if bearer.startswith("Bearer ") else received.headers.get("x-api-key")
+        if given != self.api_key:
+            return Error(401, "invalid x-api-key")
+        return None
+
+    def _validate(self, body: dict) -> str:
+        for name in ("model", "max_tokens", "messages"):
+            if name not in body:
+                return f"{name}: Field required"
+        if not isinstance(body["max_tokens"], int) or body["max_tokens"] < 1:
+            return "max_tokens: must be a positive integer"
+        messages = body["messages"]
+        if not isinstance(messages, list) or not messages:
+            return "messages: at least one message is required"
+        if messages[0].get("role") != "user":
+            return "messages: the first message must use the user role"
+        breakpoints = sum(1 for _, marked in segments(body) if marked)
+        if breakpoints > 4:
+            return f"A maximum of 4 blocks with cache_control may be provided. Found {breakpoints}."
+        for index, message in enumerate(messages):
+            role = message.get("role")
+            if index and role == messages[index - 1].get("role"):
+                return f"messages.{index}: roles must alternate between user and assistant"
+            content = message.get("content")
+            blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+            if not isinstance(blocks, list) or not blocks:
+                return f"messages.{index}: content must be a non-empty string or list"
+            if role == "assistant":
+                if not any(json.dumps(blocks, sort_keys=True) == json.dumps(seen, sort_keys=True)
+                           for seen in self._returned.values()):
+                    return f"messages.{index}: assistant content differs from what this server returned"
+                wanted = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+                following = messages[index + 1]["content"] if index + 1 < len(messages) else None
+                answered = {
+                    b.get("tool_use_id") for b in (following if isinstance(following, list) else [])
+                    if isinstance(b, dict) and b.get("type") == "tool_result"
+                }
+                if index + 1 < len(messages) and wanted - answered:
+                    return (
+                        f"messages.{index + 1}: tool_use ids were found without tool_result blocks "
+                        f"immediately after: {', '.join(sorted(wanted - answered))}"
+                    )
+            if role == "user" and index:
+                previous = messages[index - 1]["content"]
+                issued = {b.get("id") for b in previous if isinstance(b, dict) and b.get("type") == "tool_use"}
+                for block in blocks:
+                    if block.get("type") == "tool_result" and block.get("tool_use_id") not in issued:
+                        return f"messages.{index}: unexpected tool_use_id {block.get('tool_use_id')!r}"
+        return ""
+
+    def _usage(self, body: dict) -> dict[str, int]:
+        pieces = segments(body)
+        tokens = [_piece_tokens(p) for p, _ in pieces]
+        total = sum(tokens)
+        hashes: list[tuple[int, str, int]] = []  # (index, prefix hash, tokens up to and including it)
+        digest = hashlib.sha256()
+        running = 0
+        for index, (piece, marked) in enumerate(pieces):
+            digest.update(json.dumps(piece, sort_keys=True).encode())
+            running += tokens[index]
+            if marked:
+                hashes.append((index, digest.copy().hexdigest(), running))
+        with self._lock:
+            read = 0
+            for _, prefix, upto in hashes:
+                if prefix in self._cached:
+                    read = max(read, upto)
+            written = 0
+            for _, prefix, upto in hashes:
+                if upto >= self.cache_min_tokens:
+                    self._cached.add(prefix)
+            if hashes and hashes[-1][2] > read and hashes[-1][2] >= self.cache_min_tokens:
+                written = hashes[-1][2] - read
+        return {
+            "input_tokens": total - read - written,
+            "cache_creation_input_tokens": written,
+            "cache_read_input_tokens": read,
+        }
+
+    def _message(self, body: dict, scripted: dict) -> dict:
+        number = next(self._ids)
+        content = []
+        for block in scripted.get("content", []):
+            block = dict(block)
+            if block.get("type") == "tool_use" and not block.get("id"):
+                block["id"] = f"toolu_fake_{number}_{len(content)}"
+            content.append(block)
+        usage = self._usage(body)
+        usage["output_tokens"] = count_tokens(content)
+        usage.update(scripted.get("usage") or {})
+        for name in ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+            usage.setdefault(name, 0)
+        message_id = f"msg_fake_{number:06d}"
+        with self._lock:
+            self._returned[message_id] = content
+        return {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": content,
+            "stop_reason": scripted.get("stop_reason", "end_turn"),
+            "stop_sequence": None,
+            "usage": usage,
+        }
+
+    def _send_json(self, handler: BaseHTTPRequestHandler, status: int, payload: dict, headers: dict | None = None) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            handler.send_response(status)
+            handler.send_header("content-type", "application/json")
+            handler.send_header("content-length", str(len(data)))
+            handler.send_header("request-id", f"req_fake_{len(self.requests):06d}")
+            for name, value in (headers or {}).items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(data)
+            handler.wfile.flush()
+        except OSError:
+            pass
+
+    def _send_error(self, handler: BaseHTTPRequestHandler, error: Error) -> None:
+        payload = {
+            "type": "error",
+            "error": {"type": error.type or ERROR_TYPES.get(error.status, "api_error"), "message": error.message},
+            "request_id": f"req_fake_{len(self.requests):06d}",
+        }
+        self._send_json(handler, error.status, payload, error.headers)
+
+    def _drop(self, handler: BaseHTTPRequestHandler) -> None:
+        handler.close_connection = True
+        try:
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
