@@ -6,6 +6,7 @@ a stop is requested. Used by the `command` brain and by checks.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,11 @@ from pathlib import Path
 # What a program may see of the platform's own environment: nothing but a search
 # path (the system's, plus the interpreter Tether runs on) and a locale.
 SAFE_PATH = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+
+
+# A program must not outlive the worker that started it (a SIGKILLed worker would
+# otherwise leave an agent editing the workspace while another worker retries).
+SETPRIV = shutil.which("setpriv")
 
 
 def base_env(home: Path) -> dict[str, str]:
@@ -62,6 +68,11 @@ def run(
 ) -> Finished:
     """Run `argv` to completion, a timeout or a stop; never raise for the program's own failure."""
     started = time.monotonic()
+    program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
+    if program is None or not os.access(cwd / program if not os.path.isabs(program) else program, os.X_OK):
+        return Finished(None, "", "", 0.0, spawn_error=f"could not start {argv[0]!r}: not found or not executable")
+    if SETPRIV:
+        argv = [SETPRIV, "--pdeathsig", "KILL", "--", program, *argv[1:]]
     try:
         proc = subprocess.Popen(
             argv,

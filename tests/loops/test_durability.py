@@ -1,0 +1,130 @@
+"""Real worker clusters: killed mid-act, competing for runs, and stopped mid-act."""
+
+import time
+
+import pytest
+
+from loops.models import Event, Iteration, Run
+from tests.support.cluster import Cluster, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def clusters(tmp_path):
+    started = []
+
+    def start(name, **env):
+        cluster = Cluster(name, tmp_path, **env)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
+def counting_agent(script, seconds):
+    return script(
+        f"""
+        time.sleep({seconds})
+        p = pathlib.Path('count'); n = int(p.read_text()) + 1 if p.exists() else 1; p.write_text(str(n))
+        print('count', n)
+        """
+    )
+
+
+def test_run_survives_a_sigkilled_worker_cluster(client, user, make_instance, script, clusters):
+    from loops.auth import make_token
+
+    check = script(
+        "n = int(pathlib.Path('count').read_text()); print('count', n); sys.exit(0 if n >= 3 else 1)\n"
+    )
+    inst = make_instance(
+        user, command=counting_agent(script, 1.0), checks=[{"name": "three", "command": check}]
+    )
+    token = make_token(user)
+    response = client.post(
+        f"/v1/instances/{inst.pk}/loop",
+        {"objective": "count to three"},
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 201, response.content
+    run_id = response.json()["id"]
+    # The API client is gone; the run lives on in the workers.
+    first = clusters("first")
+    wait_for(
+        lambda: Event.objects.filter(run_id=run_id, kind="act.started", data__iteration=2).exists(),
+        30,
+        "iteration 2's act to start",
+    )
+    first.kill()  # mid-act
+    clusters("second")
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run_id, status="finished").first(),
+        60,
+        "the run to finish on the new cluster",
+    )
+    assert (run.outcome, run.verified) == ("done", True)
+    numbers = list(Iteration.objects.filter(run=run).order_by("number").values_list("number", flat=True))
+    assert numbers == [1, 2, 3]
+    assert Event.objects.filter(run=run, kind="run.reaped").exists()
+    seqs = list(Event.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+    run.refresh_from_db()
+    assert run.lease_token is None
+
+
+def test_two_clusters_never_drive_one_run_at_once(user, make_instance, script, clusters, start):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("runs on the PostgreSQL pass of the suite")
+    check = script("n = int(pathlib.Path('count').read_text()); print('count', n); sys.exit(0 if n >= 4 else 1)\n")
+    runs = []
+    for i in range(4):
+        inst = make_instance(
+            user,
+            name=f"i{i}",
+            command=counting_agent(script, 0.3),
+            checks=[{"name": "four", "command": check}],
+        )
+        runs.append(start(inst))
+    # Short slices hand each run back to the queue often, so both clusters keep competing.
+    a = clusters("a", TETHER_SLICE_SECONDS="0.5")
+    b = clusters("b", TETHER_SLICE_SECONDS="0.5")
+    for run in runs:
+        wait_for(lambda r=run: Run.objects.filter(pk=r.pk, status="finished").exists(), 90, f"run {run.pk}")
+    holders = set()
+    for run in runs:
+        run.refresh_from_db()
+        assert run.outcome == "done"
+        spans = list(
+            Iteration.objects.filter(run=run)
+            .order_by("number")
+            .values_list("number", "started_at", "finished_at", "worker")
+        )
+        assert [s[0] for s in spans] == [1, 2, 3, 4]
+        for (_, _, end, _), (_, nxt, _, _) in zip(spans, spans[1:], strict=False):
+            assert end <= nxt, "two iterations of one run overlapped"
+        holders |= {s[3] for s in spans}
+    assert len(holders) >= 2, "both clusters should have driven iterations"
+    del a, b
+
+
+def test_stop_mid_act_lands_within_two_seconds(user, make_instance, script, clusters, start):
+    from loops import services
+
+    inst = make_instance(user, command=script("time.sleep(60)\n"), act_timeout_seconds=120)
+    clusters("w")
+    run = start(inst)
+    wait_for(lambda: Event.objects.filter(run=run, kind="act.started").exists(), 30, "the act to start")
+    time.sleep(0.5)
+    asked = time.monotonic()
+    services.run_cancel(run=run, user=user)
+    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status="finished").first(), 10, "the run to stop")
+    took = time.monotonic() - asked
+    assert run.outcome == "cancelled"
+    assert took < 2.0, f"stop took {took:.2f}s"
+    assert Iteration.objects.get(run=run, number=1).act_ok is False
