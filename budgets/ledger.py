@@ -531,7 +531,13 @@ def _refresh_threshold_flag(pool: Pool) -> None:
 # --- retrying whole transactions ------------------------------------------------------------
 
 
-def atomic_with_retry[T](work: Callable[[], T], *, attempts: int = 10, backoff: float = 0.005) -> T:
+def atomic_with_retry[T](
+    work: Callable[[], T],
+    *,
+    attempts: int = 10,
+    backoff: float = 0.005,
+    on_retry: Callable[[OperationalError], None] | None = None,
+) -> T:
     """Run `work()` in its own transaction, retrying it on a deadlock, serialization failure or busy database.
 
     For callers that own the whole transaction (workers, scripts, benchmarks); it cannot be
@@ -547,5 +553,7 @@ def atomic_with_retry[T](work: Callable[[], T], *, attempts: int = 10, backoff: 
             if attempt == attempts:
                 raise
             log.info("ledger transaction retried after %s (attempt %d)", error, attempt)
+            if on_retry is not None:
+                on_retry(error)
             time.sleep(backoff * (2 ** (attempt - 1)) * (0.5 + random.random()))
     raise AssertionError("unreachable")

@@ -1,0 +1,312 @@
+"""Ledger throughput: reserve + settle pairs per second on one shared root pool.
+
+Not a test. `python -m bench.ledger_bench` measures 1, 4 and 16 concurrent worker
+processes (spawned, each with its own database connection) on SQLite (a throwaway
+file) and, when DATABASE_URL is set, on PostgreSQL (a throwaway database,
+`tether_bench_ledger`, created and dropped on the same server). Each pair is two short
+transactions, as in the runner: reserve (before the act) and settle (after it).
+
+The worker (`hammer`) is shared with the ledger's concurrency tests, which run it
+against the test database and check the books afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+BENCH_DB = "tether_bench_ledger"
+SPAWN = multiprocessing.get_context("spawn")
+
+
+# --- the worker --------------------------------------------------------------------------
+
+
+@dataclass
+class Job:
+    """One worker's share: `count` reservations on `run_id` from iteration `first_iteration`."""
+
+    env: dict[str, str | None]
+    run_id: int
+    first_iteration: int
+    count: int
+    seed: int
+    max_amount: int = 1000
+    settle_now: float = 1.0  # chance of settling right after reserving; the rest stay held for a while
+    check_pool_ids: list[int] = field(default_factory=list)  # asserted inside every granting transaction
+
+
+@dataclass
+class Result:
+    granted: int = 0
+    refused: int = 0
+    settled: int = 0
+    retries: int = 0
+    pairs: int = 0
+    pair_seconds: float = 0.0
+    start: float = 0.0
+    end: float = 0.0
+    held: list[int] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+def configure(env: dict[str, str | None]) -> None:
+    """Point this process at a database (environment overrides) and set Django up."""
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tether.settings")
+    import django
+
+    django.setup()
+
+
+def hammer(job: Job, barrier: Any, results: Any) -> None:
+    """Reserve `job.count` times (settling at random), then put a `Result` on `results`."""
+    result = Result()
+    try:
+        configure(job.env)
+        from budgets import ledger
+        from budgets.models import Pool
+        from loops.models import Run
+
+        rng = random.Random(job.seed)
+        run = Run.objects.select_related("instance").get(pk=job.run_id)
+
+        def retried(error: Exception) -> None:
+            result.retries += 1
+
+        def check_books() -> None:
+            for pool in Pool.objects.filter(pk__in=job.check_pool_ids):
+                if pool.limit is not None and pool.spent + pool.reserved > pool.limit:
+                    result.violations.append(
+                        f"{pool.name}: spent {pool.spent} + reserved {pool.reserved} > limit {pool.limit}"
+                    )
+
+        def settle(reservation: int, amount: int) -> None:
+            ledger.atomic_with_retry(
+                lambda: ledger.settle(reservation, actual=rng.randint(0, amount)), on_retry=retried
+            )
+            result.settled += 1
+
+        held: list[tuple[int, int]] = []
+        barrier.wait()
+        result.start = time.monotonic()
+        for number in range(job.first_iteration, job.first_iteration + job.count):
+            amount = rng.randint(1, job.max_amount)
+
+            def reserve(number: int = number, amount: int = amount) -> int | None:
+                reservation = ledger.reserve(run=run, iteration=number, amount=amount)
+                if job.check_pool_ids:
+                    check_books()
+                return reservation
+
+            began = time.monotonic()
+            try:
+                reservation = ledger.atomic_with_retry(reserve, on_retry=retried)
+            except ledger.BudgetRefused:
+                result.refused += 1
+                continue
+            assert reservation is not None
+            result.granted += 1
+            if rng.random() < job.settle_now:
+                settle(reservation, amount)
+                result.pairs += 1
+                result.pair_seconds += time.monotonic() - began
+            else:
+                held.append((reservation, amount))
+            if held and rng.random() < 0.1:
+                settle(*held.pop(rng.randrange(len(held))))
+        result.end = time.monotonic()
+        result.held = [reservation for reservation, _ in held]
+    except BaseException:
+        result.error = traceback.format_exc()
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        results.put(result)
+
+
+def run_workers(jobs: list[Job], timeout: float = 600) -> list[Result]:
+    """Run one spawned process per job, started together; return their results (raise on a crash)."""
+    barrier = SPAWN.Barrier(len(jobs))
+    results = SPAWN.Queue()
+    procs = [SPAWN.Process(target=hammer, args=(job, barrier, results), daemon=True) for job in jobs]
+    for proc in procs:
+        proc.start()
+    collected = []
+    deadline = time.monotonic() + timeout
+    try:
+        for _ in jobs:
+            collected.append(results.get(timeout=max(1.0, deadline - time.monotonic())))
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    errors = [r.error for r in collected if r.error]
+    if errors:
+        raise RuntimeError("a ledger worker failed:\n" + "\n".join(errors))
+    return collected
+
+
+def child_env(connection: Any) -> dict[str, str | None]:
+    """Return the environment that points a spawned process at `connection`'s database."""
+    settings = connection.settings_dict
+    if connection.vendor == "postgresql":
+        auth = quote(settings["USER"] or "")
+        if settings.get("PASSWORD"):
+            auth += ":" + quote(settings["PASSWORD"])
+        host = settings.get("HOST") or "localhost"
+        port = settings.get("PORT") or 5432
+        return {"DATABASE_URL": f"postgres://{auth}@{host}:{port}/{settings['NAME']}"}
+    return {"DATABASE_URL": None, "TETHER_SQLITE_PATH": str(settings["NAME"])}
+
+
+# --- the benchmark -------------------------------------------------------------------------
+
+
+def _fixtures(workers: int, tag: str) -> tuple[list[int], int]:
+    """Create a user, one instance and run per worker, and their pools; return run ids and the root pool id."""
+    from django.contrib.auth import get_user_model
+
+    from budgets import services
+    from instances.models import Instance
+    from loops.models import Run
+
+    user = get_user_model().objects.create_user(f"bench-{tag}")
+    run_ids = []
+    for n in range(workers):
+        instance = Instance.objects.create(owner=user, name=f"bench-{tag}-{n}", command=["true"])
+        run = Run.objects.create(
+            instance=instance, owner=user, objective="bench", max_iterations=10**6, max_cost_micros=10**12
+        )
+        services.open_run_pools(run)
+        run_ids.append(run.pk)
+    root = services.root_pool()
+    return run_ids, root.pk
+
+
+def _backend(env: dict[str, str | None], worker_counts: list[int], pairs: int, out: Any) -> None:
+    try:
+        configure(env)
+        from django.core.management import call_command
+        from django.db import connection, connections
+
+        from budgets import ledger
+
+        call_command("migrate", verbosity=0)
+        rows = []
+        for workers in worker_counts:
+            run_ids, root_id = _fixtures(workers, f"{workers}")
+            # A large but real limit: every reservation is checked against it.
+            ledger.set_limit(root_id, 10**15, "bench")
+            jobs = [
+                Job(
+                    env=child_env(connection),
+                    run_id=run_id,
+                    first_iteration=1,
+                    count=max(1, pairs // workers),
+                    seed=n,
+                )
+                for n, run_id in enumerate(run_ids)
+            ]
+            connections.close_all()
+            results = run_workers(jobs)
+            wall = max(r.end for r in results) - min(r.start for r in results)
+            done = sum(r.pairs for r in results)
+            retries = sum(r.retries for r in results)
+            mean_ms = 1000 * sum(r.pair_seconds for r in results) / max(done, 1)
+            rows.append(
+                {
+                    "workers": workers,
+                    "pairs": done,
+                    "per_second": done / wall,
+                    "mean_ms": mean_ms,
+                    "retries": retries,
+                }
+            )
+        out.put({"vendor": connection.vendor, "rows": rows})
+    except BaseException:
+        out.put({"error": traceback.format_exc()})
+
+
+def _measure(label: str, env: dict[str, str | None], worker_counts: list[int], pairs: int) -> dict[str, Any]:
+    out = SPAWN.Queue()
+    proc = SPAWN.Process(target=_backend, args=(env, worker_counts, pairs, out))
+    proc.start()
+    report = out.get(timeout=1800)
+    proc.join(timeout=30)
+    if "error" in report:
+        raise RuntimeError(f"{label} benchmark failed:\n{report['error']}")
+    report["label"] = label
+    return report
+
+
+def _postgres_admin(url: str, statements: list[str]) -> None:
+    import psycopg
+
+    parts = urlsplit(url)
+    admin_url = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=2000, help="reserve+settle pairs per configuration")
+    parser.add_argument("--workers", default="1,4,16", help="comma-separated worker process counts")
+    args = parser.parse_args(argv)
+    counts = [int(n) for n in args.workers.split(",") if n]
+    reports = []
+    with tempfile.TemporaryDirectory(prefix="tether-bench-ledger-") as tmp:
+        sqlite_env: dict[str, str | None] = {
+            "DATABASE_URL": None,
+            "TETHER_HOME": tmp,
+            "TETHER_SQLITE_PATH": str(Path(tmp) / "bench.sqlite3"),
+        }
+        reports.append(_measure("SQLite", sqlite_env, counts, args.pairs))
+        url = os.environ.get("DATABASE_URL", "")
+        if url:
+            bench_url = urlunsplit(urlsplit(url)._replace(path="/" + BENCH_DB))
+            _postgres_admin(
+                url, [f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)', f'CREATE DATABASE "{BENCH_DB}"']
+            )
+            try:
+                reports.append(
+                    _measure(
+                        "PostgreSQL", {"DATABASE_URL": bench_url, "TETHER_HOME": tmp}, counts, args.pairs
+                    )
+                )
+            finally:
+                _postgres_admin(url, [f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)'])
+    print(
+        f"ledger: reserve + settle pairs on one shared root pool (chain of 4 pools), {args.pairs} pairs each"
+    )
+    print(f"{'database':<12} {'workers':>7} {'pairs/s':>9} {'ms/pair':>8} {'retries':>7}")
+    for report in reports:
+        for row in report["rows"]:
+            print(
+                f"{report['label']:<12} {row['workers']:>7} {row['per_second']:>9.0f} "
+                f"{row['mean_ms']:>8.2f} {row['retries']:>7}"
+            )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
