@@ -43,7 +43,7 @@ class Run(models.Model):
 
     # The lease: who drives the run, until when. A null token with an expiry means
     # "handed to the queue; if nobody claims it by then, the reaper re-schedules it".
-    lease_token = models.CharField(max_length=64, null=True, blank=True)
+    lease_token = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001 (null = free)
     lease_holder = models.CharField(max_length=100, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     attempt = models.PositiveIntegerField(default=0)
@@ -95,6 +95,9 @@ class Iteration(models.Model):
         ordering = ["run", "number"]
         constraints = [models.UniqueConstraint(fields=["run", "number"], name="iteration_once_per_run")]
 
+    def __str__(self) -> str:
+        return f"run {self.run_id} iteration {self.number}"
+
 
 class Event(models.Model):
     """An append-only, per-run numbered record. `seq` is gap-free per run."""
@@ -108,6 +111,9 @@ class Event(models.Model):
     class Meta:
         ordering = ["run", "seq"]
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="event_seq_once_per_run")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} #{self.seq} {self.kind}"
 
     def as_json(self) -> dict:
         return {
@@ -130,6 +136,9 @@ class Interjection(models.Model):
     class Meta:
         ordering = ["id"]
 
+    def __str__(self) -> str:
+        return f"message to run {self.run_id}"
+
 
 class ApiToken(models.Model):
     """A bearer token for API clients; only its SHA-256 digest is stored."""
@@ -139,3 +148,6 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=8)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token {self.prefix}… of {self.user_id}"

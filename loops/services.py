@@ -11,7 +11,6 @@ from datetime import timedelta
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 

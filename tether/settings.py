@@ -152,6 +152,7 @@ Q_CLUSTER = {
     "save_limit": 200,
     "ack_failures": True,
     "label": "Worker cluster",
+    "log_level": os.environ.get("TETHER_QUEUE_LOG_LEVEL", "WARNING"),
 }
 
 # --- the loop ----------------------------------------------------------------
