@@ -27,7 +27,7 @@ raises or logs, and tools never see it (commands get a minimal environment).
 Settings (all optional): TETHER_ANTHROPIC_RETRIES (4), TETHER_ANTHROPIC_BACKOFF_SECONDS (1.0),
 TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS (30), TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS (300),
 TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL (8192), TETHER_ANTHROPIC_DEFAULT_MODEL,
-TETHER_CONTEXT_BUDGET_TOKENS (4000: the history's share of the prompt), TETHER_CONTEXT_RECENT (3).
+TETHER_CONTEXT_BUDGET_TOKENS (3000: the history's share of the prompt), TETHER_CONTEXT_RECENT (3).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from django.conf import settings
 
 from instances import credentials
 from instances.brains.base import ActRequest, CredentialError, ProviderError, Reply, Usage
-from instances.tools import ToolContext, definitions, run_tool
+from instances.tools import ToolContext, ToolResult, definitions, run_tool
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def limits() -> Limits:
         backoff_max=float(getattr(settings, "TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS", 30.0)),
         call_timeout=float(getattr(settings, "TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0)),
         max_tokens_per_call=int(getattr(settings, "TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL", 8192)),
-        context_tokens=int(getattr(settings, "TETHER_CONTEXT_BUDGET_TOKENS", 4000)),
+        context_tokens=int(getattr(settings, "TETHER_CONTEXT_BUDGET_TOKENS", 3000)),
         recent=int(getattr(settings, "TETHER_CONTEXT_RECENT", 3)),
     )
 
@@ -179,9 +179,8 @@ def _number(item: Mapping[str, Any]) -> int:
 def summarise_iteration(item: Mapping[str, Any]) -> str:
     """Return one line for an older iteration: verdict, check tally, instruction gist."""
     checks = _checks(item.get("checks"))
-    parts = [f"#{_number(item)}"]
-    if verdict := _verdict(item):
-        parts.append(verdict)
+    verdict = _verdict(item)
+    parts = [f"#{_number(item)} {verdict}".rstrip()]
     if item.get("act_ok") is False:
         parts.append("act failed")
     if checks:
@@ -483,6 +482,7 @@ class _Act:
         self.limits = session.limits
         self.texts: list[str] = []
         self.executed: list[dict[str, Any]] = []
+        self.enabled = list(instance.tools or [])
         self.approved = {
             call_signature(c["name"], c.get("input", {}))
             for c in getattr(request, "approved_calls", None) or []
@@ -502,7 +502,7 @@ class _Act:
             secrets=self.session.secrets,
         )
         try:
-            tools = definitions(list(instance.tools or []))
+            tools = definitions(self.enabled)
         except ValueError as exc:
             return self._reply(False, f"the instance's tools are misconfigured: {exc}")
         # Breakpoints: tools + system prompt (shared by every run of the instance), + the
@@ -604,7 +604,11 @@ class _Act:
                 raise _Stopped
             if time.monotonic() >= self.session.deadline:
                 raise _TimedOut
-            result = run_tool(str(call.get("name")), call.get("input", {}), context)
+            name = str(call.get("name"))
+            if name in self.enabled:
+                result = run_tool(name, call.get("input", {}), context)
+            else:
+                result = ToolResult(f"unknown tool {name!r}: this agent has {', '.join(self.enabled) or 'no tools'}", True)
             self._record(call, result)
             block: dict[str, Any] = {
                 "type": "tool_result",

@@ -1,0 +1,170 @@
+"""Agent templates as data: read `instances/agent_templates/*.json`, upsert `AgentTemplate` rows,
+and build instances from a template plus overrides.
+
+Writes to the database (templates, instances); reads template files. A new template is a
+new data file — no code. Each file is one JSON object validated against `SCHEMA`:
+`name` (a slug), `description`, `brain` ("anthropic" or "command"), and optionally `model`,
+`system_prompt`, `tools` (names from `instances.tools.TOOLS`), `decider` ("llm" or
+"checks"), `max_iterations`, `checks` ([{name, command: [argv], required}]), `command`,
+`command_allow`, `command_deny`, `approval_tools`, `max_tool_turns`, `max_output_tokens`,
+`tool_timeout_seconds`, `act_timeout_seconds`. `python manage.py loadtemplates` loads
+them; the migration `0003_load_agent_templates` loads them on a fresh database.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "agent_templates"
+
+_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_COUNT = {"type": "integer", "minimum": 1}
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "description", "brain"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,49}$"},
+        "description": {"type": "string"},
+        "brain": {"enum": ["anthropic", "command"]},
+        "model": {"type": "string"},
+        "system_prompt": {"type": "string"},
+        "tools": _STRINGS,
+        "decider": {"enum": ["llm", "checks"]},
+        "max_iterations": {"type": "integer", "minimum": 1, "maximum": 10000},
+        "checks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "command"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "command": {**_STRINGS, "minItems": 1},
+                    "required": {"type": "boolean"},
+                    "timeout": {"type": "number", "exclusiveMinimum": 0},
+                },
+            },
+        },
+        "command": _STRINGS,
+        "command_allow": _STRINGS,
+        "command_deny": _STRINGS,
+        "approval_tools": _STRINGS,
+        "max_tool_turns": _COUNT,
+        "max_output_tokens": _COUNT,
+        "tool_timeout_seconds": _COUNT,
+        "act_timeout_seconds": _COUNT,
+    },
+}
+
+
+class TemplateError(ValueError):
+    """A template file or an override that does not make a valid agent."""
+
+
+def validate(data: Any, *, source: str = "template") -> dict[str, Any]:
+    """Return `data` if it is a valid template, else raise TemplateError naming the problem."""
+    from instances.tools import check_names
+
+    try:
+        jsonschema.validate(data, SCHEMA)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(top level)"
+        raise TemplateError(f"{source}: {where}: {exc.message}") from None
+    try:
+        check_names(data.get("tools", []))
+        check_names(data.get("approval_tools", []))
+    except ValueError as exc:
+        raise TemplateError(f"{source}: {exc}") from None
+    if data["brain"] == "command" and not data.get("command"):
+        raise TemplateError(f"{source}: a command-brain template needs a command (an argv list)")
+    return data
+
+
+def read_templates(directory: Path = TEMPLATES_DIR) -> list[dict[str, Any]]:
+    """Return every template file in `directory`, validated, in name order."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except ValueError as exc:
+            raise TemplateError(f"{path.name}: not valid JSON ({exc})") from None
+        validate(data, source=path.name)
+        if data["name"] in found:
+            raise TemplateError(f"{path.name}: template {data['name']!r} is defined twice")
+        found[data["name"]] = {**data, "source": path.name}
+    return [found[name] for name in sorted(found)]
+
+
+def load_templates(directory: Path = TEMPLATES_DIR, *, model: Any = None) -> list[tuple[str, bool]]:
+    """Upsert every template file into `model` (AgentTemplate by default); return (name, created) pairs.
+
+    `model` may be a migration's historical model: only fields it has are written.
+    """
+    if model is None:
+        from instances.models import AgentTemplate as model
+    known = {f.name for f in model._meta.get_fields() if getattr(f, "concrete", False)}
+    results = []
+    for data in read_templates(directory):
+        values = {k: v for k, v in data.items() if k in known and k != "name"}
+        _, created = model.objects.update_or_create(name=data["name"], defaults=values)
+        results.append((data["name"], created))
+    return results
+
+
+OVERRIDABLE = frozenset(
+    {
+        "brain", "model", "system_prompt", "tools", "decider", "max_iterations", "checks", "command", "env",
+        "command_allow", "command_deny", "approval_tools", "max_tool_turns", "max_output_tokens",
+        "tool_timeout_seconds", "act_timeout_seconds", "objective_max_chars", "workspace", "base_url",
+        "credential", "credential_id",
+    }
+)
+
+
+def instance_values(template: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the field values of an instance made from `template` with `overrides` applied.
+
+    Raises TemplateError for an unknown field or a result that is not a valid agent.
+    """
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - OVERRIDABLE
+    if unknown:
+        raise TemplateError(f"cannot override {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(OVERRIDABLE))}")
+    values = {**template.instance_defaults(), **overrides}
+    from instances.tools import check_names
+
+    try:
+        check_names(values.get("tools") or [])
+        check_names(values.get("approval_tools") or [])
+    except ValueError as exc:
+        raise TemplateError(str(exc)) from None
+    return values
+
+
+def create_instance(*, owner: Any, template: Any, name: str, overrides: dict[str, Any] | None = None) -> Any:
+    """Create and return an instance of `owner` from `template` (an AgentTemplate or its name)."""
+    from instances.models import AgentTemplate, Credential, Instance
+
+    if isinstance(template, str):
+        found = AgentTemplate.objects.filter(name=template).first()
+        if found is None:
+            names = ", ".join(AgentTemplate.objects.values_list("name", flat=True)) or "none loaded"
+            raise TemplateError(f"unknown template {template!r}; available: {names}")
+        template = found
+    values = instance_values(template, overrides)
+    credential = values.pop("credential", None)
+    credential_id = values.pop("credential_id", None)
+    if isinstance(credential, int):
+        credential_id, credential = credential, None
+    if credential_id is not None:
+        credential = Credential.objects.filter(pk=credential_id, owner=owner).first()
+        if credential is None:
+            raise TemplateError(f"credential {credential_id} is not one of yours")
+    elif credential is not None and credential.owner_id != owner.pk:
+        raise TemplateError("that credential is not one of yours")
+    return Instance.objects.create(owner=owner, name=name, template=template, credential=credential, **values)
