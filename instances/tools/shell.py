@@ -100,6 +100,23 @@ def _simple_commands(words: Sequence[str]) -> list[list[str]]:
     return [c for c in commands if c]
 
 
+def _expand(commands: list[list[str]], depth: int = 0) -> list[list[str]]:
+    """Return `commands` plus the ones nested in `sh -c SCRIPT` and `$(...)`, which run too."""
+    nested: list[list[str]] = []
+    for simple in commands:
+        words = [w for w in simple if w not in REDIRECTS]
+        for index, word in enumerate(words):
+            if os.path.basename(word) in SHELLS and "-c" in words[index + 1 :]:
+                at = words.index("-c", index + 1)
+                if at + 1 < len(words):
+                    nested += _simple_commands(_words(words[at + 1]))
+            for inner in SUBSTITUTION.findall(word):
+                nested += _simple_commands(_words(inner))
+    if nested and depth >= 4:
+        raise CommandRefused("command refused: shells nested too deeply to check")
+    return commands + (_expand(nested, depth + 1) if nested else [])
+
+
 def _programs(command: Sequence[str]) -> list[tuple[str, str]]:
     """Return (program, the simple command as text) for a command and the programs it wraps."""
     found: list[tuple[str, str]] = []
@@ -113,12 +130,6 @@ def _programs(command: Sequence[str]) -> list[tuple[str, str]]:
             continue
         name = os.path.basename(word)
         found.append((name, " ".join([name, *words[i + 1 :]])))
-        if name in SHELLS and "-c" in words[i + 1 :]:
-            at = words.index("-c", i + 1)
-            if at + 1 < len(words):
-                for inner in _simple_commands(_words(words[at + 1])):
-                    found.extend(_programs(inner))
-            break
         if name not in WRAPPERS:
             break
         i += 1
@@ -192,15 +203,7 @@ def check_command(
         if not argv or not argv[0]:
             raise CommandRefused("command refused: argv is empty")
         commands = [argv]
-        if os.path.basename(argv[0]) in SHELLS and "-c" in argv[1:]:
-            at = argv.index("-c")
-            if at + 1 < len(argv):
-                commands += _simple_commands(_words(argv[at + 1]))
-    # Command substitutions inside quoted words run programs too.
-    for simple in list(commands):
-        for word in simple:
-            for inner in SUBSTITUTION.findall(word):
-                commands += _simple_commands(_words(inner))
+    commands = _expand(commands)
     programs = [p for c in commands for p in _programs(c)]
     _check_lists(programs, allow, deny)
     for simple in commands:
