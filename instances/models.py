@@ -2,6 +2,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import models
+from django.db.models.signals import post_migrate
 
 
 class Credential(models.Model):
@@ -159,3 +160,14 @@ class Instance(models.Model):
         if self.workspace:
             return Path(self.workspace)
         return settings.TETHER_WORKSPACES / f"instance-{self.pk}"
+
+
+# Shipped agent templates are recreated after migrate and after a test flush.
+# (Connected here so it is registered whenever the app's models load.)
+def _ensure_templates(sender, **kwargs):
+    from instances.templates_loader import ensure_templates
+
+    ensure_templates(sender, **kwargs)
+
+
+post_migrate.connect(_ensure_templates, dispatch_uid="instances.ensure_agent_templates")

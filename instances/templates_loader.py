@@ -7,8 +7,9 @@ new data file — no code. Each file is one JSON object validated against `SCHEM
 `system_prompt`, `tools` (names from `instances.tools.TOOLS`), `decider` ("llm" or
 "checks"), `max_iterations`, `checks` ([{name, command: [argv], required}]), `command`,
 `command_allow`, `command_deny`, `approval_tools`, `max_tool_turns`, `max_output_tokens`,
-`tool_timeout_seconds`, `act_timeout_seconds`. `python manage.py loadtemplates` loads
-them; the migration `0003_load_agent_templates` loads them on a fresh database.
+`tool_timeout_seconds`, `act_timeout_seconds`. `python manage.py loadtemplates` upserts
+them; on a fresh (or test-flushed) database the migration `0003_load_agent_templates` and the
+`ensure_templates` post_migrate receiver create the missing ones without touching edited rows.
 """
 
 from __future__ import annotations
@@ -100,9 +101,12 @@ def read_templates(directory: Path = TEMPLATES_DIR) -> list[dict[str, Any]]:
     return [found[name] for name in sorted(found)]
 
 
-def load_templates(directory: Path = TEMPLATES_DIR, *, model: Any = None) -> list[tuple[str, bool]]:
+def load_templates(
+    directory: Path = TEMPLATES_DIR, *, model: Any = None, overwrite: bool = True, using: str = "default"
+) -> list[tuple[str, bool]]:
     """Upsert every template file into `model` (AgentTemplate by default); return (name, created) pairs.
 
+    With `overwrite=False` only missing templates are created, so edits made in admin stay.
     `model` may be a migration's historical model: only fields it has are written.
     """
     if model is None:
@@ -111,9 +115,28 @@ def load_templates(directory: Path = TEMPLATES_DIR, *, model: Any = None) -> lis
     results = []
     for data in read_templates(directory):
         values = {k: v for k, v in data.items() if k in known and k != "name"}
-        _, created = model.objects.update_or_create(name=data["name"], defaults=values)
+        if overwrite:
+            _, created = model.objects.using(using).update_or_create(name=data["name"], defaults=values)
+        else:
+            _, created = model.objects.using(using).get_or_create(name=data["name"], defaults=values)
         results.append((data["name"], created))
     return results
+
+
+def ensure_templates(sender: Any = None, *, app_config: Any = None, using: str = "default", **kwargs: Any) -> None:
+    """A post_migrate receiver: create the shipped templates that are missing (a fresh or flushed database).
+
+    Never overwrites: a template edited in admin keeps its edits until `loadtemplates` is run.
+    """
+    if app_config is None or app_config.label != "instances":
+        return
+    from django.db import connections
+
+    from instances.models import AgentTemplate
+
+    if AgentTemplate._meta.db_table not in connections[using].introspection.table_names():
+        return  # migrated backwards past the table
+    load_templates(overwrite=False, using=using)
 
 
 OVERRIDABLE = frozenset(
