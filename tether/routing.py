@@ -1,3 +1,10 @@
 """Websocket routes."""
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from loops import consumers
+
+websocket_urlpatterns: list = [
+    path("ws/runs/<int:run_id>/", consumers.RunConsumer.as_asgi()),
+    path("ws/fleet/", consumers.FleetConsumer.as_asgi()),
+]

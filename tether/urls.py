@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from loops import health, views
@@ -8,4 +9,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("v1/", include("loops.api_urls")),
     path("login/once/<str:uidb64>/<str:token>/", views.login_once, name="login-once"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(next_page="/login/"), name="logout"),
+    path("", include("loops.console_urls")),
 ]

@@ -1,0 +1,136 @@
+"""Server-side SVG charts for the run page. Pure: data in, markup out; no Django, no I/O.
+
+`cost_and_checks` draws one column per iteration: a bar of its cost (scaled to the
+dearest iteration shown) and, under it, one square for its checks (all required
+passed, a required one failed, only optional ones failed, or no checks). The SVG scales
+to its container's width; every column carries a <title> for a tooltip and the whole
+chart an aria-label that says the same in words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+
+WIDTH = 360
+HEIGHT = 150
+LEFT = 44
+RIGHT = 6
+TOP = 14
+BAR_BOTTOM = 104
+MARK_TOP = 112
+MARK_SIZE = 9
+
+
+@dataclass(frozen=True)
+class Point:
+    iteration: int
+    cost_micros: int
+    checks: str  # "passed" | "failed" | "optional" | "none"
+    act_ok: bool
+    verdict: str
+
+
+def checks_state(checks: Sequence[Mapping[str, Any]]) -> str:
+    """Return "none", "passed", "failed" (a required check failed) or "optional" (only optional ones failed)."""
+    if not checks:
+        return "none"
+    if any(c.get("required", True) and not c.get("passed") for c in checks):
+        return "failed"
+    if any(not c.get("passed") for c in checks):
+        return "optional"
+    return "passed"
+
+
+def points(iterations: Iterable[Any]) -> list[Point]:
+    """Turn iteration rows (number, cost_micros, checks, act_ok, decision) into chart points."""
+    return [
+        Point(
+            iteration=it.number,
+            cost_micros=int(it.cost_micros or 0),
+            checks=checks_state(list(it.checks or [])),
+            act_ok=bool(it.act_ok),
+            verdict=str((it.decision or {}).get("verdict", "")),
+        )
+        for it in iterations
+    ]
+
+
+def usd(micros: int) -> str:
+    """Return a short dollar label: $0, $0.0042, $1.25."""
+    if micros == 0:
+        return "$0"
+    dollars = micros / 1_000_000
+    if dollars >= 1:
+        return f"${dollars:,.2f}"
+    return f"${dollars:.4f}".rstrip("0").rstrip(".") if dollars >= 0.0001 else f"${dollars:.6f}"
+
+
+CHECK_WORDS = {
+    "passed": "checks passed",
+    "failed": "a required check failed",
+    "optional": "an optional check failed",
+    "none": "no checks",
+}
+
+
+def cost_and_checks(data: Sequence[Point], total_iterations: int | None = None) -> str:
+    """Return an SVG of cost and check results per iteration (the latest ones given)."""
+    if not data:
+        return (
+            f'<svg class="chart" viewBox="0 0 {WIDTH} 40" role="img" aria-label="No iterations yet">'
+            f'<text x="{WIDTH / 2}" y="24" text-anchor="middle" class="chart-note">No iterations yet</text></svg>'
+        )
+    dearest = max(p.cost_micros for p in data)
+    span = WIDTH - LEFT - RIGHT
+    slot = span / len(data)
+    bar = max(1.0, min(24.0, slot * 0.7))
+    mark = max(2.0, min(MARK_SIZE, slot * 0.8))
+    height = BAR_BOTTOM - TOP
+    failed = sum(1 for p in data if p.checks == "failed")
+    shown = f"iterations {data[0].iteration}–{data[-1].iteration}"
+    if total_iterations and total_iterations > len(data):
+        shown += f" (latest {len(data)} of {total_iterations})"
+    label = (
+        f"Cost and checks per iteration, {shown}: dearest {usd(dearest)}, "
+        f"total {usd(sum(p.cost_micros for p in data))}; a required check failed in {failed} of {len(data)}."
+    )
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}">',
+        f'<text x="{LEFT - 4}" y="{TOP + 4}" text-anchor="end" class="chart-axis">{escape(usd(dearest))}</text>',
+        f'<text x="{LEFT - 4}" y="{BAR_BOTTOM}" text-anchor="end" class="chart-axis">$0</text>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{WIDTH - RIGHT}" y2="{TOP}" class="chart-grid"/>',
+        f'<line x1="{LEFT}" y1="{BAR_BOTTOM}" x2="{WIDTH - RIGHT}" y2="{BAR_BOTTOM}" class="chart-base"/>',
+        f'<text x="{LEFT - 4}" y="{MARK_TOP + mark}" text-anchor="end" class="chart-axis">checks</text>',
+    ]
+    for i, p in enumerate(data):
+        centre = LEFT + slot * i + slot / 2
+        h = 0.0 if dearest == 0 else max(1.0 if p.cost_micros else 0.0, height * p.cost_micros / dearest)
+        title = (
+            f"Iteration {p.iteration}: {usd(p.cost_micros)}, {CHECK_WORDS[p.checks]}"
+            + ("" if p.act_ok else ", the act failed")
+            + (f", decision {p.verdict}" if p.verdict else "")
+        )
+        parts.append(f'<g class="chart-col"><title>{escape(title)}</title>')
+        parts.append(
+            f'<rect x="{centre - bar / 2:.2f}" y="{BAR_BOTTOM - h:.2f}" width="{bar:.2f}" height="{h:.2f}" '
+            f'class="chart-bar{"" if p.act_ok else " chart-bar-failed"}"/>'
+        )
+        parts.append(
+            f'<rect x="{centre - mark / 2:.2f}" y="{MARK_TOP}" width="{mark:.2f}" height="{mark:.2f}" '
+            f'class="chart-check chart-check-{p.checks}"/>'
+        )
+        parts.append("</g>")
+    y = MARK_TOP + MARK_SIZE + 16
+    parts.append(f'<text x="{LEFT}" y="{y}" class="chart-axis">{data[0].iteration}</text>')
+    if len(data) > 1:
+        parts.append(
+            f'<text x="{WIDTH - RIGHT}" y="{y}" text-anchor="end" class="chart-axis">{data[-1].iteration}</text>'
+        )
+    parts.append(
+        f'<text x="{LEFT + span / 2}" y="{y}" text-anchor="middle" class="chart-axis">iteration</text>'
+    )
+    parts.append("</svg>")
+    return "".join(parts)

@@ -1,0 +1,93 @@
+"""Console forms: they parse what a person typed; the rules live in loops.services."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django import forms
+
+from loops.models import Run
+
+
+def fresh_nonce() -> str:
+    return uuid.uuid4().hex
+
+
+class StartRunForm(forms.Form):
+    objective = forms.CharField(
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 5, "data-count": "objective"}),
+        error_messages={"required": "Say what the agent should achieve: the objective is empty."},
+    )
+    max_iterations = forms.IntegerField(
+        min_value=1,
+        max_value=10_000,
+        error_messages={
+            "required": "Give a maximum number of iterations (1 to 10,000).",
+            "invalid": "Max iterations must be a whole number, like 10.",
+            "min_value": "Max iterations must be at least 1.",
+            "max_value": "Max iterations can be at most 10,000.",
+        },
+    )
+    max_cost_usd = forms.DecimalField(
+        required=False,
+        min_value=0,
+        decimal_places=6,
+        max_digits=12,
+        label="Cost cap (USD)",
+        widget=forms.NumberInput(attrs={"step": "0.01", "placeholder": "no cap", "inputmode": "decimal"}),
+        error_messages={
+            "invalid": "The cost cap must be an amount of dollars, like 2.50 (or empty for no cap).",
+            "max_decimal_places": "The cost cap has at most 6 decimal places (a micro-dollar).",
+        },
+    )
+    max_minutes = forms.IntegerField(
+        required=False,
+        min_value=1,
+        label="Time limit (minutes)",
+        widget=forms.NumberInput(attrs={"placeholder": "none"}),
+        error_messages={"invalid": "The time limit must be a whole number of minutes (or empty for none)."},
+    )
+    nonce = forms.CharField(widget=forms.HiddenInput, required=False, max_length=64)
+
+    def __init__(self, *args: Any, instance: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("initial", {})
+        kwargs["initial"].setdefault("max_iterations", instance.max_iterations)
+        kwargs["initial"].setdefault("nonce", fresh_nonce())
+        super().__init__(*args, **kwargs)
+        self.instance = instance
+        self.fields["objective"].widget.attrs["data-max-chars"] = str(instance.objective_max_chars)
+
+
+class InterjectForm(forms.Form):
+    text = forms.CharField(
+        strip=True,
+        label="Message to the agent",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        error_messages={"required": "The message is empty: write what the agent should know."},
+    )
+    nonce = forms.CharField(widget=forms.HiddenInput, required=False, max_length=64)
+
+    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
+        kwargs.setdefault("initial", {}).setdefault("nonce", fresh_nonce())
+        super().__init__(*args, **kwargs)
+        self.run = run
+        self.fields["text"].label = "Your answer" if run.status == Run.Status.WAITING else "Message to the agent"
+
+
+class HistoryFilterForm(forms.Form):
+    instance = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+    outcome = forms.ChoiceField(required=False)
+    since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
+
+    def __init__(self, *args: Any, instances: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["instance"].choices = [("", "all instances"), *instances]
+        self.fields["outcome"].choices = [
+            ("", "any outcome"),
+            ("active", "not finished"),
+            ("unverified", "done, unverified"),
+            *[(value, value.replace("_", " ")) for value in Run.Outcome.values],
+        ]

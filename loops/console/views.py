@@ -1,0 +1,284 @@
+"""The console's pages. Reads come from loops.selectors; every change goes through loops.services.
+
+Every view needs a signed-in user, and another user's run or instance is a 404. Forms
+post with CSRF and work without JavaScript (post, then redirect back); with htmx the
+run page's forms swap just their own block. A double-clicked button or a second device
+does not double-send: each form carries a nonce seen at most once, and a start or a
+message identical to one made seconds ago by the same person is taken as a repeat.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.core.paginator import Paginator
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from instances.models import Instance
+from loops import selectors, services
+from loops.console import live
+from loops.console.display import EventView, RunView
+from loops.console.forms import HistoryFilterForm, InterjectForm, StartRunForm
+from loops.models import Interjection, Run
+
+REPEAT_WINDOW = timedelta(seconds=15)
+NONCE_SECONDS = 3600
+RECENT_RUNS = 20
+HISTORY_PAGE = 25
+
+
+def is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def _instance(request: HttpRequest, instance_id: int) -> Instance:
+    instance = selectors.instance_for(request.user, instance_id)
+    if instance is None:
+        raise Http404("no such instance")
+    return instance
+
+
+def _run(request: HttpRequest, run_id: int) -> Run:
+    run = selectors.run_for(request.user, run_id)
+    if run is None:
+        raise Http404("no such run")
+    return run
+
+
+def _nonce_key(kind: str, request: HttpRequest, nonce: str) -> str:
+    return f"tether:console:{kind}:{request.user.pk}:{nonce}"
+
+
+# --- fleet ------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def fleet(request: HttpRequest) -> HttpResponse:
+    return render(request, "loops/fleet.html", live.fleet_context(request.user))
+
+
+# --- instance ----------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def instance_detail(request: HttpRequest, instance_id: int) -> HttpResponse:
+    instance = _instance(request, instance_id)
+    return _instance_page(request, instance, StartRunForm(instance=instance))
+
+
+def _instance_page(request: HttpRequest, instance: Instance, form: StartRunForm, status: int = 200) -> HttpResponse:
+    runs = [RunView(r) for r in selectors.runs_for(request.user).filter(instance=instance)[:RECENT_RUNS]]
+    context = {"instance": instance, "form": form, "runs": runs, "env_names": sorted((instance.env or {}).keys())}
+    return render(request, "loops/instance_detail.html", context, status=status)
+
+
+@login_required
+@require_POST
+def run_start(request: HttpRequest, instance_id: int) -> HttpResponse:
+    instance = _instance(request, instance_id)
+    form = StartRunForm(request.POST, instance=instance)
+    if not form.is_valid():
+        return _instance_page(request, instance, form, status=400)
+    data = form.cleaned_data
+    key = _nonce_key("start", request, data["nonce"]) if data["nonce"] else None
+    if key and not cache.add(key, 0, NONCE_SECONDS):
+        earlier = cache.get(key)
+        if earlier:
+            return redirect("loops:run-detail", run_id=earlier)
+        messages.info(request, "That run is being started already.")
+        return redirect("loops:instance-detail", instance_id=instance.pk)
+    try:
+        with transaction.atomic():
+            # Serialise starts on this instance, so a repeat within seconds is seen as one.
+            Instance.objects.select_for_update().filter(pk=instance.pk).first()
+            repeat = (
+                Run.objects.filter(
+                    instance=instance,
+                    owner=request.user,
+                    objective=data["objective"],
+                    created_at__gte=timezone.now() - REPEAT_WINDOW,
+                )
+                .order_by("-id")
+                .first()
+            )
+            run = repeat or services.run_start(
+                instance=instance,
+                user=request.user,
+                objective=data["objective"],
+                max_iterations=data["max_iterations"],
+                max_cost_usd=data["max_cost_usd"],
+                max_minutes=data["max_minutes"],
+                via="console",
+            )
+    except services.Refused as refused:
+        if key:
+            cache.delete(key)
+        form.add_error(None, refused.message)
+        return _instance_page(request, instance, form, status=refused.status)
+    if key:
+        cache.set(key, run.pk, NONCE_SECONDS)
+    if repeat is not None:
+        messages.info(request, f"Run {run.pk} was started moments ago with this objective; here it is.")
+    return redirect("loops:run-detail", run_id=run.pk)
+
+
+# --- run ------------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run(request, run_id)
+    return _run_page(request, run, InterjectForm(run=run))
+
+
+def _run_page(
+    request: HttpRequest, run: Run, form: InterjectForm, status: int = 200, notice: str = ""
+) -> HttpResponse:
+    window = selectors.timeline(run)
+    context = {
+        **live.run_state_context(run),
+        "events": [EventView.of(e) for e in window.events],
+        "window": window,
+        "form": form,
+        "notice": notice,
+        "events_url": reverse("api:run-events", args=[run.instance_id, run.pk]),
+    }
+    return render(request, "loops/run_detail.html", context, status=status)
+
+
+def _actions(request: HttpRequest, run: Run, form: InterjectForm, notice: str = "", status: int = 200) -> HttpResponse:
+    """Answer a run-page form: its block alone for htmx, else the page (or a redirect back to it)."""
+    if is_htmx(request):
+        run.refresh_from_db()
+        context = {"run": RunView(run), "form": form, "notice": notice}
+        return render(request, "loops/run_detail.html#run-actions", context)
+    if status >= 400:
+        return _run_page(request, run, form, status=status, notice=notice)
+    if notice:
+        messages.info(request, notice)
+    return redirect("loops:run-detail", run_id=run.pk)
+
+
+@login_required
+@require_POST
+def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run(request, run_id)
+    try:
+        run = services.run_cancel(run=run, user=request.user, via="console")
+    except services.Refused:
+        run.refresh_from_db()
+        notice = f"Run {run.pk} had already finished ({run.outcome.replace('_', ' ')})."
+    else:
+        notice = (
+            "Stopped."
+            if run.status == Run.Status.FINISHED
+            else "Stopping: the agent is told at once and the run ends within seconds."
+        )
+    return _actions(request, run, InterjectForm(run=run), notice=notice)
+
+
+@login_required
+@require_POST
+def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run(request, run_id)
+    form = InterjectForm(request.POST, run=run)
+    if not form.is_valid():
+        return _actions(request, run, form, status=400)
+    text, nonce = form.cleaned_data["text"], form.cleaned_data["nonce"]
+    waiting = run.status == Run.Status.WAITING
+    if nonce and not cache.add(_nonce_key("interject", request, nonce), 1, NONCE_SECONDS):
+        return _actions(request, run, InterjectForm(run=run), notice="That message was sent already.")
+    try:
+        with transaction.atomic():
+            # The run's row lock serialises messages to it, so a repeat within seconds is seen as one.
+            Run.objects.select_for_update().filter(pk=run.pk).first()
+            repeat = Interjection.objects.filter(
+                run=run, author=request.user, text=text, created_at__gte=timezone.now() - REPEAT_WINDOW
+            ).exists()
+            if not repeat:
+                services.run_interject(run=run, user=request.user, text=text, via="console")
+    except services.Refused as refused:
+        form.add_error(None, refused.message)
+        return _actions(request, run, form, status=refused.status)
+    if repeat:
+        notice = "That message was sent already."
+    elif waiting:
+        notice = "Answer sent: the run resumes with it."
+    else:
+        notice = "Sent: the agent reads it at the start of its next iteration."
+    return _actions(request, run, InterjectForm(run=run), notice=notice)
+
+
+@login_required
+@require_POST
+def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run(request, run_id)
+    try:
+        run = services.run_close(run=run, user=request.user, via="console")
+    except services.Refused as refused:
+        return _actions(request, run, InterjectForm(run=run), notice=refused.message)
+    return _actions(request, run, InterjectForm(run=run), notice="Closed without an answer (escalated).")
+
+
+@login_required
+@require_POST
+def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = _run(request, run_id)
+    try:
+        run = services.run_resume(run=run, user=request.user, via="console")
+    except services.Refused as refused:
+        return _actions(request, run, InterjectForm(run=run), notice=refused.message)
+    return _actions(request, run, InterjectForm(run=run), notice="Resumed from its next iteration.")
+
+
+@login_required
+@require_GET
+def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Return the events before `?before=SEQ` (an earlier part of the timeline)."""
+    run = _run(request, run_id)
+    try:
+        before = int(request.GET.get("before", ""))
+        if before < 1:
+            raise ValueError
+    except ValueError:
+        return HttpResponse("before must be a seq of this run (a whole number ≥ 1)", status=400)
+    window = selectors.timeline(run, before=before)
+    context = {"run": RunView(run), "window": window, "events": [EventView.of(e) for e in window.events]}
+    return render(request, "loops/run_detail.html#timeline-earlier", context)
+
+
+# --- history --------------------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def history(request: HttpRequest) -> HttpResponse:
+    owned = list(Instance.objects.filter(owner=request.user).values_list("pk", "name"))
+    form = HistoryFilterForm(request.GET or None, instances=owned)
+    chosen = selectors.HistoryFilter()
+    if form.is_bound and form.is_valid():
+        data: dict[str, Any] = form.cleaned_data
+        chosen = selectors.HistoryFilter(
+            instance=data["instance"], outcome=data["outcome"], since=data["since"], until=data["until"]
+        )
+    runs = selectors.history(request.user, chosen)
+    page = Paginator(runs, HISTORY_PAGE).get_page(request.GET.get("page"))
+    context = {
+        "form": form,
+        "page": page,
+        "runs": [RunView(r) for r in page.object_list],
+        "totals": live.totals_view(selectors.totals(runs)),
+    }
+    return render(request, "loops/history.html", context)

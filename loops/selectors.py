@@ -1,0 +1,238 @@
+"""Reads for the console: runs, instances, timelines, history. No writes.
+
+Every function that takes a `user` returns only what that user owns; a run or an
+instance of someone else reads as absent (the pages turn that into a 404 and the
+sockets into close code 4404).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django.db.models import Count, F, Max, Q, QuerySet, Sum
+from django.utils import timezone
+
+from instances.models import Instance
+from loops.models import Event, Iteration, Run
+
+# Events of these kinds belong to one iteration; the timeline draws them as its card.
+ITERATION_KINDS = frozenset(
+    {"iteration.started", "act.started", "act.finished", "checks.finished", "decision.made", "iteration.finished"}
+)
+# Outcomes that a person should look at: the loop stopped without doing the work.
+TROUBLE_OUTCOMES = (
+    Run.Outcome.FAILED,
+    Run.Outcome.CRASHED,
+    Run.Outcome.CREDENTIAL_ERROR,
+    Run.Outcome.PROVIDER_ERROR,
+    Run.Outcome.NO_PROGRESS,
+    Run.Outcome.TIMED_OUT,
+    Run.Outcome.BUDGET_EXHAUSTED,
+    Run.Outcome.MAX_ITERATIONS,
+)
+NEEDS_YOU_DAYS = 7
+NEEDS_YOU_LIMIT = 20
+TIMELINE_WINDOW = 300
+
+
+# --- ownership -----------------------------------------------------------------------------
+
+
+def instances_for(user: Any) -> QuerySet[Instance]:
+    """Return the user's instances with their active and total run counts."""
+    return Instance.objects.filter(owner=user).annotate(
+        active_runs=Count("runs", filter=Q(runs__status__in=[Run.Status.QUEUED, Run.Status.RUNNING])),
+        waiting_runs=Count("runs", filter=Q(runs__status=Run.Status.WAITING)),
+        total_runs=Count("runs"),
+        last_run_at=Max("runs__created_at"),
+    )
+
+
+def instance_for(user: Any, instance_id: int) -> Instance | None:
+    if not getattr(user, "is_authenticated", False):
+        return None
+    return Instance.objects.filter(owner=user, pk=instance_id).first()
+
+
+def run_for(user: Any, run_id: int) -> Run | None:
+    """Return the user's run `run_id` (with its instance), or None."""
+    if not getattr(user, "is_authenticated", False):
+        return None
+    return Run.objects.select_related("instance").filter(owner=user, pk=run_id).first()
+
+
+def runs_for(user: Any) -> QuerySet[Run]:
+    return Run.objects.filter(owner=user).select_related("instance")
+
+
+# --- the fleet -------------------------------------------------------------------------------
+
+
+def active_runs(user: Any) -> QuerySet[Run]:
+    """Return the user's runs that the loop is working on (queued or running), newest first."""
+    return runs_for(user).filter(status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).order_by("-id")
+
+
+@dataclass
+class NeedsYou:
+    waiting: list[Run]
+    failed: list[Run]
+    unverified: list[Run]
+
+    @property
+    def count(self) -> int:
+        return len(self.waiting) + len(self.failed) + len(self.unverified)
+
+
+def needs_you(user: Any, now: datetime | None = None) -> NeedsYou:
+    """Return what needs a person: waiting runs, and recent failed or done-but-unverified runs."""
+    since = (now or timezone.now()) - timedelta(days=NEEDS_YOU_DAYS)
+    runs = runs_for(user)
+    recent = runs.filter(status=Run.Status.FINISHED, finished_at__gte=since).order_by("-finished_at")
+    return NeedsYou(
+        waiting=list(runs.filter(status=Run.Status.WAITING).order_by("-id")[:NEEDS_YOU_LIMIT]),
+        failed=list(recent.filter(outcome__in=TROUBLE_OUTCOMES)[:NEEDS_YOU_LIMIT]),
+        unverified=list(recent.filter(outcome=Run.Outcome.DONE, verified=False)[:NEEDS_YOU_LIMIT]),
+    )
+
+
+def fleet_version(user: Any) -> tuple[int, int]:
+    """Return a value that changes whenever any of the user's runs records an event or a run starts."""
+    row = Run.objects.filter(owner=user).aggregate(events=Sum("last_seq"), runs=Count("id"))
+    return (row["events"] or 0, row["runs"] or 0)
+
+
+# --- one run ----------------------------------------------------------------------------------
+
+
+def event_iteration(event: Event) -> int | None:
+    """Return the iteration `event` belongs to, or None for a run-level event."""
+    if event.kind in ITERATION_KINDS:
+        number = (event.data or {}).get("iteration")
+        if isinstance(number, int):
+            return number
+    return None
+
+
+@dataclass
+class Window:
+    """The part of a run's timeline a page shows: events with first <= seq <= last."""
+
+    first: int
+    last: int
+    events: list[Event]
+
+    @property
+    def has_earlier(self) -> bool:
+        return self.first > 1
+
+
+def _window_start(run: Run, before: int, size: int) -> int:
+    """Return the seq to start a window that ends before `before`: an iteration's first event when possible."""
+    target = before - size
+    if target <= 1:
+        return 1
+    start = (
+        Event.objects.filter(run=run, kind="iteration.started", seq__lte=target)
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+    return start or 1
+
+
+def timeline(run: Run, before: int | None = None, size: int = TIMELINE_WINDOW) -> Window:
+    """Return the latest events of `run` (or those before seq `before`), from an iteration's start.
+
+    `last` is the run's last seq at the moment of reading, so a viewer can ask the socket
+    for everything after it and miss nothing.
+    """
+    last = run.last_seq if before is None else before - 1
+    if last < 1:
+        return Window(first=1, last=0, events=[])
+    first = _window_start(run, last + 1, size)
+    found = list(Event.objects.filter(run=run, seq__gte=first, seq__lte=last).order_by("seq"))
+    if found:
+        last = found[-1].seq
+    return Window(first=first, last=last, events=found)
+
+
+def events_after(run_id: int, seq: int, limit: int) -> list[Event]:
+    return list(Event.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq")[:limit])
+
+
+CHART_ITERATIONS = 60
+
+
+def chart_iterations(run: Run, limit: int = CHART_ITERATIONS) -> list[Iteration]:
+    """Return the run's latest `limit` iterations, oldest first (only the fields the chart draws)."""
+    latest = list(
+        Iteration.objects.filter(run=run)
+        .order_by("-number")
+        .only("number", "cost_micros", "checks", "act_ok", "decision")[:limit]
+    )
+    latest.reverse()
+    return latest
+
+
+# --- history -------------------------------------------------------------------------------------
+
+
+@dataclass
+class HistoryFilter:
+    instance: int | None = None
+    outcome: str = ""
+    since: date | None = None
+    until: date | None = None
+
+
+@dataclass
+class Totals:
+    runs: int
+    iterations: int
+    spent_micros: int
+    by_outcome: list[tuple[str, int]]
+
+
+def history(user: Any, chosen: HistoryFilter) -> QuerySet[Run]:
+    """Return the user's runs matching the filter, newest first."""
+    runs = runs_for(user).order_by("-created_at", "-id")
+    if chosen.instance is not None:
+        runs = runs.filter(instance_id=chosen.instance)
+    if chosen.outcome == "active":
+        runs = runs.exclude(status=Run.Status.FINISHED)
+    elif chosen.outcome == "unverified":
+        runs = runs.filter(outcome=Run.Outcome.DONE, verified=False)
+    elif chosen.outcome:
+        runs = runs.filter(outcome=chosen.outcome)
+    tz = timezone.get_current_timezone()
+    if chosen.since is not None:
+        runs = runs.filter(created_at__gte=datetime.combine(chosen.since, time.min, tzinfo=tz))
+    if chosen.until is not None:
+        runs = runs.filter(created_at__lt=datetime.combine(chosen.until + timedelta(days=1), time.min, tzinfo=tz))
+    return runs
+
+
+def totals(runs: QuerySet[Run]) -> Totals:
+    """Return the count, iterations and spend of `runs`, and how many ended each way."""
+    row = runs.order_by().aggregate(
+        runs=Count("id"), iterations=Sum(F("next_iteration") - 1), spent=Sum("spent_micros")
+    )
+    outcomes = (
+        runs.order_by()
+        .values("status", "outcome")
+        .annotate(n=Count("id"))
+        .order_by("status", "outcome")
+    )
+    counted: dict[str, int] = {}
+    for item in outcomes:
+        label = item["outcome"] or item["status"]
+        counted[label] = counted.get(label, 0) + item["n"]
+    return Totals(
+        runs=row["runs"] or 0,
+        iterations=row["iterations"] or 0,
+        spent_micros=row["spent"] or 0,
+        by_outcome=sorted(counted.items(), key=lambda kv: (-kv[1], kv[0])),
+    )
