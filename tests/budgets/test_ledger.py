@@ -131,7 +131,12 @@ def test_reserve_refuses_naming_the_pool_and_the_numbers_and_changes_nothing(mak
     assert refused.value.pool_name == instance_pool.name
     assert refused.value.pool_id == instance_pool.pk
     detail = refused.value.detail
-    assert instance_pool.name in detail and "$0.04 left" in detail and "$0.10 limit" in detail and "$0.05" in detail
+    assert (
+        instance_pool.name in detail
+        and "$0.04 left" in detail
+        and "$0.10 limit" in detail
+        and "$0.05" in detail
+    )
     assert Reservation.objects.count() == 1 and LedgerEntry.objects.count() == entries
 
 
@@ -259,7 +264,9 @@ def test_a_daily_pool_starts_again_from_zero_lazily_with_a_ledger_entry(make_run
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
     ledger.set_limit(instance_pool, 100, "admin", now=DAY1)
-    Pool.objects.filter(pk=instance_pool.pk).update(period="daily", period_start=ledger.period_floor("daily", DAY1))
+    Pool.objects.filter(pk=instance_pool.pk).update(
+        period="daily", period_start=ledger.period_floor("daily", DAY1)
+    )
     ledger.settle(ledger.reserve(run=run, iteration=1, amount=80, now=DAY1), actual=80, now=DAY1)
     with pytest.raises(BudgetRefused):
         ledger.reserve(run=run, iteration=2, amount=30, now=DAY1 + timedelta(hours=11))
@@ -292,7 +299,9 @@ def test_the_soft_threshold_is_flagged_once_per_period(make_run, django_capture_
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
     ledger.set_limit(instance_pool, 1000, "admin")
-    Pool.objects.filter(pk=instance_pool.pk).update(period="monthly", period_start=ledger.period_floor("monthly", DAY1))
+    Pool.objects.filter(pk=instance_pool.pk).update(
+        period="monthly", period_start=ledger.period_floor("monthly", DAY1)
+    )
     heard = []
 
     def listener(sender, crossing, **kwargs):
@@ -301,9 +310,21 @@ def test_the_soft_threshold_is_flagged_once_per_period(make_run, django_capture_
     threshold_crossed.connect(listener)
     try:
         with django_capture_on_commit_callbacks(execute=True):
-            assert ledger.settle(ledger.reserve(run=run, iteration=1, amount=500, now=DAY1), actual=500, now=DAY1) == []
-            crossed = ledger.settle(ledger.reserve(run=run, iteration=2, amount=300, now=DAY1), actual=300, now=DAY1)
-            assert ledger.settle(ledger.reserve(run=run, iteration=3, amount=100, now=DAY1), actual=100, now=DAY1) == []
+            assert (
+                ledger.settle(
+                    ledger.reserve(run=run, iteration=1, amount=500, now=DAY1), actual=500, now=DAY1
+                )
+                == []
+            )
+            crossed = ledger.settle(
+                ledger.reserve(run=run, iteration=2, amount=300, now=DAY1), actual=300, now=DAY1
+            )
+            assert (
+                ledger.settle(
+                    ledger.reserve(run=run, iteration=3, amount=100, now=DAY1), actual=100, now=DAY1
+                )
+                == []
+            )
         assert [c.pool_id for c in crossed] == [instance_pool.pk]
         assert crossed[0].spent == 800 and crossed[0].threshold_percent == 80 and crossed[0].run_id == run.pk
         assert heard == crossed
@@ -331,7 +352,10 @@ def test_set_limit_is_logged_with_the_person(make_run, user):
     ledger.set_limit(pool, 5_000_000, user)
     ledger.set_limit(pool, None, user)
     entries = list(LedgerEntry.objects.filter(pool=pool, kind="limit").order_by("pk"))
-    assert [(e.limit_after, e.actor, e.actor_label) for e in entries] == [(5_000_000, user, "ada"), (None, user, "ada")]
+    assert [(e.limit_after, e.actor, e.actor_label) for e in entries] == [
+        (5_000_000, user, "ada"),
+        (None, user, "ada"),
+    ]
     assert "unlimited" in entries[1].note
 
 
@@ -494,5 +518,7 @@ def test_estimate_for_an_anthropic_brain_covers_its_calls_and_an_llm_decider(mak
     decider = pricing.worst_case_call_micros(rates, input_tokens=context, max_output_tokens=1024)
     assert pricing.estimate_iteration(run) == act + decider
     # what one maximal call would really cost is within the reservation
-    usage = Usage(model=rates.model if hasattr(rates, "model") else "", input_tokens=context, output_tokens=output)
+    usage = Usage(
+        model=rates.model if hasattr(rates, "model") else "", input_tokens=context, output_tokens=output
+    )
     assert pricing.cost_micros(usage, rates) <= act

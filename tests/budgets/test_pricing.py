@@ -42,7 +42,11 @@ class U:
         (U(cache_read_tokens=10), SONNET, 3),
         (U(cache_read_tokens=11), SONNET, 4),  # 3.3 -> 4
         (U(input_tokens=2000, output_tokens=1000), OPUS, 30_000 + 75_000),
-        (U(input_tokens=100, output_tokens=100, cache_write_tokens=100, cache_read_tokens=100), HAIKU, 100 + 500 + 125 + 10),
+        (
+            U(input_tokens=100, output_tokens=100, cache_write_tokens=100, cache_read_tokens=100),
+            HAIKU,
+            100 + 500 + 125 + 10,
+        ),
         (U(input_tokens=10**9, output_tokens=10**9), OPUS, 90 * 10**9),
     ],
 )
@@ -69,7 +73,11 @@ def test_negative_usage_is_refused(usage):
 
 
 @given(
-    st.integers(0, 10**8), st.integers(0, 10**8), st.integers(0, 10**8), st.integers(0, 10**8), st.integers(0, 10**8)
+    st.integers(0, 10**8),
+    st.integers(0, 10**8),
+    st.integers(0, 10**8),
+    st.integers(0, 10**8),
+    st.integers(0, 10**8),
 )
 def test_cost_is_the_exact_sum_rounded_up_and_additive_within_a_micro(i, o, w, r, extra):
     usage = U(i, o, w, r)
@@ -142,9 +150,13 @@ def test_worst_case_call_micros(rates, input_tokens, output, calls, expected):
 def test_the_worst_case_of_one_call_covers_any_usage_within_its_bounds(inp, out, write_part, read_part):
     # Any split of the prompt into plain, cache-written and cache-read tokens costs no more than the estimate.
     write, read = min(write_part, inp), min(read_part, max(inp - write_part, 0))
-    usage = U(input_tokens=inp - write - read, output_tokens=out, cache_write_tokens=write, cache_read_tokens=read)
+    usage = U(
+        input_tokens=inp - write - read, output_tokens=out, cache_write_tokens=write, cache_read_tokens=read
+    )
     for rates in (SONNET, OPUS, HAIKU):
-        assert cost_micros(usage, rates) <= worst_case_call_micros(rates, input_tokens=inp, max_output_tokens=out)
+        assert cost_micros(usage, rates) <= worst_case_call_micros(
+            rates, input_tokens=inp, max_output_tokens=out
+        )
 
 
 def test_tokens_for_chars_is_generous():

@@ -1,0 +1,331 @@
+"""Property-based: random reserve / settle / release / overdraft / abandon / top-up / limit / period moves
+over a small pool tree, checked after every step against a shadow model and the ledger itself.
+
+Tree:  root ─┬─ user A ─┬─ instance A1 (daily) ─┬─ run 0 (capped)
+             │          │                       └─ run 1
+             │          └─ instance A2 ─────────── run 2 (capped)
+             └─ user B (monthly) ── instance B1 ── run 3
+"""
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import transaction
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from budgets import ledger, selectors, services
+from budgets.ledger import BudgetRefused, InvalidBudget
+from budgets.models import LedgerEntry, Pool, Reservation
+
+START = datetime(2026, 1, 30, 20, 0, tzinfo=UTC)
+LIMITS = st.one_of(st.none(), st.integers(0, 6000))
+AMOUNTS = st.integers(0, 800)
+
+
+@dataclass
+class Shadow:
+    """What a pool should hold, by the rules, independent of the ledger's code."""
+
+    pk: int
+    name: str
+    period: str
+    limit: int | None
+    threshold: int | None
+    spent: int = 0
+    reserved: int = 0
+    period_start: datetime = START
+    flagged: bool = False
+
+    def roll(self, now):
+        start = ledger.period_floor(self.period, now)
+        if start is not None and start > self.period_start:
+            self.spent, self.period_start, self.flagged = 0, start, False
+
+    def over_threshold(self):
+        return (
+            self.limit is not None
+            and self.threshold is not None
+            and self.spent * 100 >= self.limit * self.threshold
+        )
+
+
+@dataclass
+class Held:
+    pk: int
+    run: int
+    iteration: int
+    amount: int
+    chain: list[int] = field(default_factory=list)
+
+
+class LedgerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self._atomic = transaction.atomic()
+        self._atomic.__enter__()
+        self.now = START
+        self.pools: dict[int, Shadow] = {}
+        self.runs = []
+        self.chains: list[list[int]] = []
+        self.held: dict[int, Held] = {}
+        self.iterations: dict[int, int] = {}
+        self.seen_entry = 0
+
+    def teardown(self):
+        transaction.set_rollback(True)
+        self._atomic.__exit__(None, None, None)
+
+    # --- set-up ------------------------------------------------------------------------
+
+    @initialize(
+        root=LIMITS,
+        user_a=LIMITS,
+        a1=LIMITS,
+        a2=LIMITS,
+        user_b=LIMITS,
+        cap0=st.integers(0, 3000),
+        cap2=st.integers(0, 3000),
+    )
+    def build_tree(self, root, user_a, a1, a2, user_b, cap0, cap2):
+        from django.contrib.auth import get_user_model
+
+        from instances.models import Instance
+        from loops.models import Run
+
+        users = [get_user_model().objects.create_user(name) for name in ("machine-a", "machine-b")]
+        instances = [
+            Instance.objects.create(owner=owner, name=name, command=["true"])
+            for owner, name in ((users[0], "a1"), (users[0], "a2"), (users[1], "b1"))
+        ]
+        specs = [(instances[0], cap0), (instances[0], None), (instances[1], cap2), (instances[2], None)]
+        for instance, cap in specs:
+            run = Run.objects.create(
+                instance=instance, owner=instance.owner, objective="o", max_iterations=10**6
+            )
+            self.runs.append(run)
+            services.open_run_pools(run)
+            if cap is not None:
+                services.run_set_cap(run, cap, "machine")
+        Pool.objects.filter(instance=instances[0]).update(
+            period="daily", period_start=ledger.period_floor("daily", START)
+        )
+        Pool.objects.filter(kind="user", owner=users[1]).update(
+            period="monthly", period_start=ledger.period_floor("monthly", START)
+        )
+        for kind, owner_or_instance, limit in (
+            ("root", None, root),
+            ("user", users[0], user_a),
+            ("instance", instances[0], a1),
+            ("instance", instances[1], a2),
+            ("user", users[1], user_b),
+        ):
+            pool = Pool.objects.get(
+                kind=kind,
+                **(
+                    {"owner": owner_or_instance}
+                    if kind == "user"
+                    else {"instance": owner_or_instance}
+                    if kind == "instance"
+                    else {}
+                ),
+            )
+            if limit is not None:
+                ledger.set_limit(pool, limit, "machine", now=self.now)
+        for pool in Pool.objects.all():
+            self.pools[pool.pk] = Shadow(
+                pool.pk,
+                pool.name,
+                pool.period,
+                pool.limit,
+                pool.threshold_percent,
+                period_start=pool.period_start,
+            )
+        for run in self.runs:
+            self.chains.append([p.pk for p in selectors.run_chain(run)])
+            self.iterations[run.pk] = 0
+        self.seen_entry = LedgerEntry.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def shadows(self, chain):
+        for pk in chain:
+            self.pools[pk].roll(self.now)
+        return [self.pools[pk] for pk in chain]
+
+    def close(self, held, actual):
+        crossed = []
+        for pool in self.shadows(held.chain):
+            pool.reserved -= held.amount
+            pool.spent += actual
+            if not pool.flagged and pool.over_threshold():
+                pool.flagged = True
+                crossed.append(pool.pk)
+        del self.held[held.pk]
+        return sorted(crossed)
+
+    # --- moves -------------------------------------------------------------------------------
+
+    @rule(which=st.integers(0, 3), amount=AMOUNTS)
+    def reserve(self, which, amount):
+        run = self.runs[which]
+        self.iterations[run.pk] += 1
+        iteration = self.iterations[run.pk]
+        pools = self.shadows(self.chains[which])
+        fits = all(
+            p.limit is None or (p.spent + p.reserved <= p.limit and p.spent + p.reserved + amount <= p.limit)
+            for p in pools
+        )
+        try:
+            pk = ledger.reserve(run=run, iteration=iteration, amount=amount, now=self.now)
+        except BudgetRefused as refused:
+            event("reserve refused")
+            assert not fits, f"refused although every pool had room: {refused.detail}"
+            assert refused.pool_name in {p.name for p in pools if p.limit is not None}
+            return
+        event("reserve granted")
+        assert fits, "granted although a pool had no room"
+        for pool in pools:
+            pool.reserved += amount
+        self.held[pk] = Held(pk, which, iteration, amount, self.chains[which])
+        # the invariant at the moment of the grant, on the real rows
+        for pool in Pool.objects.filter(pk__in=self.chains[which]):
+            assert pool.limit is None or pool.spent + pool.reserved <= pool.limit
+
+    @rule(which=st.integers(0, 3), amount=st.integers(0, 150))
+    def reserve_a_little(self, which, amount):
+        self.reserve(which, amount)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def reserve_the_same_iteration_again(self, data):
+        held = self.held[data.draw(st.sampled_from(sorted(self.held)))]
+        again = ledger.reserve(
+            run=self.runs[held.run], iteration=held.iteration, amount=data.draw(AMOUNTS), now=self.now
+        )
+        assert again == held.pk
+        self.shadows(held.chain)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), share=st.floats(0, 1))
+    def settle(self, data, share):
+        held = self.held[data.draw(st.sampled_from(sorted(self.held)))]
+        actual = int(held.amount * share)
+        crossings = ledger.settle(held.pk, actual=actual, now=self.now)
+        if crossings:
+            event("threshold crossed")
+        assert sorted(c.pool_id for c in crossings) == self.close(held, actual)
+        assert ledger.settle(held.pk, actual=actual + 1, now=self.now) == []  # idempotent
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), extra=st.integers(1, 2000))
+    def overdraw(self, data, extra):
+        held = self.held[data.draw(st.sampled_from(sorted(self.held)))]
+        crossings = ledger.settle(held.pk, actual=held.amount + extra, now=self.now)
+        assert sorted(c.pool_id for c in crossings) == self.close(held, held.amount + extra)
+        assert Reservation.objects.get(pk=held.pk).overdraft == extra
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data):
+        held = self.held[data.draw(st.sampled_from(sorted(self.held)))]
+        ledger.release(held.pk, now=self.now)
+        self.close(held, 0)
+
+    @rule(which=st.integers(0, 3))
+    def abandon(self, which):
+        mine = [h for h in self.held.values() if h.run == which]
+        assert ledger.close_abandoned(self.runs[which], now=self.now) == sum(h.amount for h in mine)
+        for held in mine:
+            self.close(held, held.amount)
+
+    @rule(data=st.data(), amount=st.integers(-5, 3000))
+    def top_up(self, data, amount):
+        shadow = self.pools[data.draw(st.sampled_from(sorted(self.pools)))]
+        if shadow.limit is None or amount <= 0:
+            with pytest.raises(InvalidBudget):
+                ledger.top_up(shadow.pk, amount, "machine", now=self.now)
+            return
+        ledger.top_up(shadow.pk, amount, "machine", now=self.now)
+        shadow.roll(self.now)
+        shadow.limit += amount
+        if shadow.flagged and not shadow.over_threshold():
+            shadow.flagged = False
+
+    @rule(data=st.data(), limit=st.one_of(st.none(), st.integers(-5, 5000)))
+    def set_limit(self, data, limit):
+        shadow = self.pools[data.draw(st.sampled_from(sorted(self.pools)))]
+        shadow.roll(self.now)
+        if limit is not None and (limit < 0 or limit < shadow.spent):
+            with pytest.raises(InvalidBudget):
+                ledger.set_limit(shadow.pk, limit, "machine", now=self.now)
+            return
+        ledger.set_limit(shadow.pk, limit, "machine", now=self.now)
+        shadow.limit = limit
+        if shadow.flagged and not shadow.over_threshold():
+            shadow.flagged = False
+
+    @rule(data=st.data())
+    def reset_period_by_hand(self, data):
+        shadow = self.pools[data.draw(st.sampled_from(sorted(self.pools)))]
+        event(f"reset period of a {shadow.period} pool")
+        if shadow.period == "none":
+            with pytest.raises(InvalidBudget):
+                ledger.reset_period(shadow.pk, "machine", now=self.now)
+            return
+        ledger.reset_period(shadow.pk, "machine", now=self.now)
+        shadow.roll(self.now)
+        shadow.spent, shadow.flagged = 0, False
+
+    @rule(hours=st.sampled_from([1, 5, 24, 24 * 31]))
+    def time_passes(self, hours):
+        self.now += timedelta(hours=hours)
+
+    # --- checks after every step -----------------------------------------------------------
+
+    @invariant()
+    def books_balance(self):
+        if not self.pools:
+            return
+        for pool in Pool.objects.filter(pk__in=self.pools):
+            assert selectors.audit_pool(pool) == []
+            shadow = self.pools[pool.pk]
+            shadow.roll(self.now)
+            assert (ledger.effective_spent(pool, self.now), pool.reserved, pool.limit) == (
+                shadow.spent,
+                shadow.reserved,
+                shadow.limit,
+            ), shadow.name
+        held = Reservation.objects.filter(status="held")
+        assert sorted(held.values_list("pk", flat=True)) == sorted(self.held)
+
+    @invariant()
+    def every_grant_kept_spent_plus_reserved_within_the_limit(self):
+        fresh = LedgerEntry.objects.filter(pk__gt=self.seen_entry, kind="reserve")
+        for entry in fresh:
+            assert entry.limit_after is None or entry.spent_after + entry.reserved_after <= entry.limit_after
+        self.seen_entry = (
+            LedgerEntry.objects.order_by("-pk").values_list("pk", flat=True).first() or self.seen_entry
+        )
+
+
+@pytest.mark.django_db
+def test_the_books_balance_after_any_sequence_of_ledger_moves():
+    run_state_machine_as_test(
+        LedgerMachine,
+        settings=settings(
+            max_examples=40,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
