@@ -11,13 +11,15 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import transaction
-from django.db.models import F
+from django.db import connection, transaction
 from django.utils import timezone
 
 from loops.models import Event, Run
 
 log = logging.getLogger(__name__)
+
+# One round trip: bump the run's counter and learn the new value (SQLite ≥ 3.35, PostgreSQL).
+_BUMP = f"UPDATE {Run._meta.db_table} SET last_seq = last_seq + %s WHERE id = %s RETURNING last_seq"
 
 
 def append(run_id: int, kind: str, data: dict[str, Any] | None = None) -> int:
@@ -30,8 +32,9 @@ def append_many(run_id: int, items: Iterable[tuple[str, dict[str, Any]]]) -> int
     items = list(items)
     if not items:
         return 0
-    Run.objects.filter(pk=run_id).update(last_seq=F("last_seq") + len(items))
-    last = Run.objects.filter(pk=run_id).values_list("last_seq", flat=True).get()
+    with connection.cursor() as cursor:
+        cursor.execute(_BUMP, [len(items), run_id])
+        last = cursor.fetchone()[0]
     first = last - len(items) + 1
     now = timezone.now()
     Event.objects.bulk_create(

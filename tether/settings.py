@@ -104,6 +104,12 @@ if DATABASE_URL:
     _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
     if _db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL (postgres://...), got {_db['ENGINE']}")
+    # Drivers give their connection back before every act; a pool makes that cheap.
+    _db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": _env_int("TETHER_DB_POOL_SIZE", 20),
+        "timeout": 60,
+    }
     _db.setdefault("TEST", {})
     if name := os.environ.get("TETHER_TEST_DB_NAME"):
         _db["TEST"]["NAME"] = name

@@ -1,23 +1,46 @@
-"""The brain registry: an instance's `brain` field names its implementation."""
+"""The brain registry: an instance's `brain` field names its implementation.
+
+`settings.TETHER_BRAINS` maps brain names to dotted paths of classes taking the
+instance; the defaults are `command` and `anthropic`. Extra entries plug in other
+brains (the benchmarks register an instant one this way).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
 
 from instances.brains.base import Brain
 
 if TYPE_CHECKING:
     from instances.models import Instance
 
+DEFAULT_BRAINS = {
+    "command": "instances.brains.command.CommandBrain",
+    "anthropic": "instances.brains.anthropic.AnthropicBrain",
+}
+
+
+@cache
+def brain_class(name: str) -> Any:
+    paths = {**DEFAULT_BRAINS, **getattr(settings, "TETHER_BRAINS", {})}
+    if name not in paths:
+        raise ValueError(f"unknown brain {name!r}; known: {', '.join(sorted(paths))}")
+    return import_string(paths[name])
+
 
 def get_brain(instance: Instance) -> Brain:
     """Return the brain that acts for `instance`."""
-    if instance.brain == "command":
-        from instances.brains.command import CommandBrain
+    return brain_class(instance.brain)(instance)  # type: ignore[no-any-return]
 
-        return CommandBrain(instance)
-    if instance.brain == "anthropic":
-        from instances.brains.anthropic import AnthropicBrain  # type: ignore[import-not-found]
 
-        return AnthropicBrain(instance)  # type: ignore[no-any-return]
-    raise ValueError(f"unknown brain {instance.brain!r}")
+def _reset(setting: str, **kwargs: Any) -> None:
+    if setting == "TETHER_BRAINS":
+        brain_class.cache_clear()
+
+
+setting_changed.connect(_reset)

@@ -6,6 +6,7 @@ a stop is requested. Used by the `command` brain and by checks.
 from __future__ import annotations
 
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -38,14 +39,6 @@ class Finished:
     timed_out: bool = False
     stopped: bool = False
     spawn_error: str = ""
-
-
-def _drain(stream, sink: bytearray, cap: int) -> None:
-    for chunk in iter(lambda: stream.read(65536), b""):
-        room = cap - len(sink)
-        if room > 0:
-            sink.extend(chunk[:room])
-    stream.close()
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -86,42 +79,71 @@ def run(
     except OSError as exc:
         return Finished(None, "", "", 0.0, spawn_error=f"could not start {argv[0]!r}: {exc.strerror or exc}")
     out, err = bytearray(), bytearray()
-    readers = [
-        threading.Thread(target=_drain, args=(proc.stdout, out, cap), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stderr, err, cap), daemon=True),
-    ]
-    for t in readers:
-        t.start()
-
-    def feed() -> None:
-        try:
-            proc.stdin.write(stdin.encode())
-            proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-
-    threading.Thread(target=feed, daemon=True).start()
-    timed_out = stopped = False
+    sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    pending = stdin.encode()
+    selector = selectors.DefaultSelector()
+    for stream in (proc.stdout, proc.stderr):
+        os.set_blocking(stream.fileno(), False)
+        selector.register(stream.fileno(), selectors.EVENT_READ)
+    if pending:
+        os.set_blocking(proc.stdin.fileno(), False)
+        selector.register(proc.stdin.fileno(), selectors.EVENT_WRITE)
+    else:
+        proc.stdin.close()
+    exit_fd = os.pidfd_open(proc.pid)
+    selector.register(exit_fd, selectors.EVENT_READ)
+    timed_out = stopped = exited = False
+    exited_at = 0.0
     deadline = started + timeout
-    while True:
-        try:
-            proc.wait(timeout=poll)
+    try:
+        # One thread multiplexes the program's pipes and its exit, waking at least
+        # every `poll` seconds to look at the stop signal and the deadline.
+        while True:
+            for key, _ in selector.select(timeout=poll):
+                fd = key.fd
+                if fd == exit_fd:
+                    exited = True
+                    exited_at = time.monotonic()
+                    selector.unregister(exit_fd)
+                elif fd in sinks:
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        room = cap - len(sinks[fd])
+                        if room > 0:
+                            sinks[fd].extend(chunk[:room])
+                    else:
+                        selector.unregister(fd)
+                        del sinks[fd]
+                else:
+                    try:
+                        written = os.write(fd, pending[:65536])
+                        pending = pending[written:]
+                    except (BrokenPipeError, OSError):
+                        pending = b""
+                    if not pending:
+                        selector.unregister(fd)
+                        proc.stdin.close()
+            if exited and not sinks:
+                break
+            if exited and time.monotonic() - exited_at > 0.5:
+                break  # the program is gone but something it started holds its pipes
+            if not exited and stop is not None and stop.is_set():
+                stopped = True
+            elif not exited and time.monotonic() >= deadline:
+                timed_out = True
+            else:
+                continue
+            _kill(proc)
             break
-        except subprocess.TimeoutExpired:
-            pass
-        if stop is not None and stop.is_set():
-            stopped = True
-        elif time.monotonic() >= deadline:
-            timed_out = True
-        else:
-            continue
+    finally:
+        selector.close()
+        os.close(exit_fd)
+        # The group may hold children that still write; end them with their leader.
         _kill(proc)
         proc.wait()
-        break
-    # The group may hold children that still write; end them with their leader.
-    _kill(proc)
-    for t in readers:
-        t.join(timeout=1)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if not stream.closed:
+                stream.close()
     return Finished(
         exit_code=proc.returncode,
         stdout=out.decode(errors="replace"),
