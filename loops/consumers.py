@@ -7,13 +7,14 @@ summary, budget and chart as they stand. `/ws/fleet/` sends the fleet page's liv
 blocks on connect and again whenever any of the user's runs records an event.
 
 The database is the source of truth. Each socket tails it (every
-TETHER_CONSOLE_POLL_SECONDS, 0.25 s by default); with REDIS_URL the socket also joins
+TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with Redis); with REDIS_URL the socket also joins
 the run's (or the fleet's) group, where `loops.events.ring` rings a doorbell after each
 commit, so it wakes at once and polls only as a fallback. A doorbell carries no data,
 so a missed or duplicated one changes nothing.
 
 Refusals: the socket is accepted and then closed with a code the page understands —
-4403 without a signed-in session (or once the session is gone), 4404 for a run that is
+4403 without a signed-in session (or once the session is gone: checked every
+TETHER_CONSOLE_SESSION_CHECK_SECONDS, 15 s by default), 4404 for a run that is
 not the user's. The Origin check happens before (AllowedHostsOriginValidator in asgi.py).
 """
 
@@ -36,13 +37,17 @@ log = logging.getLogger(__name__)
 CLOSE_SIGNED_OUT = 4403
 CLOSE_NOT_FOUND = 4404
 BATCH = 200
-SESSION_CHECK_SECONDS = 15.0
 
 
 def poll_seconds() -> float:
     """How often a socket reads the database when nothing woke it."""
     default = 2.0 if settings.REDIS_URL else 0.25
     return float(getattr(settings, "TETHER_CONSOLE_POLL_SECONDS", default))
+
+
+def session_check_seconds() -> float:
+    """How often a socket checks that its session still exists (a sign-out ends it)."""
+    return float(getattr(settings, "TETHER_CONSOLE_SESSION_CHECK_SECONDS", 15.0))
 
 
 class TailingConsumer(AsyncWebsocketConsumer):
@@ -86,15 +91,15 @@ class TailingConsumer(AsyncWebsocketConsumer):
         raise NotImplementedError
 
     async def tail(self) -> None:
-        interval = poll_seconds()
+        interval, check_every = poll_seconds(), session_check_seconds()
         loop = asyncio.get_running_loop()
-        next_session_check = loop.time() + SESSION_CHECK_SECONDS
+        next_session_check = loop.time() + check_every
         try:
             while True:
                 self.wake.clear()  # before reading: a doorbell during the read wakes the next wait
                 more = await self.send_changes()
                 if loop.time() >= next_session_check:
-                    next_session_check = loop.time() + SESSION_CHECK_SECONDS
+                    next_session_check = loop.time() + check_every
                     if not await self.session_alive():
                         await self.close(code=CLOSE_SIGNED_OUT)
                         return
@@ -107,7 +112,9 @@ class TailingConsumer(AsyncWebsocketConsumer):
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("console socket %s failed; closing it so the page reconnects", self.scope.get("path"))
+            log.exception(
+                "console socket %s failed; closing it so the page reconnects", self.scope.get("path")
+            )
             await self.close(code=1011)
 
     async def session_alive(self) -> bool:

@@ -19,7 +19,14 @@ from loops.models import Event, Iteration, Run
 
 # Events of these kinds belong to one iteration; the timeline draws them as its card.
 ITERATION_KINDS = frozenset(
-    {"iteration.started", "act.started", "act.finished", "checks.finished", "decision.made", "iteration.finished"}
+    {
+        "iteration.started",
+        "act.started",
+        "act.finished",
+        "checks.finished",
+        "decision.made",
+        "iteration.finished",
+    }
 )
 # Outcomes that a person should look at: the loop stopped without doing the work.
 TROUBLE_OUTCOMES = (
@@ -211,7 +218,9 @@ def history(user: Any, chosen: HistoryFilter) -> QuerySet[Run]:
     if chosen.since is not None:
         runs = runs.filter(created_at__gte=datetime.combine(chosen.since, time.min, tzinfo=tz))
     if chosen.until is not None:
-        runs = runs.filter(created_at__lt=datetime.combine(chosen.until + timedelta(days=1), time.min, tzinfo=tz))
+        runs = runs.filter(
+            created_at__lt=datetime.combine(chosen.until + timedelta(days=1), time.min, tzinfo=tz)
+        )
     return runs
 
 
@@ -221,10 +230,7 @@ def totals(runs: QuerySet[Run]) -> Totals:
         runs=Count("id"), iterations=Sum(F("next_iteration") - 1), spent=Sum("spent_micros")
     )
     outcomes = (
-        runs.order_by()
-        .values("status", "outcome")
-        .annotate(n=Count("id"))
-        .order_by("status", "outcome")
+        runs.order_by().values("status", "outcome").annotate(n=Count("id")).order_by("status", "outcome")
     )
     counted: dict[str, int] = {}
     for item in outcomes:

@@ -73,7 +73,9 @@ class InterjectForm(forms.Form):
         kwargs.setdefault("initial", {}).setdefault("nonce", fresh_nonce())
         super().__init__(*args, **kwargs)
         self.run = run
-        self.fields["text"].label = "Your answer" if run.status == Run.Status.WAITING else "Message to the agent"
+        self.fields["text"].label = (
+            "Your answer" if run.status == Run.Status.WAITING else "Message to the agent"
+        )
 
 
 class HistoryFilterForm(forms.Form):

@@ -77,9 +77,16 @@ def instance_detail(request: HttpRequest, instance_id: int) -> HttpResponse:
     return _instance_page(request, instance, StartRunForm(instance=instance))
 
 
-def _instance_page(request: HttpRequest, instance: Instance, form: StartRunForm, status: int = 200) -> HttpResponse:
+def _instance_page(
+    request: HttpRequest, instance: Instance, form: StartRunForm, status: int = 200
+) -> HttpResponse:
     runs = [RunView(r) for r in selectors.runs_for(request.user).filter(instance=instance)[:RECENT_RUNS]]
-    context = {"instance": instance, "form": form, "runs": runs, "env_names": sorted((instance.env or {}).keys())}
+    context = {
+        "instance": instance,
+        "form": form,
+        "runs": runs,
+        "env_names": sorted((instance.env or {}).keys()),
+    }
     return render(request, "loops/instance_detail.html", context, status=status)
 
 
@@ -158,7 +165,9 @@ def _run_page(
     return render(request, "loops/run_detail.html", context, status=status)
 
 
-def _actions(request: HttpRequest, run: Run, form: InterjectForm, notice: str = "", status: int = 200) -> HttpResponse:
+def _actions(
+    request: HttpRequest, run: Run, form: InterjectForm, notice: str = "", status: int = 200
+) -> HttpResponse:
     """Answer a run-page form: its block alone for htmx, else the page (or a redirect back to it)."""
     if is_htmx(request):
         run.refresh_from_db()

@@ -41,7 +41,9 @@ ONE_ITERATION = [
             "ok": True,
             "detail": "",
             "response": "wrote report.md <script>alert(1)</script>",
-            "tool_calls": [{"name": "write_file", "input": {"path": "report.md"}, "is_error": False, "result": "ok"}],
+            "tool_calls": [
+                {"name": "write_file", "input": {"path": "report.md"}, "is_error": False, "result": "ok"}
+            ],
             "usage": {"input_tokens": 120, "output_tokens": 30},
         },
     ),

@@ -80,7 +80,9 @@ def test_another_users_run_and_instance_are_404(client, other_user, instance, st
             continue
         assert client.get(url).status_code == 404, url
     for url in form_urls(instance, run):
-        assert client.post(url, {"objective": "take over", "text": "hi", "max_iterations": 3}).status_code == 404, url
+        assert (
+            client.post(url, {"objective": "take over", "text": "hi", "max_iterations": 3}).status_code == 404
+        ), url
     run.refresh_from_db()
     assert run.cancel_requested_at is None and run.status == Run.Status.QUEUED
     assert Run.objects.count() == 1 and not Interjection.objects.exists()
@@ -156,13 +158,25 @@ def test_start_calls_the_service_and_opens_the_run(signed_in, instance):
     [
         ({"objective": "", "max_iterations": 3}, "the objective is empty"),
         ({"objective": "   ", "max_iterations": 3}, "the objective is empty"),
-        ({"objective": "x" * 201, "max_iterations": 3}, "objective is 201 characters; this instance accepts at most 200"),
+        (
+            {"objective": "x" * 201, "max_iterations": 3},
+            "objective is 201 characters; this instance accepts at most 200",
+        ),
         ({"objective": "go", "max_iterations": "ten"}, "Max iterations must be a whole number"),
         ({"objective": "go", "max_iterations": 0}, "Max iterations must be at least 1"),
         ({"objective": "go", "max_iterations": 20000}, "Max iterations can be at most 10,000"),
-        ({"objective": "go", "max_iterations": 3, "max_cost_usd": "lots"}, "The cost cap must be an amount of dollars"),
-        ({"objective": "go", "max_iterations": 3, "max_cost_usd": "0"}, "max_cost_usd must be more than 0 dollars"),
-        ({"objective": "go", "max_iterations": 3, "max_minutes": "soon"}, "The time limit must be a whole number"),
+        (
+            {"objective": "go", "max_iterations": 3, "max_cost_usd": "lots"},
+            "The cost cap must be an amount of dollars",
+        ),
+        (
+            {"objective": "go", "max_iterations": 3, "max_cost_usd": "0"},
+            "max_cost_usd must be more than 0 dollars",
+        ),
+        (
+            {"objective": "go", "max_iterations": 3, "max_minutes": "soon"},
+            "The time limit must be a whole number",
+        ),
     ],
 )
 def test_start_with_bad_input_shows_a_clear_message_and_keeps_the_text(signed_in, instance, fields, message):
@@ -242,7 +256,9 @@ def test_interject_calls_the_service_and_drops_a_duplicate(signed_in, instance, 
     again = signed_in.post(f"/runs/{run.pk}/interject", form, headers={"HX-Request": "true"})
     assert b"sent already" in again.content
     # A second device sending the same words at the same moment (its own nonce) is a repeat too.
-    other = signed_in.post(f"/runs/{run.pk}/interject", {**form, "nonce": "b" * 32}, headers={"HX-Request": "true"})
+    other = signed_in.post(
+        f"/runs/{run.pk}/interject", {**form, "nonce": "b" * 32}, headers={"HX-Request": "true"}
+    )
     assert b"sent already" in other.content
     interjection = Interjection.objects.get()
     assert interjection.text == "use the new API"
@@ -300,17 +316,31 @@ def test_run_page_draws_every_part_of_an_iteration(signed_in, instance, start_ru
     story(
         run,
         [
-            ("interjection.queued", {"id": 1, "text": "mind the <b>tests</b>", "by": "ada", "via": "console"}),
+            (
+                "interjection.queued",
+                {"id": 1, "text": "mind the <b>tests</b>", "by": "ada", "via": "console"},
+            ),
             ("run.waiting", {"iteration": 1, "question": "which test framework?"}),
             ("run.resumed", {"by": "ada", "via": "console", "reason": "answered"}),
             ("run.reaped", {"iteration": 2}),
             ("something.new", {"x": 1}),
             ("run.stop_requested", {"by": "ada", "via": "console"}),
-            ("run.finished", {"outcome": "no_progress", "detail": "stuck", "verified": None, "iterations": 1, "spent_usd": "0.001200"}),
+            (
+                "run.finished",
+                {
+                    "outcome": "no_progress",
+                    "detail": "stuck",
+                    "verified": None,
+                    "iterations": 1,
+                    "spent_usd": "0.001200",
+                },
+            ),
         ],
     )
     text = signed_in.get(f"/runs/{run.pk}/").content.decode()
-    seqs = [int(s) for s in re.findall(r'<article class="ev [^"]*" id="run-\d+-ev-\d+" data-seq="(\d+)"', text)]
+    seqs = [
+        int(s) for s in re.findall(r'<article class="ev [^"]*" id="run-\d+-ev-\d+" data-seq="(\d+)"', text)
+    ]
     assert seqs == list(range(1, run.events.count() + 1))
     assert f'data-last-seq="{seqs[-1]}"' in text
     assert f'ws-connect="/ws/runs/{run.pk}/"' in text
@@ -321,15 +351,15 @@ def test_run_page_draws_every_part_of_an_iteration(signed_in, instance, start_ru
         "write_file",  # tool call
         "Checks: 1 of 2 passed",
         "1 failed",  # check output
-        "Decision: <span class=\"verdict verdict-continue\">continue</span>",
+        'Decision: <span class="verdict verdict-continue">continue</span>',
         "a test still fails",
         "$0.0012 in 1.5 s",  # cost and duration
         "mind the &lt;b&gt;tests&lt;/b&gt;",
         "which test framework?",
-        "Finished: <span class=\"outcome-word\">no progress</span>",
+        'Finished: <span class="outcome-word">no progress</span>',
         "something.new",
         f"/v1/instances/{instance.pk}/loop/{run.pk}/events",
-        "<svg class=\"chart\"",
+        '<svg class="chart"',
         "Spend and headroom",
     ]:
         assert expected in text, expected
@@ -355,7 +385,9 @@ def test_run_page_shows_the_latest_window_and_earlier_events_on_demand(signed_in
     assert signed_in.get(f"/runs/{run.pk}/timeline?before=x").status_code == 400
 
 
-def test_run_page_query_count_does_not_grow_with_events(signed_in, instance, start_run, story, django_assert_max_num_queries):
+def test_run_page_query_count_does_not_grow_with_events(
+    signed_in, instance, start_run, story, django_assert_max_num_queries
+):
     run = start_run(instance)
     story(run)
     with django_assert_max_num_queries(20) as few:
@@ -376,8 +408,12 @@ def test_fleet_shows_instances_active_runs_and_what_needs_you(signed_in, user, i
     unverified = start_run(instance, objective="done but unchecked")
     fine = start_run(instance, objective="all good")
     Run.objects.filter(pk=waiting.pk).update(status="waiting", outcome_detail="which branch?")
-    Run.objects.filter(pk=failed.pk).update(status="finished", outcome="failed", outcome_detail="cannot", finished_at=now)
-    Run.objects.filter(pk=unverified.pk).update(status="finished", outcome="done", verified=False, finished_at=now)
+    Run.objects.filter(pk=failed.pk).update(
+        status="finished", outcome="failed", outcome_detail="cannot", finished_at=now
+    )
+    Run.objects.filter(pk=unverified.pk).update(
+        status="finished", outcome="done", verified=False, finished_at=now
+    )
     Run.objects.filter(pk=fine.pk).update(status="finished", outcome="done", verified=True, finished_at=now)
     text = signed_in.get("/").content.decode()
     needs = text[text.index('id="fleet-needs"') : text.index('id="fleet-active"')]
