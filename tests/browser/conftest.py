@@ -1,0 +1,153 @@
+"""Real browsers against a real server: Debian's chromium (Playwright), daphne and a qcluster worker.
+
+The server and the worker are subprocesses on the test database (see tests/support/cluster.py),
+so every browser test is `django_db(transaction=True)`.
+"""
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from tests.support.cluster import Cluster, worker_env
+
+CHROMIUM = Path(os.environ.get("TETHER_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+]
+ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"
+PHONE = {
+    "viewport": {"width": 390, "height": 844},
+    "device_scale_factor": 2,
+    "is_mobile": True,
+    "has_touch": True,
+}
+LAPTOP = {"viewport": {"width": 1366, "height": 850}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`daphne tether.asgi:application` on 127.0.0.1, as `python manage.py serve` runs it."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log_dir / "daphne.log", "wb")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "tether.asgi:application",
+            ],
+            cwd=settings.BASE_DIR,
+            env=worker_env(),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.log_path = log_dir / "daphne.log"
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 30) -> None:
+        ends = time.monotonic() + timeout
+        while time.monotonic() < ends:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daphne exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"daphne did not answer within {timeout}s: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    started = Server(tmp_path)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
+def worker(tmp_path):
+    cluster = Cluster("console-worker", tmp_path)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def browser(_orm_beside_playwright):
+    if not CHROMIUM.exists():
+        pytest.fail(
+            f"Browser tests need Debian's chromium at {CHROMIUM}: install it with "
+            "`apt-get install -y chromium` (.ci/run does), or point TETHER_CHROMIUM at a Chromium binary."
+        )
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def artifacts():
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture
+def _orm_beside_playwright(monkeypatch):
+    # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls are
+    # still plain blocking calls between browser steps, which is what this flag allows.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture
+def script(tmp_path):
+    """Write an executable Python script (a scripted agent or check); return its argv."""
+    counter = {"n": 0}
+
+    def build(body: str) -> list[str]:
+        counter["n"] += 1
+        path = tmp_path / f"script{counter['n']}.py"
+        path.write_text("import os, sys, json, time, pathlib\n" + textwrap.dedent(body))
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+        return [sys.executable, str(path)]
+
+    return build
