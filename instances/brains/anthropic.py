@@ -27,7 +27,7 @@ raises or logs, and tools never see it (commands get a minimal environment).
 Settings (all optional): TETHER_ANTHROPIC_RETRIES (4), TETHER_ANTHROPIC_BACKOFF_SECONDS (1.0),
 TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS (30), TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS (300),
 TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL (8192), TETHER_ANTHROPIC_DEFAULT_MODEL,
-TETHER_CONTEXT_BUDGET_TOKENS (3000: the history's share of the prompt), TETHER_CONTEXT_RECENT (3).
+TETHER_CONTEXT_BUDGET_TOKENS (2000: the history's share of the prompt), TETHER_CONTEXT_RECENT (3).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def limits() -> Limits:
         backoff_max=float(getattr(settings, "TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS", 30.0)),
         call_timeout=float(getattr(settings, "TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0)),
         max_tokens_per_call=int(getattr(settings, "TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL", 8192)),
-        context_tokens=int(getattr(settings, "TETHER_CONTEXT_BUDGET_TOKENS", 3000)),
+        context_tokens=int(getattr(settings, "TETHER_CONTEXT_BUDGET_TOKENS", 2000)),
         recent=int(getattr(settings, "TETHER_CONTEXT_RECENT", 3)),
     )
 

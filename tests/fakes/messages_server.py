@@ -17,8 +17,10 @@ block for block, content this server returned.
 
 Token counts are computed, not scripted, unless a reply gives its own `usage`: about
 four characters a token over tools, system and messages, with prompt caching
-simulated at `cache_control` breakpoints (a prefix seen before is a cache read, a new
-one a cache write).
+simulated at `cache_control` breakpoints as the API documents it: each breakpoint looks
+back up to 20 blocks for a prefix cached before (a cache read); the prefix up to the last
+breakpoint not yet cached is a cache write; the rest is plain input. `cache_min_tokens`
+sets the shortest cacheable prefix (the API's is 1024 tokens or more; 0 by default here).
 """
 
 from __future__ import annotations
@@ -111,6 +113,15 @@ class Received:
     body: Any
     raw: bytes
     at: float
+    status: int | None = None
+    reply: Any = None  # the JSON the server answered with (None for a dropped connection)
+
+
+LOOKBACK = 20
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def count_tokens(value: Any) -> int:
@@ -174,7 +185,7 @@ class MessagesServer:
         self.responder: Callable[[dict], Any] | None = None
         self.requests: list[Received] = []
         self.problems: list[str] = []
-        self._returned: dict[str, list[dict]] = {}
+        self._returned: set[str] = set()
         self._cached: set[str] = set()
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -259,24 +270,24 @@ class MessagesServer:
         with self._lock:
             self.requests.append(received)
         if handler.command != "POST" or handler.path.split("?")[0] != "/v1/messages":
-            return self._send_error(handler, Error(404, f"no route for {handler.command} {handler.path}"))
+            return self._send_error(handler, Error(404, f"no route for {handler.command} {handler.path}"), received)
         if problem := self._check_auth(received):
-            return self._send_error(handler, problem)
+            return self._send_error(handler, problem, received)
         if not isinstance(body, dict):
-            return self._send_error(handler, Error(400, "the request body must be a JSON object"))
+            return self._send_error(handler, Error(400, "the request body must be a JSON object"), received)
         if problem_text := self._validate(body):
             self.problems.append(problem_text)
-            return self._send_error(handler, Error(400, problem_text))
+            return self._send_error(handler, Error(400, problem_text), received)
         with self._lock:
             scripted = self.script.popleft() if self.script else None
         if scripted is None and self.responder is not None:
             scripted = self.responder(body)
         if scripted is None:
             self.problems.append("no scripted reply left")
-            return self._send_error(handler, Error(500, "the fake server has no scripted reply left"))
-        self._answer(handler, body, scripted)
+            return self._send_error(handler, Error(500, "the fake server has no scripted reply left"), received)
+        self._answer(handler, body, scripted, received)
 
-    def _answer(self, handler: BaseHTTPRequestHandler, body: dict, scripted: Any) -> None:
+    def _answer(self, handler: BaseHTTPRequestHandler, body: dict, scripted: Any, received: Received) -> None:
         while isinstance(scripted, Delay):
             self._released.wait(scripted.seconds)
             if self._released.is_set():
@@ -288,8 +299,10 @@ class MessagesServer:
         if isinstance(scripted, Drop):
             return self._drop(handler)
         if isinstance(scripted, Error):
-            return self._send_error(handler, scripted)
-        self._send_json(handler, 200, self._message(body, scripted))
+            return self._send_error(handler, scripted, received)
+        message = self._message(body, scripted)
+        received.status, received.reply = 200, message
+        self._send_json(handler, 200, message)
 
     def _check_auth(self, received: Received) -> Error | None:
         if received.headers.get("anthropic-version") is None:
@@ -325,8 +338,7 @@ class MessagesServer:
             if not isinstance(blocks, list) or not blocks:
                 return f"messages.{index}: content must be a non-empty string or list"
             if role == "assistant":
-                if not any(json.dumps(blocks, sort_keys=True) == json.dumps(seen, sort_keys=True)
-                           for seen in self._returned.values()):
+                if _canonical(blocks) not in self._returned:
                     return f"messages.{index}: assistant content differs from what this server returned"
                 wanted = {b["id"] for b in blocks if b.get("type") == "tool_use"}
                 following = messages[index + 1]["content"] if index + 1 < len(messages) else None
@@ -351,25 +363,30 @@ class MessagesServer:
         pieces = segments(body)
         tokens = [_piece_tokens(p) for p, _ in pieces]
         total = sum(tokens)
-        hashes: list[tuple[int, str, int]] = []  # (index, prefix hash, tokens up to and including it)
+        # Hash of the prefix ending at each block, and the tokens up to and including it.
+        prefixes: list[tuple[str, int]] = []
         digest = hashlib.sha256()
         running = 0
-        for index, (piece, marked) in enumerate(pieces):
+        for index, (piece, _) in enumerate(pieces):
             digest.update(json.dumps(piece, sort_keys=True).encode())
             running += tokens[index]
-            if marked:
-                hashes.append((index, digest.copy().hexdigest(), running))
+            prefixes.append((digest.copy().hexdigest(), running))
+        marks = [index for index, (_, marked) in enumerate(pieces) if marked]
         with self._lock:
+            # Like the API: each breakpoint looks back up to LOOKBACK blocks for a cached prefix.
             read = 0
-            for _, prefix, upto in hashes:
-                if prefix in self._cached:
-                    read = max(read, upto)
+            for mark in marks:
+                for index in range(mark, max(-1, mark - LOOKBACK - 1), -1):
+                    prefix, upto = prefixes[index]
+                    if prefix in self._cached:
+                        read = max(read, upto)
+                        break
             written = 0
-            for _, prefix, upto in hashes:
+            for mark in marks:
+                prefix, upto = prefixes[mark]
                 if upto >= self.cache_min_tokens:
                     self._cached.add(prefix)
-            if hashes and hashes[-1][2] > read and hashes[-1][2] >= self.cache_min_tokens:
-                written = hashes[-1][2] - read
+                    written = max(written, upto - read)
         return {
             "input_tokens": total - read - written,
             "cache_creation_input_tokens": written,
@@ -391,7 +408,7 @@ class MessagesServer:
             usage.setdefault(name, 0)
         message_id = f"msg_fake_{number:06d}"
         with self._lock:
-            self._returned[message_id] = content
+            self._returned.add(_canonical(content))
         return {
             "id": message_id,
             "type": "message",
@@ -418,12 +435,14 @@ class MessagesServer:
         except OSError:
             pass
 
-    def _send_error(self, handler: BaseHTTPRequestHandler, error: Error) -> None:
+    def _send_error(self, handler: BaseHTTPRequestHandler, error: Error, received: Received | None = None) -> None:
         payload = {
             "type": "error",
             "error": {"type": error.type or ERROR_TYPES.get(error.status, "api_error"), "message": error.message},
             "request_id": f"req_fake_{len(self.requests):06d}",
         }
+        if received is not None:
+            received.status, received.reply = error.status, payload
         self._send_json(handler, error.status, payload, error.headers)
 
     def _drop(self, handler: BaseHTTPRequestHandler) -> None:
