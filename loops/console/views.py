@@ -166,12 +166,20 @@ def _run_page(
 
 
 def _actions(
-    request: HttpRequest, run: Run, form: InterjectForm, notice: str = "", status: int = 200
+    request: HttpRequest,
+    run: Run,
+    form: InterjectForm,
+    notice: str = "",
+    status: int = 200,
+    transient: bool = False,
 ) -> HttpResponse:
-    """Answer a run-page form: its block alone for htmx, else the page (or a redirect back to it)."""
+    """Answer a run-page form: its block alone for htmx, else the page (or a redirect back to it).
+
+    A `transient` notice ("Sent", "Stopping") hides once the run finishes.
+    """
     if is_htmx(request):
         run.refresh_from_db()
-        context = {"run": RunView(run), "form": form, "notice": notice}
+        context = {"run": RunView(run), "form": form, "notice": notice, "transient": transient}
         return render(request, "loops/run_detail.html#run-actions", context)
     if status >= 400:
         return _run_page(request, run, form, status=status, notice=notice)
@@ -195,6 +203,7 @@ def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
             if run.status == Run.Status.FINISHED
             else "Stopping: the agent is told at once and the run ends within seconds."
         )
+        return _actions(request, run, InterjectForm(run=run), notice=notice, transient=True)
     return _actions(request, run, InterjectForm(run=run), notice=notice)
 
 
@@ -227,7 +236,7 @@ def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
         notice = "Answer sent: the run resumes with it."
     else:
         notice = "Sent: the agent reads it at the start of its next iteration."
-    return _actions(request, run, InterjectForm(run=run), notice=notice)
+    return _actions(request, run, InterjectForm(run=run), notice=notice, transient=not repeat)
 
 
 @login_required
