@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 
 if TYPE_CHECKING:
-    from instances.models import Instance
+    from instances.models import Credential, Instance
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 ENV_KEY = "ANTHROPIC_API_KEY"
@@ -91,7 +91,7 @@ def rotate() -> int:
     return count
 
 
-def _own_credential(instance: Instance):
+def _own_credential(instance: Instance) -> Credential | None:
     credential = instance.credential if instance.credential_id else None
     # A credential lent across owners is never used: keys belong to the person who brought them.
     if credential is not None and credential.owner_id != instance.owner_id:
@@ -106,7 +106,7 @@ def resolve_api_key(instance: Instance) -> str | None:
     """
     credential = _own_credential(instance)
     if credential is not None:
-        return credential.reveal()
+        return str(credential.reveal())
     return os.environ.get(ENV_KEY) or None
 
 

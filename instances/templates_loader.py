@@ -83,7 +83,8 @@ def validate(data: Any, *, source: str = "template") -> dict[str, Any]:
         raise TemplateError(f"{source}: {exc}") from None
     if data["brain"] == "command" and not data.get("command"):
         raise TemplateError(f"{source}: a command-brain template needs a command (an argv list)")
-    return data
+    checked: dict[str, Any] = data
+    return checked
 
 
 def read_templates(directory: Path = TEMPLATES_DIR) -> list[dict[str, Any]]:

@@ -266,9 +266,12 @@ class _TimedOut(Exception):
 def _retry_after(exc: anthropic.APIStatusError) -> float | None:
     headers = exc.response.headers
     for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
         try:
-            return float(headers.get(name)) * scale
-        except (TypeError, ValueError):
+            return float(value) * scale
+        except ValueError:
             continue
     return None
 
@@ -356,8 +359,9 @@ class Session:
             ok, value = self._send(params, min(self.limits.call_timeout, remaining))
             self.usage.calls += 1
             if ok:
-                self._count(value)
-                return value
+                body: dict[str, Any] = value
+                self._count(body)
+                return body
             kind, detail, retry_after = classify(value)
             detail = self.scrub(detail)
             if kind == "credential":
@@ -428,7 +432,9 @@ def _with_cache_marker(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return messages
     last = messages[-1]
     content = last["content"]
-    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content]
+    blocks: list[dict[str, Any]] = (
+        [{"type": "text", "text": content}] if isinstance(content, str) else [dict(b) for b in content]
+    )
     blocks[-1]["cache_control"] = CACHE
     return [*messages[:-1], {"role": "user", "content": blocks}]
 

@@ -281,7 +281,7 @@ class _Capture:
         return bytes(self.head + middle + self.tail).decode("utf-8", errors="replace")
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -321,10 +321,15 @@ def run_command(
         raise CommandRefused(f"command could not start: {exc.strerror or exc}") from None
     capture = _Capture(max(output_cap, 1024))
 
+    assert proc.stdout is not None
+    stdout = proc.stdout.fileno()
+
     def drain() -> None:
-        assert proc.stdout is not None
-        for chunk in iter(lambda: proc.stdout.read1(65536), b""):  # type: ignore[union-attr]
-            capture.feed(chunk)
+        try:
+            for chunk in iter(lambda: os.read(stdout, 65536), b""):
+                capture.feed(chunk)
+        except OSError:
+            pass  # the pipe was closed under us after a kill
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
@@ -342,6 +347,8 @@ def run_command(
     _kill(proc)  # stray children holding the pipe open go too
     proc.wait()
     reader.join(timeout=2)
+    if not reader.is_alive():
+        proc.stdout.close()
     return CommandResult(
         exit_code=proc.returncode if not (timed_out or stopped) else None,
         output=capture.text(),
