@@ -125,25 +125,40 @@ def describe_source(instance: Instance) -> str:
     return "none"
 
 
+def needs_key(instance: Instance) -> bool:
+    """Return whether the instance calls Claude: its brain acts with it, or its decider judges with it."""
+    return bool(instance.brain == "anthropic" or instance.decider == "llm")
+
+
 def ensure_usable(instance: Instance) -> None:
-    """Refuse, with a ValueError saying how to fix it, an instance that has no usable key."""
-    if instance.brain != "anthropic":
+    """Refuse, with a ValueError saying how to fix it, an instance that needs a key and has no usable one.
+
+    A no-op for instances that never call Claude, so callers may call it for every run start.
+    """
+    if not needs_key(instance):
         return
     if instance.credential_id and _own_credential(instance) is None:
-        raise ValueError(
-            f"Instance {instance.name!r} names a credential that belongs to someone else. "
-            "Add your own Anthropic API key under Credentials (console or /admin/) and select it on the instance."
-        )
+        raise ValueError(missing_key_message(instance))
     try:
         key = resolve_api_key(instance)
     except CredentialUnreadable as exc:
         raise ValueError(f"Instance {instance.name!r} cannot use its credential: {exc}.") from None
     if not key:
-        raise ValueError(
-            f"Instance {instance.name!r} has no Anthropic API key. Add one under Credentials "
-            "(console or /admin/ → Credentials → Add), select it on the instance, and start the run again; "
-            f"or, for a single-user install, set {ENV_KEY} in the server's environment."
+        raise ValueError(missing_key_message(instance))
+
+
+def missing_key_message(instance: Instance) -> str:
+    """Return what to tell a person whose instance has no key: how to add one."""
+    if instance.credential_id and _own_credential(instance) is None:
+        return (
+            f"Instance {instance.name!r} names a credential that belongs to someone else. "
+            "Add your own Anthropic API key under Credentials (console or /admin/) and select it on the instance."
         )
+    return (
+        f"Instance {instance.name!r} has no Anthropic API key. Add one under Credentials "
+        "(console or /admin/ → Credentials → Add), select it on the instance, and start the run again; "
+        f"or, for a single-user install, set {ENV_KEY} in the server's environment."
+    )
 
 
 def secrets_for(instance: Instance) -> tuple[str, ...]:

@@ -324,11 +324,7 @@ class Session:
         except credentials.CredentialUnreadable as exc:
             raise CredentialError(str(exc), self.usage) from None
         if not key:
-            try:
-                credentials.ensure_usable(instance)
-            except ValueError as exc:
-                raise CredentialError(str(exc), self.usage) from None
-            raise CredentialError("no Anthropic API key", self.usage)
+            raise CredentialError(credentials.missing_key_message(instance), self.usage)
         self.secrets = tuple(dict.fromkeys([key, *credentials.secrets_for(instance)]))
         self.base_url = credentials.resolve_base_url(instance)
         self.client = anthropic.Anthropic(

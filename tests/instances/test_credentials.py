@@ -64,7 +64,9 @@ def test_ensure_usable_says_how_to_add_a_key(user, make_instance):
     message = str(caught.value)
     assert "'builder' has no Anthropic API key" in message
     assert "Credentials" in message and "ANTHROPIC_API_KEY" in message
-    credentials.ensure_usable(make_instance(user, brain="command"))  # other brains need no key
+    credentials.ensure_usable(make_instance(user, brain="command", decider="checks"))  # never calls Claude
+    with pytest.raises(ValueError, match="no Anthropic API key"):
+        credentials.ensure_usable(make_instance(user, brain="command", decider="llm"))  # its decider does
 
 
 def test_base_url_resolution_order(user, make_instance, monkeypatch):
