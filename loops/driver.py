@@ -49,6 +49,7 @@ class Driver:
         self.capacity = settings.TETHER_RUNS_PER_WORKER
         self.leases: dict[int, runner.Lease] = {}
         self.pending = 0
+        self.connection_slots = threading.BoundedSemaphore(settings.TETHER_CONNECTIONS_PER_WORKER)
         self.lock = threading.Lock()
         self.heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         self.heartbeat.start()
@@ -69,22 +70,26 @@ class Driver:
 
     def _drive(self, run_id: int, iteration: int) -> None:
         lease = None
+        slot = self.connection_slots.acquire(blocking=False)
         try:
-            lease = runner.claim(run_id, iteration, self.name)
-            with self.lock:
-                self.pending -= 1
-                if lease is not None:
-                    self.leases[run_id] = lease
+            try:
+                lease = runner.claim(run_id, iteration, self.name)
+            finally:
+                with self.lock:
+                    self.pending -= 1
+                    if lease is not None:
+                        self.leases[run_id] = lease
             if lease is not None:
+                lease.keeps_connection = slot
                 runner.drive(lease)
         except Exception:
             log.exception("run %s: driver failed; the reaper will re-schedule it", run_id)
         finally:
             with self.lock:
-                if lease is None:
-                    pass
-                elif self.leases.get(run_id) is lease:
+                if lease is not None and self.leases.get(run_id) is lease:
                     del self.leases[run_id]
+            if slot:
+                self.connection_slots.release()
             connection.close()
 
     # --- heartbeat -----------------------------------------------------------------

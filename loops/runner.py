@@ -45,6 +45,8 @@ class Lease:
     token: str
     holder: str
     stop: threading.Event = field(default_factory=threading.Event)
+    # False: give the database connection back before each act (many runs share a few).
+    keeps_connection: bool = True
 
 
 @dataclass
@@ -168,8 +170,8 @@ def iterate(lease: Lease) -> bool:
     if begun is None:
         return False
     run, instance = begun.run, begun.run.instance
-    if connection.vendor == "postgresql":
-        connection.close()  # hand the connection back to the pool for the act's duration
+    if not lease.keeps_connection and connection.vendor == "postgresql":
+        connection.close()  # the act may be long; don't sit on one of the server's connections
 
     request = ActRequest(
         run_id=run.pk,

@@ -104,12 +104,6 @@ if DATABASE_URL:
     _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
     if _db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL (postgres://...), got {_db['ENGINE']}")
-    # Drivers give their connection back before every act; a pool makes that cheap.
-    _db.setdefault("OPTIONS", {})["pool"] = {
-        "min_size": 1,
-        "max_size": _env_int("TETHER_DB_POOL_SIZE", 20),
-        "timeout": 60,
-    }
     _db.setdefault("TEST", {})
     if name := os.environ.get("TETHER_TEST_DB_NAME"):
         _db["TEST"]["NAME"] = name
@@ -170,6 +164,9 @@ TETHER_LEASE_SECONDS = _env_float("TETHER_LEASE_SECONDS", 30)
 TETHER_REAPER_SECONDS = _env_float("TETHER_REAPER_SECONDS", 10)
 # How often a driver looks for stop requests on the runs it drives.
 TETHER_STOP_POLL_SECONDS = _env_float("TETHER_STOP_POLL_SECONDS", 0.25)
+# Runs per worker process that keep their database connection across acts; the
+# others give theirs back before every act (PostgreSQL has ~100 connections to share).
+TETHER_CONNECTIONS_PER_WORKER = _env_int("TETHER_CONNECTIONS_PER_WORKER", 16)
 # A driver hands a run back to the queue after this long, so work spreads out.
 TETHER_SLICE_SECONDS = _env_float("TETHER_SLICE_SECONDS", 60)
 # Claims of one iteration before the run is declared crashed.
