@@ -72,7 +72,9 @@ def _responder(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _instruction(i: int) -> str:
-    return f"Implement step {i} of the migration plan: port the next module, add its test, keep the suite green."
+    return (
+        f"Implement step {i} of the migration plan: port the next module, add its test, keep the suite green."
+    )
 
 
 def _prompt(usage: dict[str, int]) -> int:
@@ -86,8 +88,12 @@ def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, i
     from instances.models import Instance
 
     instance = Instance(
-        name="bench", brain="anthropic", model="claude-bench", base_url=server.url,
-        tools=TOOLS, max_tool_turns=5,
+        name="bench",
+        brain="anthropic",
+        model="claude-bench",
+        base_url=server.url,
+        tools=TOOLS,
+        max_tool_turns=5,
     )
     history: list[dict[str, Any]] = []
     figures: dict[int, tuple[int, int, int, int]] = {}
@@ -95,8 +101,13 @@ def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, i
         before = len(server.requests)
         reply = AnthropicBrain(instance).act(
             ActRequest(
-                run_id=1, iteration=i, objective=OBJECTIVE,
-                instruction=_instruction(i), workspace=workspace, stop=threading.Event(), timeout=60,
+                run_id=1,
+                iteration=i,
+                objective=OBJECTIVE,
+                instruction=_instruction(i),
+                workspace=workspace,
+                stop=threading.Event(),
+                timeout=60,
                 snapshot=list(history),
             )
         )
@@ -110,8 +121,13 @@ def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, i
         )
         # What the runner records per iteration (it also keeps only the last 20; here all are kept).
         history.append(
-            {"iteration": i, "instruction": _instruction(i)[:500], "response": reply.text[-500:],
-             "checks": {"tests": i % 4 != 0}, "verdict": "continue"}
+            {
+                "iteration": i,
+                "instruction": _instruction(i)[:500],
+                "response": reply.text[-500:],
+                "checks": {"tests": i % 4 != 0},
+                "verdict": "continue",
+            }
         )
     return figures
 
@@ -129,28 +145,48 @@ def naive_run(server: Any) -> dict[int, int]:
         messages.append({"role": "user", "content": [{"type": "text", "text": _instruction(i)}]})
         total = 0
         while True:
-            reply = _post(server.url, {
-                "model": "claude-bench", "max_tokens": 8192, "tools": tools,
-                "system": system, "messages": messages,
-            })
+            reply = _post(
+                server.url,
+                {
+                    "model": "claude-bench",
+                    "max_tokens": 8192,
+                    "tools": tools,
+                    "system": system,
+                    "messages": messages,
+                },
+            )
             total += _prompt(reply["usage"])
             messages.append({"role": "assistant", "content": reply["content"]})
             calls = [b for b in reply["content"] if b["type"] == "tool_use"]
             if not calls:
                 break
-            messages.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": c["id"], "content": f"wrote {c['input']['path']}"}
-                for c in calls
-            ]})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": c["id"],
+                            "content": f"wrote {c['input']['path']}",
+                        }
+                        for c in calls
+                    ],
+                }
+            )
         figures[i] = total
     return figures
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
     request = urllib.request.Request(
-        f"{url}/v1/messages", data=json.dumps(body).encode(), method="POST",
-        headers={"content-type": "application/json", "authorization": f"Bearer {KEY}",
-                 "anthropic-version": "2023-06-01"},
+        f"{url}/v1/messages",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={
+            "content-type": "application/json",
+            "authorization": f"Bearer {KEY}",
+            "anthropic-version": "2023-06-01",
+        },
     )
     with urllib.request.urlopen(request, timeout=30) as response:
         return json.loads(response.read())
@@ -163,7 +199,9 @@ def stop_latency(server: Any, workspace: Path, samples: int = 5) -> list[float]:
     from instances.models import Instance
     from tests.fakes.messages_server import Delay, text
 
-    instance = Instance(name="bench", brain="anthropic", model="claude-bench", base_url=server.url, tools=["read_file"])
+    instance = Instance(
+        name="bench", brain="anthropic", model="claude-bench", base_url=server.url, tools=["read_file"]
+    )
     latencies = []
     for _ in range(samples):
         server.enqueue(Delay(30, text("too late")))
@@ -176,8 +214,15 @@ def stop_latency(server: Any, workspace: Path, samples: int = 5) -> list[float]:
 
         threading.Timer(0.3, press).start()
         reply = AnthropicBrain(instance).act(
-            ActRequest(run_id=2, iteration=1, objective="o", instruction="i", workspace=workspace,
-                       stop=stop, timeout=60)
+            ActRequest(
+                run_id=2,
+                iteration=1,
+                objective="o",
+                instruction="i",
+                workspace=workspace,
+                stop=stop,
+                timeout=60,
+            )
         )
         latencies.append(time.monotonic() - stopped_at[0])
         assert reply.stopped
@@ -188,9 +233,10 @@ def main() -> None:
     _setup()
     from tests.fakes.messages_server import MessagesServer
 
-    with tempfile.TemporaryDirectory(prefix="tether-bench-ws-") as scratch, MessagesServer(
-        api_key=KEY, cache_min_tokens=CACHE_MIN_TOKENS
-    ) as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="tether-bench-ws-") as scratch,
+        MessagesServer(api_key=KEY, cache_min_tokens=CACHE_MIN_TOKENS) as server,
+    ):
         server.responder = _responder
         began = time.monotonic()
         tether = tether_run(server, Path(scratch) / "tether")
@@ -199,11 +245,17 @@ def main() -> None:
         assert not server.problems, server.problems[:3]
         latencies = stop_latency(server, Path(scratch) / "stop")
 
-    print(f"Context per iteration: prompt tokens of one act (2 model calls), {ITERATIONS}-iteration scripted run")
-    print(f"{'iteration':>9}  {'tether':>8}  {'uncached':>8}  {'cache read':>10}  {'cache write':>11}  {'naive':>8}  {'naive/tether':>12}")
+    print(
+        f"Context per iteration: prompt tokens of one act (2 model calls), {ITERATIONS}-iteration scripted run"
+    )
+    print(
+        f"{'iteration':>9}  {'tether':>8}  {'uncached':>8}  {'cache read':>10}  {'cache write':>11}  {'naive':>8}  {'naive/tether':>12}"
+    )
     for i in REPORT_AT:
         total, uncached, read, write = tether[i]
-        print(f"{i:>9}  {total:>8}  {uncached:>8}  {read:>10}  {write:>11}  {naive[i]:>8}  {naive[i] / total:>12.1f}")
+        print(
+            f"{i:>9}  {total:>8}  {uncached:>8}  {read:>10}  {write:>11}  {naive[i]:>8}  {naive[i] / total:>12.1f}"
+        )
     print(f"(both loops ran in {elapsed:.1f}s against the local server)")
     print(
         f"Stop latency mid-act (model call hanging): median {statistics.median(latencies) * 1000:.0f} ms, "

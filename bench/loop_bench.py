@@ -64,7 +64,9 @@ class InstantBrain:
 
         request.workspace.mkdir(parents=True, exist_ok=True)
         (request.workspace / "n").write_text(str(request.iteration))
-        return Reply(ok=False, text="ok", usage=Usage(cost_micros=10), detail=f"step {request.iteration} not there yet")
+        return Reply(
+            ok=False, text="ok", usage=Usage(cost_micros=10), detail=f"step {request.iteration} not there yet"
+        )
 
 
 def measure(backend: str) -> dict[str, float]:
@@ -86,8 +88,12 @@ def measure(backend: str) -> dict[str, float]:
     act = ["sh", "-c", "echo $TETHER_ITERATION > n"]
     check = ["sh", "-c", "cat n; exit 1"]
     inst = Instance.objects.create(
-        owner=user, name="bench", command=act, workspace=str(workspace),
-        checks=[{"name": "c", "command": check, "required": True}], max_iterations=ITERATIONS,
+        owner=user,
+        name="bench",
+        command=act,
+        workspace=str(workspace),
+        checks=[{"name": "c", "command": check, "required": True}],
+        max_iterations=ITERATIONS,
     )
     results: dict[str, float] = {}
 
@@ -111,7 +117,11 @@ def measure(backend: str) -> dict[str, float]:
         return run, elapsed / run.iterations_done * 1000
 
     instant = Instance.objects.create(
-        owner=user, name="instant", brain="instant", workspace=str(Path(home) / "ws2"), max_iterations=ITERATIONS
+        owner=user,
+        name="instant",
+        brain="instant",
+        workspace=str(Path(home) / "ws2"),
+        max_iterations=ITERATIONS,
     )
     run, results["overhead_ms"] = drive(instant)
     results["iterations_per_s"] = 1000 / results["overhead_ms"]
@@ -132,8 +142,12 @@ def measure(backend: str) -> dict[str, float]:
     marker = Path(home) / "hop.txt"
     env = dict(os.environ, TETHER_QUEUE_POLL=os.environ.get("TETHER_QUEUE_POLL", "0.05"))
     cluster = subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "qcluster"], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, str(ROOT / "manage.py"), "qcluster"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         time.sleep(2)
@@ -145,7 +159,9 @@ def measure(backend: str) -> dict[str, float]:
         deadline = time.monotonic() + 120
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        results["queue_hop_ms"] = float(marker.read_text()) / (hops + 1) * 1000 if marker.exists() else float("nan")
+        results["queue_hop_ms"] = (
+            float(marker.read_text()) / (hops + 1) * 1000 if marker.exists() else float("nan")
+        )
     finally:
         os.killpg(cluster.pid, 9)
         cluster.wait()
@@ -158,8 +174,12 @@ def _pg_available() -> bool:
 
 
 def _pg(sql: str) -> None:
-    subprocess.run(["psql", "-q", "-h", "127.0.0.1", "-U", "postgres", "-c", sql], check=False,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        ["psql", "-q", "-h", "127.0.0.1", "-U", "postgres", "-c", sql],
+        check=False,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def main() -> None:
@@ -173,8 +193,12 @@ def main() -> None:
         if backend == "postgres":
             env["REDIS_URL"] = env.get("REDIS_URL", "redis://127.0.0.1:6379/0")
         out = subprocess.run(
-            [sys.executable, "-m", "bench.loop_bench", "--one", backend], cwd=ROOT, env=env,
-            capture_output=True, text=True, check=False,
+            [sys.executable, "-m", "bench.loop_bench", "--one", backend],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if out.returncode != 0:
             print(out.stderr[-3000:], file=sys.stderr)
