@@ -15,12 +15,13 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
 from budgets import ledger, selectors, services
 from budgets.models import LedgerEntry, Pool, Price, Reservation
 from budgets.pricing import format_usd, micros_to_usd, usd_to_micros
 
+LEDGER_ROWS = 50
 USD = {"max_digits": 16, "decimal_places": 6, "min_value": Decimal(0)}
 
 
@@ -38,8 +39,6 @@ class PoolForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk and self.instance.limit is not None:
             self.fields["limit_usd"].initial = micros_to_usd(self.instance.limit)
-        if not self.instance.pk:
-            del self.fields["top_up_usd"]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -79,41 +78,6 @@ def _remaining(pool: Pool) -> str:
     return format_usd(selectors.pool_headroom(pool).remaining)
 
 
-class LedgerEntryInline(admin.TabularInline):
-    model = LedgerEntry
-    fk_name = "pool"
-    fields = [
-        "created_at",
-        "kind",
-        "amount_usd",
-        "spent_after",
-        "reserved_after",
-        "limit_after",
-        "run_id",
-        "actor_label",
-        "note",
-    ]
-    readonly_fields = fields
-    ordering = ["-id"]
-    extra = 0
-    max_num = 0
-    can_delete = False
-    show_change_link = True
-
-    @admin.display(description="amount")
-    def amount_usd(self, entry: LedgerEntry) -> str:
-        return format_usd(entry.amount)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(Pool)
 class PoolAdmin(admin.ModelAdmin):
     form = PoolForm
@@ -129,9 +93,16 @@ class PoolAdmin(admin.ModelAdmin):
         "period_start",
         "threshold_flagged_at",
         "children_links",
+        "recent_ledger",
     ]
-    inlines = [LedgerEntryInline]
     actions = ["reset_period"]
+
+    def get_fields(self, request: HttpRequest, obj: Pool | None = None) -> list[Any]:
+        fields = list(super().get_fields(request, obj))
+        if obj is None:
+            # A top-up needs a pool that exists; a new pool starts from its limit.
+            fields.remove("top_up_usd")
+        return fields
 
     def get_readonly_fields(self, request: HttpRequest, obj: Pool | None = None) -> list[Any]:
         fields = list(self.readonly_fields)
@@ -149,6 +120,36 @@ class PoolAdmin(admin.ModelAdmin):
             ", ",
             '<a href="{}">{}</a>',
             ((reverse("admin:budgets_pool_change", args=[c.pk]), c.name) for c in children),
+        )
+
+    @admin.display(description=f"ledger (latest {LEDGER_ROWS})")
+    def recent_ledger(self, pool: Pool) -> str:
+        if pool.pk is None:
+            return "—"
+        entries = pool.entries.order_by("-pk")[:LEDGER_ROWS]
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    e.kind,
+                    format_usd(e.amount),
+                    format_usd(e.spent_after),
+                    format_usd(e.reserved_after),
+                    format_usd(e.limit_after),
+                    e.run_id or "",
+                    e.actor_label,
+                )
+                for e in entries
+            ),
+        )
+        link = reverse("admin:budgets_ledgerentry_changelist") + f"?pool__exact={pool.pk}"
+        return format_html(
+            "<table><tr><th>at</th><th>kind</th><th>amount</th><th>spent</th><th>reserved</th><th>limit</th>"
+            '<th>run</th><th>by</th></tr>{}</table><p><a href="{}">all entries</a></p>',
+            rows,
+            link,
         )
 
     def save_model(self, request: HttpRequest, obj: Pool, form: PoolForm, change: bool) -> None:
@@ -175,10 +176,6 @@ class PoolAdmin(admin.ModelAdmin):
             ledger.set_limit(obj.pk, data["limit"], request.user)
         if data.get("top_up_usd"):
             ledger.top_up(obj.pk, usd_to_micros(data["top_up_usd"]), request.user)
-
-    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
-        # The only inline is the read-only ledger.
-        return
 
     @admin.action(description="Reset the period of the selected pools (spent starts again from zero)")
     def reset_period(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
