@@ -214,8 +214,11 @@ def reserve(
     amount = _check_amount("amount", amount)
     now = now or timezone.now()
     who = _actor(actor, "runner")
-    with transaction.atomic(savepoint=False):
+    try:
         chain = _chain_for_run(run)
+    except InvalidBudget as error:
+        raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
+    with transaction.atomic(savepoint=False):
         pools = _lock(chain, now, who)
         held = (
             Reservation.objects.filter(run_id=run.pk, iteration=iteration, status=HELD)

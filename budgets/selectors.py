@@ -113,9 +113,7 @@ def run_chain(run: Any) -> list[Pool]:
         Pool.objects.filter(kind=Pool.Kind.RUN, run_id=run.pk).first()
         or Pool.objects.filter(kind=Pool.Kind.INSTANCE, instance_id=run.instance_id).first()
     )
-    if leaf is None:
-        return []
-    return list(Pool.objects.filter(pk__in=leaf.chain_ids()).order_by("path"))
+    return [] if leaf is None else _chain_of(leaf)
 
 
 def headroom_for_run(run: Any, now: datetime | None = None) -> ChainHeadroom:
@@ -123,8 +121,19 @@ def headroom_for_run(run: Any, now: datetime | None = None) -> ChainHeadroom:
     return headroom_for_chain(run_chain(run), now)
 
 
+def headroom_for_instance(instance: Any, now: datetime | None = None) -> ChainHeadroom:
+    """Return the instance pool's chain (empty before the instance's first run)."""
+    pool = Pool.objects.filter(kind=Pool.Kind.INSTANCE, instance_id=instance.pk).first()
+    return headroom_for_chain([] if pool is None else _chain_of(pool), now)
+
+
+def _chain_of(pool: Pool) -> list[Pool]:
+    return list(Pool.objects.filter(pk__in=pool.chain_ids()).order_by("path"))
+
+
 def headroom_for_pool(pool: Pool, now: datetime | None = None) -> ChainHeadroom:
-    return headroom_for_chain(list(Pool.objects.filter(pk__in=pool.chain_ids()).order_by("path")), now)
+    """Return `pool`'s chain, root first, for the pool API."""
+    return headroom_for_chain(_chain_of(pool), now)
 
 
 def headroom_for_chain(pools: list[Pool], now: datetime | None = None) -> ChainHeadroom:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from budgets import ledger
 from budgets.ledger import InvalidBudget
@@ -43,6 +44,7 @@ def pool_create(
     if threshold_percent is not None and not 0 <= threshold_percent <= 100:
         raise InvalidBudget(f"a threshold is a percentage, got {threshold_percent!r}")
     _check_limit(limit)
+    now = timezone.now()
     with transaction.atomic():
         pool: Pool = Pool.objects.create(
             kind=kind,
@@ -52,6 +54,7 @@ def pool_create(
             instance=instance,
             run=run,
             period=period,
+            period_start=ledger.period_floor(period, now) or now,
             threshold_percent=threshold_percent,
         )
         pool.path = f"{parent.path if parent else '/'}{pool.pk}/"

@@ -522,3 +522,30 @@ def test_estimate_for_an_anthropic_brain_covers_its_calls_and_an_llm_decider(mak
         model=rates.model if hasattr(rates, "model") else "", input_tokens=context, output_tokens=output
     )
     assert pricing.cost_micros(usage, rates) <= act
+
+
+def test_a_cap_that_cannot_be_opened_at_reserve_time_is_a_refusal(make_run):
+    run = make_run()
+    services.open_run_pools(run)
+    ledger.set_limit(services.instance_pool(run.instance), 100, "admin")
+    run.max_cost_micros = 500  # a cap that no longer fits, and no run pool yet
+    with transaction.atomic():
+        with pytest.raises(BudgetRefused, match="cost cap") as refused:
+            ledger.reserve(run=run, iteration=1, amount=10)
+        assert refused.value.pool_name == f"run {run.pk}"
+        run.save()  # the caller's transaction is still usable
+    assert not Pool.objects.filter(kind="run").exists()
+
+
+def test_headroom_for_an_instance(make_run, make_instance, user):
+    instance = make_instance(user)
+    assert selectors.headroom_for_instance(instance).pools == []
+    run = make_run(instance)
+    ledger.reserve(run=run, iteration=1, amount=25)
+    assert [p.reserved for p in selectors.headroom_for_instance(instance).pools] == [25, 25, 25]
+
+
+def test_a_periodic_pool_starts_at_its_period_boundary():
+    root = services.root_pool()
+    team = services.pool_create(kind="team", name="team", parent=root, period="monthly")
+    assert team.period_start == ledger.period_floor("monthly", team.created_at)
