@@ -91,8 +91,12 @@ def _act(request: HttpRequest, instance_id: int, run_id: int, action: str) -> Js
         return _not_found_run(instance_id, run_id)
     try:
         if action == "interject":
-            data = json_body(request, {"message": (str,)}, required=("message",))
-            interjection = services.run_interject(run=run, user=request.user, text=data["message"])
+            data = json_body(request, {"message": (str,), "approve": (bool,)})
+            if not data.get("message") and data.get("approve") is None:
+                raise BadRequest("missing required field(s): message")
+            interjection = services.run_interject(
+                run=run, user=request.user, text=data.get("message", ""), approve=data.get("approve")
+            )
             run.refresh_from_db()
             return JsonResponse({"interjection": interjection.pk, "run": run_json(run)}, status=202)
         json_body(request, {})

@@ -97,8 +97,10 @@ SPEC = {
             "Interjection": {
                 "type": "object",
                 "additionalProperties": False,
-                "required": ["message"],
-                "properties": {"message": {"type": "string"}},
+                "properties": {
+                    "message": {"type": "string"},
+                    "approve": {"type": "boolean", "description": "answer a run parked on a tool call needing approval"},
+                },
             },
             "Events": {
                 "type": "object",
@@ -126,6 +128,10 @@ SPEC = {
         "/v1/instances": {
             "get": _op("List your instances", "200"),
             "post": _op("Create an instance", "201", "Instance", "InstanceIn"),
+        },
+        "/v1/credentials": {
+            "get": _op("List your stored Anthropic keys (last four characters only)", "200"),
+            "post": _op("Store an Anthropic key (write-only)", "201"),
         },
         "/v1/instances/{instance_id}/loop": {
             "get": _op("List the instance's runs", "200", params=_path_params("instance_id")),

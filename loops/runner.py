@@ -57,6 +57,7 @@ class Begun:
     base_instruction: str
     reservation: int | None
     started_at: Any
+    approved_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 def lease_seconds() -> timedelta:
@@ -182,6 +183,7 @@ def iterate(lease: Lease) -> bool:
         stop=lease.stop,
         timeout=float(instance.act_timeout_seconds),
         snapshot=list((run.history or {}).get("snapshot", [])),
+        approved_calls=begun.approved_calls,
     )
     checks: list[policy.Check] = []
     decider_usage = Usage()
@@ -198,6 +200,12 @@ def iterate(lease: Lease) -> bool:
             raise LeaseLost  # stopped because this driver lost the run or is shutting down
         step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {begun.number}")
         decision = decision_mod.Decision("failed", "stopped mid-act")
+        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+
+    if any(call.get("needs_approval") for call in reply.tool_calls):
+        # Park the run for a person before spending anything on checks or a decider.
+        step = policy.Stop(Run.Outcome.ESCALATED, reply.detail or "a tool call needs a person's approval")
+        decision = decision_mod.Decision("escalate", step.detail)
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
 
     workspace = instance.workspace_path()
@@ -229,10 +237,7 @@ def iterate(lease: Lease) -> bool:
         has_checks=bool(instance.checks),
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
     )
-    if reply.tool_calls and any(c.get("needs_approval") for c in reply.tool_calls):
-        step = policy.Stop(Run.Outcome.ESCALATED, reply.detail or "a tool call needs a person's approval")
-    else:
-        step = policy.next_step(state, decision, checks)
+    step = policy.next_step(state, decision, checks)
     return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage)
 
 
@@ -268,6 +273,7 @@ def _begin(lease: Lease) -> Begun | None:
         except ledger.BudgetRefused as refused:
             _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
             return None
+        approved = list((run.history or {}).get("approved_calls", []))
         base = run.next_instruction or run.objective
         instruction = base
         pending = list(
@@ -287,7 +293,7 @@ def _begin(lease: Lease) -> Begun | None:
                 ("act.started", {"iteration": number}),
             ],
         )
-    return Begun(run, number, instruction, base, reservation, timezone.now())
+    return Begun(run, number, instruction, base, reservation, timezone.now(), approved)
 
 
 def _record(
@@ -306,6 +312,10 @@ def _record(
     cost = pricing.usage_cost(usage)
     now = timezone.now()
     history = dict(run.history or {})
+    history.pop("approved_calls", None)  # handed to this act; never run twice
+    pending = [c for c in reply.tool_calls if c.get("needs_approval")]
+    if pending:
+        history["pending_approval"] = pending
     history["instructions"] = [*history.get("instructions", []), begun.base_instruction][-3:]
     history["progress"] = [*history.get("progress", []), [fingerprint, policy.checks_signature(checks)]][-3:]
     history["snapshot"] = [

@@ -68,13 +68,12 @@ def run_start(
         if isinstance(max_minutes, bool) or not isinstance(max_minutes, int) or max_minutes < 1:
             raise Refused(f"max_minutes must be a whole number of minutes, at least 1; got {max_minutes!r}")
         deadline = timezone.now() + timedelta(minutes=max_minutes)
-    if instance.brain == "anthropic":
-        from instances import credentials
+    from instances import credentials
 
-        try:
-            credentials.ensure_usable(instance)
-        except ValueError as exc:
-            raise Refused(str(exc)) from None
+    try:
+        credentials.ensure_usable(instance)
+    except ValueError as exc:
+        raise Refused(str(exc)) from None
     with transaction.atomic():
         run = Run.objects.create(
             instance=instance,
@@ -141,9 +140,15 @@ def run_cancel(*, run: Run, user, via: str = "api") -> Run:
     return run
 
 
-def run_interject(*, run: Run, user, text: str, via: str = "api") -> Interjection:
-    """Queue a message for the next iteration; on a waiting run it is the answer that resumes it."""
+def run_interject(*, run: Run, user, text: str, approve: bool | None = None, via: str = "api") -> Interjection:
+    """Queue a message for the next iteration; on a waiting run it is the answer that resumes it.
+
+    `approve` answers a run parked on tool calls that need a person: True runs them at
+    the start of the next act, False tells the agent they were refused (and why: `text`).
+    """
     text = (text or "").strip()
+    if not text and approve is not None:
+        text = "Approved." if approve else "Refused."
     if not text:
         raise Refused("the message is empty")
     if len(text) > INTERJECTION_MAX_CHARS:
@@ -156,6 +161,18 @@ def run_interject(*, run: Run, user, text: str, via: str = "api") -> Interjectio
             )
         if run.cancel_requested_at is not None:
             raise Refused(f"run {run.pk} is being stopped; the message would never be read", 409)
+        history = dict(run.history or {})
+        pending = history.pop("pending_approval", None)
+        if approve is not None:
+            if run.status != Run.Status.WAITING or not pending:
+                raise Refused(f"run {run.pk} has no tool call waiting for approval", 409)
+            calls = ", ".join(str(c.get("name")) for c in pending)
+            if approve:
+                history["approved_calls"] = [{"name": c.get("name"), "input": c.get("input")} for c in pending]
+                text = f"{text}\n(The person approved: {calls}; they run first in this act.)"
+            else:
+                text = f"{text}\n(The person refused: {calls}. Do not try them again; find another way.)"
+            Run.objects.filter(pk=run.pk).update(history=history)
         interjection = Interjection.objects.create(run=run, author=user, text=text)
         events.append(
             run.pk,

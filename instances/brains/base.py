@@ -64,6 +64,8 @@ class ActRequest:
     # Compact history of earlier iterations, for brains that keep context.
     snapshot: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
+    # Tool calls a person approved after the previous act parked the run: run them first.
+    approved_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

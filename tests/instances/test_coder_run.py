@@ -68,6 +68,14 @@ def drive(instance, objective="write answer.py holding ANSWER = 42"):
     return run
 
 
+def resume(run):
+    lease = runner.claim(run.pk, run.next_iteration, "test-driver")
+    assert lease is not None
+    runner.drive(lease, slice_seconds=3600)
+    run.refresh_from_db()
+    return run
+
+
 def cost(*usages):
     micros = Decimal(0)
     for u in usages:
@@ -146,8 +154,41 @@ def test_a_tool_needing_approval_parks_the_run_escalated(coder, server):
     run = drive(coder(approval_tools=["run_command"]))
     assert run.status == "waiting", (run.status, run.outcome, run.outcome_detail)
     assert "needs approval: run_command" in run.outcome_detail
-    assert server.calls <= 2  # the act, and perhaps a decider call the runner need not make
+    assert server.calls == 1  # the act only: no checks or decider call for a parked run
     assert not (run.instance.workspace_path() / "deployed").exists()
+
+
+def test_approving_a_parked_call_runs_it_and_resumes_the_run(coder, server, user):
+    call = {"path": "answer.py", "content": "ANSWER = 42\n"}
+    server.enqueue(tool_use("write_file", call, say="I need to write the answer."))
+    run = drive(coder(approval_tools=["write_file"]))
+    assert run.status == "waiting"
+    assert not (run.instance.workspace_path() / "answer.py").exists()
+    with pytest.raises(services.Refused, match="no tool call waiting"):
+        services.run_interject(run=Run.objects.create(instance=run.instance, owner=user, objective="x", max_iterations=1), user=user, text="", approve=True)
+    services.run_interject(run=run, user=user, text="go ahead", approve=True)
+    run.refresh_from_db()
+    assert run.status == "queued"
+    server.enqueue(
+        text("Wrote it."),
+        tool_use("record_decision", {"verdict": "done", "reason": "the answer is written"}),
+    )
+    run = resume(run)
+    assert (run.instance.workspace_path() / "answer.py").read_text() == "ANSWER = 42\n"
+    assert (run.outcome, run.verified) == ("done", True)
+    second = Iteration.objects.get(run=run, number=2)
+    assert "approved: write_file" in second.instruction
+
+
+def test_refusing_a_parked_call_tells_the_agent(coder, server, user):
+    server.enqueue(tool_use("run_command", {"command": "make deploy"}))
+    run = drive(coder(approval_tools=["run_command"]))
+    services.run_interject(run=run, user=user, text="not on a Friday", approve=False)
+    server.enqueue(text("Understood."), tool_use("record_decision", {"verdict": "failed", "reason": "deploy refused"}))
+    run = resume(run)
+    assert run.outcome == "failed"
+    assert "refused: run_command" in Iteration.objects.get(run=run, number=2).instruction
+    assert "not on a Friday" in Iteration.objects.get(run=run, number=2).instruction
 
 
 def test_a_run_without_a_key_is_refused_up_front(user, tmp_path, price):

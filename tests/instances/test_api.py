@@ -1,0 +1,84 @@
+"""Instances from templates, and write-only credentials, through the REST API."""
+
+import json
+
+import pytest
+
+from loops.auth import make_token
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "sk-ant-api03-" + "q" * 40 + "WXYZ"
+
+
+@pytest.fixture
+def api(client, user):
+    token = make_token(user)
+
+    def call(method, path, body=None, token=token):
+        return getattr(client, method)(
+            path,
+            data=json.dumps(body) if body is not None else None,
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+
+    return call
+
+
+def test_credentials_are_write_only(api):
+    made = api("post", "/v1/credentials", {"label": "mine", "secret": SECRET})
+    assert made.status_code == 201
+    body = made.json()
+    assert body["last4"] == "WXYZ" and SECRET not in made.content.decode()
+    listed = api("get", "/v1/credentials")
+    assert SECRET not in listed.content.decode() and listed.json()["credentials"][0]["label"] == "mine"
+    assert api("delete", f"/v1/credentials/{body['id']}").status_code == 200
+    assert api("delete", f"/v1/credentials/{body['id']}").status_code == 404
+
+
+def test_instance_from_template_with_overrides(api):
+    key = api("post", "/v1/credentials", {"label": "k", "secret": SECRET}).json()
+    made = api(
+        "post",
+        "/v1/instances",
+        {"name": "my-coder", "template": "coder", "credential_id": key["id"], "max_iterations": 7,
+         "base_url": "http://127.0.0.1:9/"},
+    )
+    assert made.status_code == 201, made.content
+    body = made.json()
+    assert body["template"] == "coder" and body["brain"] == "anthropic" and body["decider"] == "llm"
+    assert body["max_iterations"] == 7 and "run_command" in body["tools"]
+    assert "WXYZ" in body["key_source"] and SECRET not in made.content.decode()
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"name": "a", "template": "nope"}, "unknown template 'nope'"),
+        ({"name": "a", "template": "coder", "tools": ["teleport"]}, "unknown tool(s): teleport"),
+        ({"name": "a", "template": "coder", "base_url": "ftp://x"}, "base_url must start with"),
+        ({"name": "a", "template": "coder", "credential_id": 999}, "not one of yours"),
+        ({"name": "a", "brain": "anthropic", "credential_id": 999}, "not one of yours"),
+    ],
+)
+def test_bad_template_input(api, body, message):
+    response = api("post", "/v1/instances", body)
+    assert response.status_code == 400, response.content
+    assert message in response.json()["error"]
+    assert api("get", "/v1/instances").json()["instances"] == []
+
+
+def test_someone_elses_credential_cannot_be_used(api, other_user):
+    from instances.models import Credential
+
+    theirs = Credential.create_for(other_user, label="theirs", secret=SECRET)
+    response = api("post", "/v1/instances", {"name": "a", "template": "coder", "credential_id": theirs.pk})
+    assert response.status_code == 400
+
+
+def test_starting_an_anthropic_instance_without_a_key_is_refused(api, monkeypatch):
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    inst = api("post", "/v1/instances", {"name": "a", "template": "triage"}).json()
+    response = api("post", f"/v1/instances/{inst['id']}/loop", {"objective": "triage these"})
+    assert response.status_code == 400 and "key" in response.json()["error"].lower()
