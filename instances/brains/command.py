@@ -14,6 +14,7 @@ import json
 import tempfile
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 
@@ -22,7 +23,7 @@ from instances.brains.base import ActRequest, Reply, Usage
 
 
 class CommandBrain:
-    def __init__(self, instance) -> None:
+    def __init__(self, instance: Any) -> None:
         self.instance = instance
 
     def act(self, request: ActRequest) -> Reply:

@@ -41,7 +41,7 @@ class Finished:
     spawn_error: str = ""
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -78,6 +78,8 @@ def run(
         )
     except OSError as exc:
         return Finished(None, "", "", 0.0, spawn_error=f"could not start {argv[0]!r}: {exc.strerror or exc}")
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    pipes = (proc.stdin, proc.stdout, proc.stderr)
     out, err = bytearray(), bytearray()
     sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
     pending = stdin.encode()
@@ -141,7 +143,7 @@ def run(
         # The group may hold children that still write; end them with their leader.
         _kill(proc)
         proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
+        for stream in pipes:
             if not stream.closed:
                 stream.close()
     return Finished(
