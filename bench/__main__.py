@@ -1,0 +1,16 @@
+"""`make bench`: every benchmark, one after the other, each printing its own table.
+
+Figures are ratios against baselines measured in the same run (these machines are shared
+and noisy); none of this is a test.
+"""
+
+import importlib
+import sys
+
+SUITES = ["loop_bench", "ledger_bench", "context_bench", "console_bench"]
+
+if __name__ == "__main__":
+    chosen = sys.argv[1:] or SUITES
+    for name in chosen:
+        print(f"\n===== bench.{name}", flush=True)
+        importlib.import_module(f"bench.{name}").main()
