@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.db import connections
 
 from tests.support.cluster import Cluster, worker_env
 
@@ -122,6 +123,9 @@ def browser(_orm_beside_playwright):
             executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
         )
         yield launched
+        # While Playwright's loop runs, Django keeps this thread's connections per async context;
+        # close them here, in that context, or they outlive the test (and block dropping the test DB).
+        connections.close_all()
         launched.close()
 
 

@@ -140,7 +140,8 @@ def test_a_reconnecting_client_resumes_from_its_last_seq(user, run):
         again = socket(f"/ws/runs/{run.pk}/?after={before[-1][0]}", cookie)
         await again.connect()
         after, _ = await receive_events(again, 3)
-        assert await again.receive_nothing(timeout=0.3) or True
+        await again.receive_from(timeout=3)  # the run's state after the batch
+        assert await again.receive_nothing(timeout=0.6)  # and nothing twice
         await again.disconnect()
         return before + after
 
