@@ -1,0 +1,289 @@
+"""Operations endpoints: readiness (`/readyz`) and Prometheus metrics (`/metrics`).
+
+Read-only. `/readyz` answers 200 when the database answers, the task broker answers
+and at least one worker cluster reported in within the last few seconds (django-q2
+clusters publish their status through the shared cache named by Q_CLUSTER["cache"]);
+503 otherwise, naming what failed. `/healthz` (loops.health) stays the liveness probe:
+a load balancer should route on /readyz and restart on /healthz.
+
+`/metrics` speaks the Prometheus text exposition format (version 0.0.4). It is
+served only with `Authorization: Bearer <TETHER_METRICS_TOKEN>`; without a
+configured token it does not exist (404). Every figure is read from the database
+at scrape time, so any web process gives the same answer.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterable
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Upper bounds (seconds) of the iteration duration histogram.
+DURATION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+
+
+# --- readiness ---------------------------------------------------------------------------------
+
+
+def _check_database() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return "ok"
+
+
+def _check_broker() -> str:
+    from django_q.brokers import get_broker
+
+    broker = get_broker()
+    if not broker.ping():
+        raise RuntimeError("the broker did not answer")
+    broker.queue_size()  # the ORM broker's ping is a no-op; this reads its table
+    return "ok"
+
+
+def _live_clusters() -> list:
+    from django_q.conf import Conf
+    from django_q.status import Stat
+
+    # A cluster still starting has no worker process yet; one stopping takes no more tasks.
+    return [stat for stat in Stat.get_all() if stat.status in (Conf.IDLE, Conf.WORKING) and stat.workers]
+
+
+def _check_workers() -> str:
+    clusters = _live_clusters()
+    if not clusters:
+        raise RuntimeError("no worker cluster has reported in (is `manage.py qcluster` running?)")
+    workers = sum(len(stat.workers) for stat in clusters)
+    return f"ok: {len(clusters)} cluster(s), {workers} worker process(es)"
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """Return 200 when the database, the broker and some worker are there; 503 naming the failure."""
+    checks: dict[str, str] = {}
+    ready = True
+    for name, check in (
+        ("database", _check_database),
+        ("broker", _check_broker),
+        ("workers", _check_workers),
+    ):
+        try:
+            checks[name] = check()
+        except Exception as exc:
+            ready = False
+            checks[name] = f"failed: {exc}"[:300]
+            log.warning("readyz: %s check failed: %s", name, exc)
+    body = {"ready": ready, "checks": checks, "time": timezone.now().isoformat()}
+    return JsonResponse(body, status=200 if ready else 503)
+
+
+# --- metrics -------------------------------------------------------------------------------------
+
+
+def _authorized(request: HttpRequest, token: str) -> bool:
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not given:
+        return False
+    return hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+def _escape(value: object) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, object]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if value == float("inf"):
+        return "+Inf"
+    return repr(float(value))
+
+
+class Exposition:
+    """Collect metric families and render them in the Prometheus text format."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(
+        self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, object], float | int]]
+    ) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
+
+    def histogram(
+        self, name: str, help_text: str, buckets: list[tuple[float, int]], count: int, total: float
+    ) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} histogram")
+        for bound, cumulative in buckets:
+            self.lines.append(f'{name}_bucket{{le="{_number(float(bound))}"}} {cumulative}')
+        self.lines.append(f'{name}_bucket{{le="+Inf"}} {count}')
+        self.lines.append(f"{name}_sum {_number(float(total))}")
+        self.lines.append(f"{name}_count {count}")
+
+    def render(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _usd(micros: int | None) -> float:
+    return (micros or 0) / 1_000_000
+
+
+def collect() -> str:
+    """Return every Tether metric as Prometheus text, read from the database now."""
+    from django_q.models import OrmQ
+
+    from budgets.models import Pool, Reservation
+    from loops.models import Event, Iteration, Run
+
+    out = Exposition()
+
+    by_status = dict(Run.objects.values_list("status").annotate(n=Count("id")).order_by())
+    out.family(
+        "tether_runs",
+        "gauge",
+        "Runs by status.",
+        [({"status": status}, int(by_status.get(status, 0))) for status in Run.Status.values],
+    )
+    by_outcome = dict(
+        Run.objects.filter(status=Run.Status.FINISHED)
+        .values_list("outcome")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    out.family(
+        "tether_runs_finished_total",
+        "counter",
+        "Finished runs by outcome.",
+        [({"outcome": outcome}, int(by_outcome.get(outcome, 0))) for outcome in Run.Outcome.values],
+    )
+    now = timezone.now()
+    out.family(
+        "tether_runs_leased",
+        "gauge",
+        "Runs a worker holds a live lease on right now.",
+        [({}, Run.objects.filter(lease_token__isnull=False, lease_expires_at__gt=now).count())],
+    )
+
+    duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+    bucket_counts = {
+        f"le_{i}": Count("id", filter=Q(duration__lte=timedelta(seconds=bound)))
+        for i, bound in enumerate(DURATION_BUCKETS)
+    }
+    iterations = Iteration.objects.annotate(duration=duration).aggregate(
+        count=Count("id"), total=Sum("duration"), **bucket_counts
+    )
+    count = int(iterations["count"] or 0)
+    total = iterations["total"] or timedelta(0)
+    out.family("tether_iterations_total", "counter", "Iterations recorded.", [({}, count)])
+    out.histogram(
+        "tether_iteration_duration_seconds",
+        "Wall time of recorded iterations (act, checks and decision).",
+        [(bound, int(iterations[f"le_{i}"] or 0)) for i, bound in enumerate(DURATION_BUCKETS)],
+        count,
+        total.total_seconds(),
+    )
+
+    closed = Reservation.objects.filter(
+        status__in=[Reservation.Status.SETTLED, Reservation.Status.ABANDONED]
+    ).aggregate(spent=Sum("actual"))
+    out.family(
+        "tether_spent_usd_total",
+        "counter",
+        "Money settled by iterations, including the conservative settlement of abandoned ones.",
+        [({}, _usd(closed["spent"]))],
+    )
+    held = Reservation.objects.filter(status=Reservation.Status.HELD).aggregate(
+        n=Count("id"), amount=Sum("amount")
+    )
+    out.family(
+        "tether_reservations_held", "gauge", "Reservations currently held.", [({}, int(held["n"] or 0))]
+    )
+    out.family(
+        "tether_reserved_usd", "gauge", "Money currently held by reservations.", [({}, _usd(held["amount"]))]
+    )
+    # Pools above instance level only: their number stays small whatever the fleet's size.
+    pools = list(
+        Pool.objects.filter(kind__in=[Pool.Kind.ROOT, Pool.Kind.TEAM]).values_list(
+            "name", "kind", "spent", "limit"
+        )
+    )
+    out.family(
+        "tether_pool_spent_usd",
+        "gauge",
+        "Money spent in the current period, by root and team pool.",
+        [({"pool": name, "kind": kind}, _usd(spent)) for name, kind, spent, _ in pools],
+    )
+    out.family(
+        "tether_pool_limit_usd",
+        "gauge",
+        "Limits of the root and team pools (absent: unlimited).",
+        [({"pool": name, "kind": kind}, _usd(limit)) for name, kind, _, limit in pools if limit is not None],
+    )
+
+    queue = OrmQ.objects.using(settings.Q_CLUSTER.get("orm", "default"))
+    out.family(
+        "tether_queue_depth",
+        "gauge",
+        "Tasks waiting in the django-q2 queue (ORM broker).",
+        [({}, queue.count())],
+    )
+    out.family(
+        "tether_reaper_actions_total",
+        "counter",
+        "Runs the reaper re-scheduled after their driver died (run.reaped events).",
+        [({}, Event.objects.filter(kind="run.reaped").count())],
+    )
+    try:
+        clusters = _live_clusters()
+    except Exception:
+        log.warning("metrics: worker cluster status unavailable", exc_info=True)
+        clusters = []
+    out.family("tether_worker_clusters", "gauge", "Worker clusters that reported in.", [({}, len(clusters))])
+    out.family(
+        "tether_worker_processes",
+        "gauge",
+        "Worker processes of the clusters that reported in.",
+        [({}, sum(len(stat.workers) for stat in clusters))],
+    )
+    return out.render()
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Return the metrics to a caller bearing the metrics token."""
+    token = getattr(settings, "TETHER_METRICS_TOKEN", "")
+    if not token:
+        return HttpResponse(
+            "metrics are off: set TETHER_METRICS_TOKEN\n", status=404, content_type=CONTENT_TYPE
+        )
+    if not _authorized(request, token):
+        response = HttpResponse("a valid metrics token is required\n", status=401, content_type=CONTENT_TYPE)
+        response["WWW-Authenticate"] = 'Bearer realm="tether-metrics"'
+        return response
+    return HttpResponse(collect(), content_type=CONTENT_TYPE)

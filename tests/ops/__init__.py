@@ -1,0 +1,1 @@
+"""Operations: readiness, metrics, structured logs."""

@@ -1,0 +1,90 @@
+"""Structured logs: one JSON object per line, with run and iteration ids."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+from django.conf import settings
+
+from tether.jsonlog import JsonFormatter
+
+
+def record(message="run %s: lease lost", args=(7,), exc_info=None, **extra):
+    logger = logging.getLogger("loops.runner")
+    rec = logger.makeRecord(
+        "loops.runner", logging.WARNING, __file__, 1, message, args, exc_info, extra=extra
+    )
+    return rec
+
+
+def test_a_line_carries_level_logger_message_and_the_ids_from_extra():
+    line = JsonFormatter().format(record(run_id=7, iteration=3, worker="host:12"))
+    assert "\n" not in line
+    data = json.loads(line)
+    assert data["level"] == "WARNING"
+    assert data["logger"] == "loops.runner"
+    assert data["message"] == "run 7: lease lost"
+    assert (data["run_id"], data["iteration"], data["worker"]) == (7, 3, "host:12")
+    assert data["ts"].endswith("+00:00")
+
+
+def test_ids_are_left_out_when_the_call_did_not_give_them():
+    data = json.loads(JsonFormatter().format(record(message="reaper re-scheduled %s run(s)", args=(2,))))
+    assert "run_id" not in data and "iteration" not in data
+    assert data["message"] == "reaper re-scheduled 2 run(s)"
+
+
+def test_an_exception_stays_on_one_line():
+    try:
+        raise ValueError("boom\nsecond line")
+    except ValueError:
+        rec = record(exc_info=sys.exc_info(), run_id=1)
+    line = JsonFormatter().format(rec)
+    assert "\n" not in line
+    data = json.loads(line)
+    assert "ValueError: boom" in data["exc"] and "Traceback" in data["exc"]
+
+
+def test_values_json_cannot_encode_are_written_as_text():
+    data = json.loads(JsonFormatter().format(record(message="%s", args=(object(),), run_id={1, 2}.__len__())))
+    assert data["run_id"] == 2 and data["message"].startswith("<object object")
+
+
+def test_tether_log_format_json_selects_the_formatter():
+    env = {k: v for k, v in os.environ.items() if k != "TETHER_LOG_FORMAT"}
+    env.update(TETHER_LOG_FORMAT="json", DJANGO_SETTINGS_MODULE="tether.settings")
+    code = (
+        "import django, logging; django.setup(); "
+        "logging.getLogger('loops.driver').warning('run %s: driver failed', 9, extra={'run_id': 9, 'iteration': 4})"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    assert lines, out.stderr
+    assert lines[-1]["message"] == "run 9: driver failed"
+    assert (lines[-1]["run_id"], lines[-1]["iteration"], lines[-1]["logger"]) == (9, 4, "loops.driver")
+
+
+def test_plain_format_is_the_default():
+    env = {k: v for k, v in os.environ.items() if k != "TETHER_LOG_FORMAT"}
+    env["DJANGO_SETTINGS_MODULE"] = "tether.settings"
+    code = "import django, logging; django.setup(); logging.getLogger('loops').warning('hello')"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "WARNING loops hello" in out.stderr and not out.stderr.lstrip().startswith("{")

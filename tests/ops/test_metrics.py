@@ -1,0 +1,171 @@
+"""/metrics: the token gate and the figures, in the Prometheus text format."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.ops.conftest import parse_exposition
+
+pytestmark = pytest.mark.django_db
+
+
+def scrape(client, token):
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    return parse_exposition(response.content.decode())
+
+
+def value(samples, name, **labels):
+    return samples[(name, frozenset((k, str(v)) for k, v in labels.items()))]
+
+
+def test_metrics_are_off_without_a_configured_token(client, settings):
+    settings.TETHER_METRICS_TOKEN = ""
+    assert client.get("/metrics").status_code == 404
+    assert client.get("/metrics", headers={"Authorization": "Bearer "}).status_code == 404
+
+
+def test_metrics_refuse_a_missing_token(client, metrics_token):
+    response = client.get("/metrics")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert b"tether_" not in response.content
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Bearer wrong-token",
+        "Bearer scrape-me-012345678",  # a prefix of the real one
+        "Bearer scrape-me-0123456789x",
+        "Basic scrape-me-0123456789",  # the right secret under another scheme
+        "scrape-me-0123456789",
+        "Bearer",
+    ],
+)
+def test_metrics_refuse_a_bad_token(client, metrics_token, header):
+    response = client.get("/metrics", headers={"Authorization": header})
+    assert response.status_code == 401
+    assert b"tether_" not in response.content
+
+
+def test_metrics_refuse_a_signed_in_superuser_without_the_token(client, metrics_token, django_user_model):
+    admin = django_user_model.objects.create_superuser("root", password="pw-root-123")
+    client.force_login(admin)
+    assert client.get("/metrics").status_code == 401
+
+
+def test_metrics_accept_the_scheme_in_any_case(client, metrics_token):
+    response = client.get("/metrics", headers={"Authorization": f"bearer {metrics_token}"})
+    assert response.status_code == 200
+
+
+def test_empty_installation_reports_zeros(client, metrics_token):
+    samples = scrape(client, metrics_token)
+    assert value(samples, "tether_runs", status="running") == 0
+    assert value(samples, "tether_runs_finished_total", outcome="done") == 0
+    assert value(samples, "tether_iterations_total") == 0
+    assert value(samples, "tether_iteration_duration_seconds_count") == 0
+    assert value(samples, "tether_iteration_duration_seconds_bucket", le="+Inf") == 0
+    assert value(samples, "tether_reservations_held") == 0
+    assert value(samples, "tether_queue_depth") == 0
+    assert value(samples, "tether_reaper_actions_total") == 0
+
+
+def test_metrics_count_runs_iterations_spend_queue_and_reaper(
+    client, metrics_token, start, user, make_instance
+):
+    from budgets import ledger
+    from loops import events
+    from loops.models import Iteration, Run
+
+    instance = make_instance(user)
+    start(instance)  # stays queued
+    finished = [start(instance) for _ in range(3)]
+    now = timezone.now()
+    for run, outcome in zip(finished, ["done", "done", "budget_exhausted"], strict=True):
+        Run.objects.filter(pk=run.pk).update(status="finished", outcome=outcome, finished_at=now)
+    Run.objects.filter(pk=finished[0].pk).update(spent_micros=1)
+    running = start(instance)
+    Run.objects.filter(pk=running.pk).update(
+        status="running", lease_token="t" * 32, lease_expires_at=now + timedelta(seconds=30)
+    )
+    for number, seconds in enumerate([0.2, 1.5, 3.0, 700.0], start=1):
+        Iteration.objects.create(
+            run=finished[0],
+            number=number,
+            instruction="go",
+            started_at=now - timedelta(seconds=seconds),
+            finished_at=now,
+        )
+    settled = ledger.reserve(run=finished[0], iteration=1, amount=50_000)
+    ledger.settle(settled, actual=12_345)
+    ledger.reserve(run=running, iteration=1, amount=40_000)
+    from django.db import transaction
+
+    with transaction.atomic():
+        events.append(finished[1].pk, "run.reaped", {"iteration": 1, "previous_worker": "gone"})
+
+    samples = scrape(client, metrics_token)
+    assert value(samples, "tether_runs", status="queued") == 1
+    assert value(samples, "tether_runs", status="running") == 1
+    assert value(samples, "tether_runs", status="finished") == 3
+    assert value(samples, "tether_runs", status="waiting") == 0
+    assert value(samples, "tether_runs_finished_total", outcome="done") == 2
+    assert value(samples, "tether_runs_finished_total", outcome="budget_exhausted") == 1
+    assert value(samples, "tether_runs_finished_total", outcome="crashed") == 0
+    assert value(samples, "tether_runs_leased") == 1
+    assert value(samples, "tether_iterations_total") == 4
+    assert value(samples, "tether_iteration_duration_seconds_count") == 4
+    assert value(samples, "tether_iteration_duration_seconds_bucket", le="0.5") == 1
+    assert value(samples, "tether_iteration_duration_seconds_bucket", le="2.5") == 2
+    assert value(samples, "tether_iteration_duration_seconds_bucket", le="5.0") == 3
+    assert value(samples, "tether_iteration_duration_seconds_bucket", le="600.0") == 3
+    assert value(samples, "tether_iteration_duration_seconds_bucket", le="1800.0") == 4
+    assert value(samples, "tether_iteration_duration_seconds_bucket", le="+Inf") == 4
+    assert value(samples, "tether_iteration_duration_seconds_sum") == pytest.approx(704.7)
+    assert value(samples, "tether_spent_usd_total") == pytest.approx(0.012345)
+    assert value(samples, "tether_reservations_held") == 1
+    assert value(samples, "tether_reserved_usd") == pytest.approx(0.04)
+    assert value(samples, "tether_pool_spent_usd", pool="organisation", kind="root") == pytest.approx(
+        0.012345
+    )
+    # run_start enqueues the first iteration of each run; nothing drained the queue here.
+    assert value(samples, "tether_queue_depth") == 5
+    assert value(samples, "tether_reaper_actions_total") == 1
+    assert value(samples, "tether_worker_clusters") >= 0
+
+
+def test_buckets_are_cumulative_and_end_at_the_count(client, metrics_token, start, user, make_instance):
+    from loops.models import Iteration
+
+    run = start(make_instance(user))
+    now = timezone.now()
+    for number in range(1, 30):
+        Iteration.objects.create(
+            run=run,
+            number=number,
+            instruction="go",
+            started_at=now - timedelta(seconds=number * 7),
+            finished_at=now,
+        )
+    samples = scrape(client, metrics_token)
+    buckets = sorted(
+        (float(dict(labels)["le"]), count)
+        for (name, labels), count in samples.items()
+        if name == "tether_iteration_duration_seconds_bucket"
+    )
+    counts = [count for _, count in buckets]
+    assert counts == sorted(counts)
+    assert buckets[-1] == (float("inf"), 29)
+
+
+def test_label_values_are_escaped():
+    from loops.ops import Exposition
+
+    out = Exposition()
+    out.family("tether_x", "gauge", "x", [({"pool": 'a "quoted"\\ name\nnext'}, 1)])
+    samples = parse_exposition(out.render())
+    assert samples[("tether_x", frozenset({("pool", 'a \\"quoted\\"\\\\ name\\nnext')}))] == 1
