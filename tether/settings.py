@@ -153,6 +153,20 @@ Q_CLUSTER = {
     "ack_failures": True,
     "label": "Worker cluster",
     "log_level": os.environ.get("TETHER_QUEUE_LOG_LEVEL", "WARNING"),
+    # Clusters publish their status here, so /readyz and /healthz in a web process can see them.
+    "cache": "workers",
+}
+# A cache every process shares: Redis in the scale-out shape, files under TETHER_HOME otherwise.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "workers": (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "tether"}
+        if REDIS_URL
+        else {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(TETHER_HOME / "cache"),
+        }
+    ),
 }
 
 # --- the loop ----------------------------------------------------------------
@@ -176,6 +190,10 @@ TETHER_CHECK_TIMEOUT_SECONDS = _env_float("TETHER_CHECK_TIMEOUT_SECONDS", 300)
 TETHER_OUTPUT_CAP_BYTES = _env_int("TETHER_OUTPUT_CAP_BYTES", 64 * 1024)
 TETHER_WORKSPACES = Path(os.environ.get("TETHER_WORKSPACES", TETHER_HOME / "workspaces")).resolve()
 
+# --- operations ----------------------------------------------------------------
+# Bearer token for /metrics (Prometheus); empty: the endpoint is off.
+TETHER_METRICS_TOKEN = os.environ.get("TETHER_METRICS_TOKEN", "")
+
 # --- auth & static -----------------------------------------------------------
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -194,8 +212,17 @@ USE_TZ = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "tether.jsonlog.JsonFormatter"},
+    },
+    # TETHER_LOG_FORMAT=json: one JSON object per line, with run and iteration ids when known.
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if os.environ.get("TETHER_LOG_FORMAT", "").lower() == "json" else "plain",
+        }
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("TETHER_LOG_LEVEL", "INFO")},
     "loggers": {"django_q": {"level": os.environ.get("TETHER_QUEUE_LOG_LEVEL", "WARNING")}},
 }

@@ -2,11 +2,13 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from loops import health, views
+from loops import health, ops, views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", health.healthz, name="healthz"),
+    path("readyz", ops.readyz, name="readyz"),
+    path("metrics", ops.metrics, name="metrics"),
     path("v1/", include("loops.api_urls")),
     path("login/once/<str:uidb64>/<str:token>/", views.login_once, name="login-once"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
