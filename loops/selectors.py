@@ -87,6 +87,7 @@ class NeedsYou:
     waiting: list[Run]
     failed: list[Run]
     unverified: list[Run]
+    since: datetime
 
     @property
     def count(self) -> int:
@@ -102,6 +103,7 @@ def needs_you(user: Any, now: datetime | None = None) -> NeedsYou:
         waiting=list(runs.filter(status=Run.Status.WAITING).order_by("-id")[:NEEDS_YOU_LIMIT]),
         failed=list(recent.filter(outcome__in=TROUBLE_OUTCOMES)[:NEEDS_YOU_LIMIT]),
         unverified=list(recent.filter(outcome=Run.Outcome.DONE, verified=False)[:NEEDS_YOU_LIMIT]),
+        since=since,
     )
 
 
@@ -210,6 +212,10 @@ def history(user: Any, chosen: HistoryFilter) -> QuerySet[Run]:
         runs = runs.filter(instance_id=chosen.instance)
     if chosen.outcome == "active":
         runs = runs.exclude(status=Run.Status.FINISHED)
+    elif chosen.outcome == "waiting":
+        runs = runs.filter(status=Run.Status.WAITING)
+    elif chosen.outcome == "stopped":
+        runs = runs.filter(outcome__in=TROUBLE_OUTCOMES)
     elif chosen.outcome == "unverified":
         runs = runs.filter(outcome=Run.Outcome.DONE, verified=False)
     elif chosen.outcome:

@@ -90,6 +90,8 @@ class HistoryFilterForm(forms.Form):
         self.fields["outcome"].choices = [
             ("", "any outcome"),
             ("active", "not finished"),
+            ("waiting", "waiting for you"),
+            ("stopped", "stopped without finishing"),
             ("unverified", "done, unverified"),
             *[(value, value.replace("_", " ")) for value in Run.Outcome.values],
         ]

@@ -98,6 +98,7 @@ def fleet_context(user: Any) -> dict[str, Any]:
             "failed": [RunView(r) for r in needs.failed],
             "unverified": [RunView(r) for r in needs.unverified],
             "count": needs.count,
+            "since": needs.since,
         },
     }
 

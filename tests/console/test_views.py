@@ -470,3 +470,29 @@ def test_history_filters_paginates_and_totals(signed_in, user, other_user, make_
 def test_pages_have_no_fixed_widths_that_would_scroll_a_phone(signed_in, instance):
     text = signed_in.get(f"/instances/{instance.pk}/").content.decode()
     assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in text
+
+
+def test_fleet_shows_five_of_a_kind_and_links_to_the_rest(signed_in, instance, start_run):
+    now = timezone.now()
+    for n in range(7):
+        run = start_run(instance, objective=f"attempt {n}")
+        Run.objects.filter(pk=run.pk).update(status="finished", outcome="crashed", finished_at=now)
+    old = start_run(instance, objective="an old failure")
+    Run.objects.filter(pk=old.pk).update(
+        status="finished",
+        outcome="failed",
+        created_at=now - timedelta(days=9),
+        finished_at=now - timedelta(days=9),
+    )
+    text = signed_in.get("/").content.decode()
+    assert text.count('id="needs-row-') == 5
+    assert "an old failure" not in text
+    link = (
+        re.search(r'href="(/history/\?outcome=stopped&amp;since=[0-9-]+)"', text)
+        .group(1)
+        .replace("&amp;", "&")
+    )
+    listed = signed_in.get(link).content.decode()
+    assert "<strong data-total-runs>7</strong>" in listed and "an old failure" not in listed
+    everything = signed_in.get("/history/?outcome=stopped").content.decode()
+    assert "<strong data-total-runs>8</strong>" in everything
