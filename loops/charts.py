@@ -16,7 +16,7 @@ from typing import Any
 
 WIDTH = 360
 HEIGHT = 150
-LEFT = 44
+LEFT = 54
 RIGHT = 6
 TOP = 14
 BAR_BOTTOM = 104
