@@ -179,8 +179,27 @@
     });
   });
 
+  // Times are rendered in UTC; show them in the viewer's own time zone (the UTC text stays as the title).
+  var TIME_FORMATS = {
+    time: { hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" },
+    seconds: { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23" },
+    minutes: { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", hourCycle: "h23" }
+  };
+  function localizeTimes() {
+    document.querySelectorAll("time[datetime]:not([data-local])").forEach(function (el) {
+      var when = new Date(el.getAttribute("datetime"));
+      if (isNaN(when)) return;
+      el.setAttribute("data-local", "");
+      el.title = el.textContent.trim() + " UTC";
+      el.textContent = when.toLocaleString([], TIME_FORMATS[el.getAttribute("data-format")] || TIME_FORMATS.minutes);
+    });
+  }
+  document.addEventListener("htmx:wsAfterMessage", localizeTimes);
+  document.addEventListener("htmx:afterSettle", localizeTimes);
+
   function ready() {
     document.querySelectorAll("textarea[data-max-chars]").forEach(count);
+    localizeTimes();
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready);
   else ready();

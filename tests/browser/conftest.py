@@ -34,8 +34,9 @@ PHONE = {
     "device_scale_factor": 2,
     "is_mobile": True,
     "has_touch": True,
+    "timezone_id": "America/New_York",
 }
-LAPTOP = {"viewport": {"width": 1366, "height": 850}}
+LAPTOP = {"viewport": {"width": 1366, "height": 850}, "timezone_id": "America/New_York"}
 
 
 def free_port() -> int:

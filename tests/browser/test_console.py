@@ -196,6 +196,11 @@ def test_phone_starts_a_run_laptop_watches_interjects_and_stops_it(
     assert_whole(on_laptop, "laptop")
     assert max(row[0] for row in on_laptop) == run.last_seq
     assert sorted(on_laptop) == sorted(on_phone), "the two devices show different timelines"
+    for page_ in (again, view):  # times are in the viewer's zone, live-added ones too
+        assert page_.locator(f"#run-{run_id}-timeline time:not([data-local])").count() == 0
+    first_time = view.locator(f"#run-{run_id}-timeline time").first
+    assert first_time.get_attribute("title").endswith(" UTC")
+    assert first_time.inner_text() != first_time.get_attribute("title").removesuffix(" UTC")
     assert "cancelled" in again.inner_text(f"#run-{run_id}-summary [data-run-status]")
     assert again.evaluate(NO_SIDEWAYS_SCROLL_JS), "the finished run page scrolls sideways on a phone"
     again.screenshot(path=str(artifacts / "phone-run-finished.png"), full_page=True)
