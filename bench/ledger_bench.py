@@ -4,7 +4,9 @@ Not a test. `python -m bench.ledger_bench` measures 1, 4 and 16 concurrent worke
 processes (spawned, each with its own database connection) on SQLite (a throwaway
 file) and, when DATABASE_URL is set, on PostgreSQL (a throwaway database,
 `tether_bench_ledger`, created and dropped on the same server). Each pair is two short
-transactions, as in the runner: reserve (before the act) and settle (after it).
+transactions, as in the runner: reserve (before the act) and settle (after it). A
+baseline row times the same number of pairs of bare one-row write transactions (what
+any iteration writes anyway), so the ledger's cost reads as a multiple of that floor.
 
 The worker (`hammer`) is shared with the ledger's concurrency tests, which run it
 against the test database and check the books afterwards.
@@ -44,6 +46,7 @@ class Job:
     max_amount: int = 1000
     settle_now: float = 1.0  # chance of settling right after reserving; the rest stay held for a while
     check_pool_ids: list[int] = field(default_factory=list)  # asserted inside every granting transaction
+    baseline: bool = False  # instead of the ledger: two one-row write transactions on the run (the floor)
 
 
 @dataclass
@@ -105,6 +108,9 @@ def hammer(job: Job, barrier: Any, results: Any) -> None:
         held: list[tuple[int, int]] = []
         barrier.wait()
         result.start = time.monotonic()
+        if job.baseline:
+            _baseline(run, job.count, result)
+            return
         for number in range(job.first_iteration, job.first_iteration + job.count):
             amount = rng.randint(1, job.max_amount)
 
@@ -139,6 +145,23 @@ def hammer(job: Job, barrier: Any, results: Any) -> None:
 
         connections.close_all()
         results.put(result)
+
+
+def _baseline(run: Any, count: int, result: Result) -> None:
+    """Time `count` pairs of the least an iteration writes anyway: two one-row transactions on its run."""
+    from django.db import transaction
+    from django.db.models import F
+
+    from loops.models import Run
+
+    for _ in range(count):
+        began = time.monotonic()
+        for _ in range(2):
+            with transaction.atomic():
+                Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + 1)
+        result.pairs += 1
+        result.pair_seconds += time.monotonic() - began
+    result.end = time.monotonic()
 
 
 def run_workers(jobs: list[Job], timeout: float = 600) -> list[Result]:
@@ -215,31 +238,28 @@ def _backend(env: dict[str, str | None], worker_counts: list[int], pairs: int, o
             run_ids, root_id = _fixtures(workers, f"{workers}")
             # A large but real limit: every reservation is checked against it.
             ledger.set_limit(root_id, 10**15, "bench")
-            jobs = [
-                Job(
-                    env=child_env(connection),
-                    run_id=run_id,
-                    first_iteration=1,
-                    count=max(1, pairs // workers),
-                    seed=n,
-                )
-                for n, run_id in enumerate(run_ids)
-            ]
-            connections.close_all()
-            results = run_workers(jobs)
-            wall = max(r.end for r in results) - min(r.start for r in results)
-            done = sum(r.pairs for r in results)
-            retries = sum(r.retries for r in results)
-            mean_ms = 1000 * sum(r.pair_seconds for r in results) / max(done, 1)
-            rows.append(
-                {
-                    "workers": workers,
-                    "pairs": done,
-                    "per_second": done / wall,
-                    "mean_ms": mean_ms,
-                    "retries": retries,
-                }
-            )
+            row: dict[str, Any] = {"workers": workers}
+            for baseline in (False, True):
+                jobs = [
+                    Job(
+                        env=child_env(connection),
+                        run_id=run_id,
+                        first_iteration=1,
+                        count=max(1, pairs // workers),
+                        seed=n,
+                        baseline=baseline,
+                    )
+                    for n, run_id in enumerate(run_ids)
+                ]
+                connections.close_all()
+                results = run_workers(jobs)
+                wall = max(r.end for r in results) - min(r.start for r in results)
+                done = sum(r.pairs for r in results)
+                key = "bare" if baseline else "ledger"
+                row[f"{key}_per_second"] = done / wall
+                row[f"{key}_ms"] = 1000 * sum(r.pair_seconds for r in results) / max(done, 1)
+                row.setdefault("retries", sum(r.retries for r in results))
+            rows.append(row)
         out.put({"vendor": connection.vendor, "rows": rows})
     except BaseException:
         out.put({"error": traceback.format_exc()})
@@ -268,10 +288,11 @@ def _postgres_admin(url: str, statements: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the benchmark and print its table (`argv` as on the command line; none from `make bench`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=2000, help="reserve+settle pairs per configuration")
     parser.add_argument("--workers", default="1,4,16", help="comma-separated worker process counts")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv or [])
     counts = [int(n) for n in args.workers.split(",") if n]
     reports = []
     with tempfile.TemporaryDirectory(prefix="tether-bench-ledger-") as tmp:
@@ -296,17 +317,20 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 _postgres_admin(url, [f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)'])
     print(
-        f"ledger: reserve + settle pairs on one shared root pool (chain of 4 pools), {args.pairs} pairs each"
+        f"ledger: reserve + settle pairs on one shared root pool (chains of 4 pools), {args.pairs} pairs per row;\n"
+        "bare: the same number of pairs of one-row write transactions on each worker's own run (no ledger)"
     )
-    print(f"{'database':<12} {'workers':>7} {'pairs/s':>9} {'ms/pair':>8} {'retries':>7}")
+    header = f"{'database':<11} {'workers':>7} {'pairs/s':>8} {'ms/pair':>8} {'bare/s':>7} {'bare ms':>8} {'ledger/bare':>11} {'retries':>7}"
+    print(header)
     for report in reports:
         for row in report["rows"]:
             print(
-                f"{report['label']:<12} {row['workers']:>7} {row['per_second']:>9.0f} "
-                f"{row['mean_ms']:>8.2f} {row['retries']:>7}"
+                f"{report['label']:<11} {row['workers']:>7} {row['ledger_per_second']:>8.0f} {row['ledger_ms']:>8.2f} "
+                f"{row['bare_per_second']:>7.0f} {row['bare_ms']:>8.2f} {row['ledger_ms'] / row['bare_ms']:>10.1f}x "
+                f"{row['retries']:>7}"
             )
     sys.stdout.flush()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
