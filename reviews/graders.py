@@ -1,0 +1,335 @@
+"""Grade a `done` before the run is allowed to finish with it.
+
+Runs in the worker, outside any transaction (the judge makes a model call and the diff runs
+git). Writes one `GradeRecord` per graded iteration (idempotent). The runner calls
+`grade(run, final_iteration, checks)` when the policy says `done`, then `grade.apply(step)`
+turns the policy's `Stop("done")` into what the graders allow:
+
+1. **Command checks** (already applied by the policy): `verified` needs the instance's
+   required checks to have run after the final act and passed.
+2. **Response check** (`Grading.response_schema` / `response_pattern`): the final answer must
+   parse as JSON and satisfy the schema, and must match the pattern. A violation is turned back
+   into the loop with the problem as the next instruction; on the last allowed iteration the run
+   ends `failed`.
+3. **Claimed done, changed nothing**: when the instance expects changes (it has checks, is made
+   from a coding template, or its `Grading.expects_changes` says so) and the workspace fingerprint
+   equals the one taken at the run's start (`reviews.snapshots.take`), the done is not verified.
+4. **LLM rubric judge** (`Grading.judge`): `fail` is turned back into the loop like a failed
+   response check; `needs-human` keeps the done but unverified and routes it to review.
+
+Configuration lives on `reviews.models.Grading`, keyed by instance, falling back to the row of
+the instance's agent template, then to the defaults (no response check, no judge).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import jsonschema
+from django.conf import settings
+
+from instances.brains.base import Usage
+from loops import policy
+from reviews.judge import Verdict
+
+PATTERN_TIMEOUT_CHARS = 200_000  # the answer a pattern is searched in is capped (regexes can be slow)
+DEFAULT_SAMPLE_PERCENT = Decimal(10)
+DEFAULT_CODING_TEMPLATES = ("coder",)
+
+UNCHANGED = "claimed done, changed nothing: the workspace is exactly as it was when the run started"
+
+
+@dataclass(frozen=True)
+class FinalAct:
+    """The iteration whose decider proposed done: what the runner knows before recording it."""
+
+    number: int
+    response: str
+    fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The grading configuration in force for one instance."""
+
+    response_schema: dict[str, Any] | None = None
+    response_pattern: str = ""
+    judge: bool = False
+    judge_criteria: str = ""
+    judge_model: str = ""
+    sample_percent: Decimal = DEFAULT_SAMPLE_PERCENT
+    expects_changes: bool = False
+
+
+def config_for(instance: Any) -> Config:
+    """Return the grading configuration of `instance`: its own row, then its template's, then defaults."""
+    from reviews.models import Grading
+
+    rows = []
+    own = Grading.objects.filter(instance=instance).first()
+    if own is not None:
+        rows.append(own)
+    if instance.template_id is not None:
+        shared = Grading.objects.filter(template_id=instance.template_id).first()
+        if shared is not None:
+            rows.append(shared)
+
+    def pick(name: str, empty: Any = None) -> Any:
+        for row in rows:
+            value = getattr(row, name)
+            if value is not None and value != "":
+                return value
+        return empty
+
+    coding = bool(instance.checks) or (
+        instance.template is not None
+        and instance.template.name in getattr(settings, "TETHER_CODING_TEMPLATES", DEFAULT_CODING_TEMPLATES)
+    )
+    default_percent = Decimal(str(getattr(settings, "TETHER_REVIEW_SAMPLE_PERCENT", DEFAULT_SAMPLE_PERCENT)))
+    expects = pick("expects_changes")
+    return Config(
+        response_schema=pick("response_schema"),
+        response_pattern=pick("response_pattern", ""),
+        judge=bool(pick("judge", False)),
+        judge_criteria=pick("judge_criteria", ""),
+        judge_model=pick("judge_model", ""),
+        sample_percent=Decimal(pick("sample_percent", default_percent)),
+        expects_changes=coding if expects is None else bool(expects),
+    )
+
+
+# --- the response check (pure) --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResponseCheck:
+    passed: bool
+    detail: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"passed": self.passed, "detail": self.detail}
+
+
+_FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n?```", re.DOTALL | re.IGNORECASE)
+
+
+def parse_answer(text: str) -> Any:
+    """Return the JSON value an answer holds: the whole answer, a fenced block, or the first value in it.
+
+    Raises ValueError when there is none.
+    """
+    stripped = text.strip()
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        pass
+    for fence in _FENCE.finditer(text):
+        try:
+            return json.loads(fence.group(1))
+        except ValueError:
+            continue
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"[\[{]", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        return value
+    raise ValueError("the final answer holds no JSON value")
+
+
+def check_response(text: str, *, schema: dict[str, Any] | None, pattern: str) -> ResponseCheck | None:
+    """Return whether a final answer satisfies the response schema and pattern; None if neither is set."""
+    if schema is None and not pattern:
+        return None
+    problems = []
+    if schema is not None:
+        try:
+            value = parse_answer(text)
+        except ValueError as exc:
+            problems.append(f"the answer must be JSON satisfying the response schema, but {exc}")
+        else:
+            validator = jsonschema.validators.validator_for(schema)(schema)
+            errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+            for error in errors[:5]:
+                where = "/".join(str(p) for p in error.absolute_path) or "(the whole answer)"
+                problems.append(f"schema: at {where}: {error.message[:300]}")
+            if len(errors) > 5:
+                problems.append(f"schema: and {len(errors) - 5} more problems")
+    if pattern:
+        try:
+            matched = re.search(pattern, text[:PATTERN_TIMEOUT_CHARS], re.MULTILINE) is not None
+        except re.error as exc:
+            problems.append(f"the response pattern is not a valid regular expression ({exc}); fix the grading")
+        else:
+            if not matched:
+                problems.append(f"the answer does not match the required pattern {pattern!r}")
+    if problems:
+        return ResponseCheck(False, "; ".join(problems))
+    return ResponseCheck(True, "the answer satisfies the response " + ("schema" if schema is not None else "pattern"))
+
+
+# --- the grade ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Grade:
+    """What the graders make of a done.
+
+    `outcome` is "done" (finish done, with `verified`), "retry" (the answer was rejected: go on with
+    `instruction`) or "failed" (rejected on the last allowed iteration). `review` asks for a person
+    whatever the outcome. `usage` is what the judge spent: add it to the iteration's cost.
+    """
+
+    verified: bool
+    outcome: str
+    review: bool
+    reasons: list[str]
+    instruction: str = ""
+    response_check: ResponseCheck | None = None
+    judge: Verdict | None = None
+    unchanged_workspace: bool | None = None
+    usage: Usage = field(default_factory=Usage)
+
+    def apply(self, step: policy.Continue | policy.Stop) -> policy.Continue | policy.Stop:
+        """Return the step the run takes: the policy's own unless it is a done the graders change."""
+        if not isinstance(step, policy.Stop) or step.outcome != "done":
+            return step
+        if self.outcome == "retry":
+            return policy.Continue(self.instruction)
+        if self.outcome == "failed":
+            return policy.Stop("failed", "; ".join(self.reasons))
+        verified = bool(step.verified) and self.verified
+        detail = step.detail
+        if step.verified and not verified:
+            detail += " — but not verified: " + "; ".join(self.reasons)
+        elif self.reasons and not verified:
+            detail += " — " + "; ".join(self.reasons)
+        return policy.Stop("done", detail, verified=verified)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "verified": self.verified,
+            "outcome": self.outcome,
+            "review": self.review,
+            "reasons": self.reasons,
+            "response_check": self.response_check.as_json() if self.response_check else None,
+            "judge": self.judge.as_json() if self.judge else None,
+            "unchanged_workspace": self.unchanged_workspace,
+        }
+
+    def as_event(self, iteration: int) -> tuple[str, dict[str, Any]]:
+        """Return the `grade.finished` event the runner may append to the run's timeline."""
+        return "grade.finished", {"iteration": iteration, **self.as_json()}
+
+
+def _checks_verify(instance: Any, checks: Sequence[policy.Check]) -> bool:
+    required = [c for c in checks if c.required]
+    return bool(instance.checks) and bool(required) and all(c.passed for c in required)
+
+
+def _rejected(run: Any, final: Any, reasons: list[str], heading: str, body: str, **found: Any) -> Grade:
+    last = final.number >= run.max_iterations
+    claim = "the agent claimed done but " + "; ".join(reasons)
+    if last:
+        reasons = [f"{claim} (on the last allowed iteration, {final.number} of {run.max_iterations})"]
+        return Grade(False, "failed", True, reasons, **found)
+    instruction = f"The objective is not done: {heading}\n\n{body}\n\nFix this, then finish the objective."
+    return Grade(False, "retry", False, [claim], instruction=instruction, **found)
+
+
+def grade(run: Any, final_iteration: Any, checks: Sequence[policy.Check]) -> Grade:
+    """Grade the done proposed by `final_iteration` of `run` (see the module docstring); record it.
+
+    `final_iteration` is anything with `number`, `response` and `fingerprint` (a `FinalAct`, or a
+    recorded `loops.models.Iteration`). `checks` are the results the runner got after the act.
+    """
+    from reviews import judge as judge_mod
+    from reviews import snapshots
+
+    instance = run.instance
+    config = config_for(instance)
+    answer = final_iteration.response or ""
+    reasons: list[str] = []
+    found: dict[str, Any] = {}
+
+    response = check_response(answer, schema=config.response_schema, pattern=config.response_pattern)
+    found["response_check"] = response
+    if response is not None and not response.passed:
+        result = _rejected(
+            run,
+            final_iteration,
+            [f"the final answer fails the response check: {response.detail}"],
+            "the final answer does not have the required form.",
+            response.detail,
+            **found,
+        )
+        return _record(run, final_iteration, result)
+
+    unchanged = None
+    if config.expects_changes:
+        start = snapshots.start_fingerprint(run)
+        if start and final_iteration.fingerprint:
+            unchanged = start == final_iteration.fingerprint
+    found["unchanged_workspace"] = unchanged
+    if unchanged:
+        reasons.append(UNCHANGED)
+
+    usage = Usage()
+    verdict = None
+    if config.judge:
+        verdict = judge_mod.judge(
+            instance,
+            objective=run.objective,
+            criteria=config.judge_criteria,
+            answer=answer,
+            checks=checks,
+            diff=snapshots.diff(run, max_chars=judge_mod.DIFF_CHARS),
+            model=config.judge_model,
+        )
+        usage = verdict.usage
+        found["judge"] = verdict
+        found["usage"] = usage
+        said = "; ".join(verdict.reasons) or verdict.error or "no reasons given"
+        if verdict.verdict == "fail":
+            result = _rejected(
+                run,
+                final_iteration,
+                [f"the judge rejected the result: {said}"],
+                "an independent review of the result rejected it.",
+                "The reviewer's reasons:\n" + "\n".join(f"- {r}" for r in (verdict.reasons or [said])),
+                **found,
+            )
+            return _record(run, final_iteration, result)
+        if verdict.verdict == "needs-human":
+            reasons.append(f"the judge asks for a person: {said}")
+
+    verified = _checks_verify(instance, checks) and not unchanged and (verdict is None or verdict.verdict == "pass")
+    review = bool(unchanged) or (verdict is not None and verdict.verdict == "needs-human")
+    result = Grade(verified, "done", review, reasons, **found)
+    return _record(run, final_iteration, result)
+
+
+def _record(run: Any, final: Any, result: Grade) -> Grade:
+    from reviews.models import GradeRecord
+
+    GradeRecord.objects.update_or_create(
+        run_id=run.pk,
+        iteration=final.number,
+        defaults={
+            "verified": result.verified,
+            "review": result.review,
+            "outcome": result.outcome,
+            "reasons": result.reasons,
+            "response_check": result.response_check.as_json() if result.response_check else None,
+            "judge": result.judge.as_json() if result.judge else None,
+            "unchanged_workspace": result.unchanged_workspace,
+            "usage": result.usage.as_json(),
+        },
+    )
+    return result

@@ -1,0 +1,346 @@
+"""Tell people when a run escalates, fails or exhausts a budget, and when a pool crosses its threshold.
+
+Writes `Delivery` rows (one per configured `NotificationTarget` and event, idempotent by key)
+and hands them to the worker queue after commit. Each delivery is then attempted with
+`attempt`: an e-mail through Django's e-mail backend, or a webhook: a JSON POST signed with
+HMAC-SHA256 under the target's secret. A failed attempt is recorded (`DeliveryAttempt`) and
+retried with exponential backoff until `TETHER_NOTIFY_ATTEMPTS` attempts were made.
+
+A webhook request carries:
+
+- `X-Tether-Event` (`run.escalated`, `run.failed`, `run.budget_exhausted`, `pool.threshold`),
+- `X-Tether-Delivery` (the delivery's id: the same for every retry of one notification),
+- `X-Tether-Timestamp` (Unix seconds) and
+- `X-Tether-Signature: sha256=HEX`, the HMAC-SHA256 of `TIMESTAMP + "." + BODY` under the secret.
+
+A receiver checks the signature with `signature(secret, timestamp, body)` (or its own copy of
+those three lines) and refuses timestamps far from its clock. Redirects are not followed.
+
+Settings (all optional): TETHER_NOTIFY_ATTEMPTS (5), TETHER_NOTIFY_BACKOFF_SECONDS (2),
+TETHER_NOTIFY_BACKOFF_MAX_SECONDS (300), TETHER_NOTIFY_TIMEOUT_SECONDS (10),
+TETHER_PUBLIC_URL (prefix for links in messages), DEFAULT_FROM_EMAIL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from reviews.models import Delivery, DeliveryAttempt, NotificationTarget
+
+log = logging.getLogger(__name__)
+
+Event = NotificationTarget.Event
+# Outcomes that count as "the run failed" for notifications: the work did not get done, and
+# it was neither a person's choice (cancelled, escalated) nor money (budget_exhausted).
+FAILED_OUTCOMES = frozenset(
+    {"failed", "no_progress", "max_iterations", "timed_out", "crashed", "credential_error", "provider_error"}
+)
+USER_AGENT = "Tether-Webhook/1"
+
+
+def _setting(name: str, default: float) -> float:
+    return float(getattr(settings, name, default))
+
+
+def max_attempts() -> int:
+    return int(_setting("TETHER_NOTIFY_ATTEMPTS", 5))
+
+
+def backoff(attempts: int) -> float:
+    """Return the seconds to wait after the `attempts`-th failed attempt (1, 2, ...)."""
+    base = _setting("TETHER_NOTIFY_BACKOFF_SECONDS", 2.0)
+    return min(_setting("TETHER_NOTIFY_BACKOFF_MAX_SECONDS", 300.0), base * 2 ** max(attempts - 1, 0))
+
+
+def signature(secret: str, timestamp: str, body: bytes) -> str:
+    """Return the `X-Tether-Signature` value of a webhook body sent at `timestamp`."""
+    mac = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
+def public_url(path: str) -> str:
+    return str(getattr(settings, "TETHER_PUBLIC_URL", "")).rstrip("/") + path
+
+
+def _run_path(run_id: int) -> str:
+    try:
+        return reverse("loops:run-detail", kwargs={"run_id": run_id})
+    except NoReverseMatch:
+        return f"/runs/{run_id}/"
+
+
+# --- what to send -------------------------------------------------------------------------------
+
+
+def run_event(run: Any) -> str | None:
+    """Return the notification event a run's state calls for, or None."""
+    if run.status == "waiting":
+        return Event.ESCALATED
+    if run.status != "finished":
+        return None
+    if run.outcome == "budget_exhausted":
+        return Event.BUDGET_EXHAUSTED
+    if run.outcome in FAILED_OUTCOMES:
+        return Event.FAILED
+    return None
+
+
+def run_payload(run: Any, event: str) -> dict[str, Any]:
+    return {
+        "event": event,
+        "run": {
+            "id": run.pk,
+            "instance": run.instance_id,
+            "instance_name": run.instance.name,
+            "objective": run.objective[:500],
+            "status": run.status,
+            "outcome": run.outcome or None,
+            "detail": (run.outcome_detail or "")[:2000],
+            "verified": run.verified,
+            "iterations": run.next_iteration - 1,
+            "spent_usd": f"{run.spent_micros / 1_000_000:.6f}",
+            "url": public_url(_run_path(run.pk)),
+        },
+        "at": timezone.now().isoformat(),
+    }
+
+
+def notify_run(run: Any) -> list[Delivery]:
+    """Create the deliveries a run's escalation or finish calls for; send them after commit."""
+    event = run_event(run)
+    if event is None:
+        return []
+    if event == Event.ESCALATED:
+        key = f"{event}:run:{run.pk}:iteration:{run.next_iteration - 1}"
+    else:
+        finished = run.finished_at.isoformat() if run.finished_at else ""
+        key = f"{event}:run:{run.pk}:{finished}"
+    return _create(NotificationTarget.objects.filter(owner=run.owner_id), event, key, run_payload(run, event), run)
+
+
+def on_threshold_crossed(sender: Any, crossing: Any, **kwargs: Any) -> None:
+    """Receiver of `budgets.signals.threshold_crossed`: tell the pool's people (sent after commit)."""
+    from budgets.models import Pool
+
+    pool = Pool.objects.select_related("instance", "run").filter(pk=crossing.pool_id).first()
+    if pool is None:
+        return
+    owner_id = pool.owner_id or (pool.instance.owner_id if pool.instance else None)
+    owner_id = owner_id or (pool.run.owner_id if pool.run else None)
+    targets = NotificationTarget.objects.all()
+    if owner_id is not None:
+        targets = targets.filter(owner_id=owner_id)
+    else:
+        targets = targets.filter(owner__is_superuser=True)
+    payload = {
+        "event": Event.THRESHOLD,
+        "pool": {
+            "id": pool.pk,
+            "name": pool.name,
+            "kind": pool.kind,
+            "spent_usd": f"{crossing.spent / 1_000_000:.6f}",
+            "limit_usd": f"{crossing.limit / 1_000_000:.6f}",
+            "threshold_percent": crossing.threshold_percent,
+            "detail": crossing.detail,
+        },
+        "run": crossing.run_id,
+        "at": timezone.now().isoformat(),
+    }
+    key = f"{Event.THRESHOLD}:pool:{pool.pk}:{pool.period_start.isoformat()}"
+    try:
+        _create(targets, Event.THRESHOLD, key, payload, None)
+    except Exception:  # a notice must never break the settling that triggered it
+        log.exception("notifying the threshold crossing of pool %s failed", pool.pk)
+
+
+def _create(targets: Iterable[NotificationTarget], event: str, key: str, payload: dict, run: Any) -> list[Delivery]:
+    made = []
+    with transaction.atomic():
+        for target in targets:
+            if not target.wants(event):
+                continue
+            try:
+                with transaction.atomic():
+                    delivery = Delivery.objects.create(
+                        target=target, event=event, key=key, run=run, payload=payload, next_attempt_at=timezone.now()
+                    )
+            except IntegrityError:
+                continue  # this notification was made before (the hook ran twice)
+            made.append(delivery)
+        if made:
+            ids = [d.pk for d in made]
+            transaction.on_commit(lambda: enqueue(ids))
+    return made
+
+
+def enqueue(delivery_ids: list[int]) -> None:
+    """Hand deliveries to the worker queue (each becomes one `reviews.tasks.deliver` task)."""
+    from django_q.tasks import async_task
+
+    for delivery_id in delivery_ids:
+        try:
+            async_task("reviews.tasks.deliver", delivery_id, task_name=f"notify-{delivery_id}", group="notify")
+        except Exception:  # the sweep (`manage.py notify_deliver`) picks up what could not be queued
+            log.exception("queueing delivery %s failed", delivery_id)
+
+
+# --- sending -----------------------------------------------------------------------------------
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[no-untyped-def]
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def _post(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | None, str]:
+    body = json.dumps(delivery.payload, sort_keys=True, separators=(",", ":")).encode()
+    stamp = str(int(time.time()))
+    request = urllib.request.Request(
+        target.address,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "X-Tether-Event": delivery.event,
+            "X-Tether-Delivery": str(delivery.pk),
+            "X-Tether-Timestamp": stamp,
+            "X-Tether-Signature": signature(target.reveal_secret(), stamp, body),
+        },
+    )
+    timeout = _setting("TETHER_NOTIFY_TIMEOUT_SECONDS", 10.0)
+    try:
+        with _opener.open(request, timeout=timeout) as response:
+            response.read(65536)
+            return True, response.status, ""
+    except urllib.error.HTTPError as exc:
+        return False, exc.code, f"the receiver answered HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, None, f"could not reach the receiver: {reason}"
+
+
+def _email(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | None, str]:
+    subject, body = render_email(delivery.payload)
+    try:
+        send_mail(subject, body, None, [target.address], fail_silently=False)
+    except Exception as exc:  # any backend failure is one failed attempt
+        return False, None, f"sending the e-mail failed: {type(exc).__name__}: {exc}"[:1000]
+    return True, None, ""
+
+
+def render_email(payload: dict[str, Any]) -> tuple[str, str]:
+    """Return the subject and plain-text body of a notification e-mail."""
+    event = payload.get("event", "")
+    if event == Event.THRESHOLD:
+        pool = payload["pool"]
+        return f"[Tether] pool {pool['name']} crossed {pool['threshold_percent']}% of its limit", pool["detail"]
+    run = payload["run"]
+    what = {
+        Event.ESCALATED: "needs a person",
+        Event.FAILED: f"failed ({run.get('outcome')})",
+        Event.BUDGET_EXHAUSTED: "ran out of budget",
+    }.get(event, event)
+    subject = f"[Tether] run {run['id']} of {run['instance_name']} {what}"
+    body = "\n".join(
+        [
+            f"Run {run['id']} of {run['instance_name']} {what}.",
+            "",
+            f"Objective: {run['objective']}",
+            f"Detail: {run['detail']}",
+            f"Iterations: {run['iterations']}, spent ${run['spent_usd']}",
+            "",
+            run["url"],
+        ]
+    )
+    return subject[:200], body
+
+
+SENDERS: dict[str, Callable[[NotificationTarget, Delivery], tuple[bool, int | None, str]]] = {
+    NotificationTarget.Kind.WEBHOOK: _post,
+    NotificationTarget.Kind.EMAIL: _email,
+}
+
+
+def attempt(delivery_id: int) -> Delivery | None:
+    """Make one attempt at a pending delivery; record it; schedule the next or give up.
+
+    Claims the attempt with a conditional update, so two workers never send the same attempt.
+    Returns the delivery as it is afterwards (None if it does not exist).
+    """
+    delivery = Delivery.objects.select_related("target").filter(pk=delivery_id).first()
+    if delivery is None or delivery.status != Delivery.Status.PENDING:
+        return delivery
+    number = delivery.attempts + 1
+    claimed = Delivery.objects.filter(pk=delivery.pk, status=Delivery.Status.PENDING, attempts=delivery.attempts).update(
+        attempts=F("attempts") + 1
+    )
+    if not claimed:
+        return Delivery.objects.get(pk=delivery.pk)
+    began = time.monotonic()
+    sender = SENDERS.get(delivery.target.kind)
+    if sender is None:
+        ok, code, error = False, None, f"unknown target kind {delivery.target.kind!r}"
+    else:
+        ok, code, error = sender(delivery.target, delivery)
+    now = timezone.now()
+    with transaction.atomic():
+        DeliveryAttempt.objects.create(
+            delivery=delivery,
+            number=number,
+            at=now,
+            ok=ok,
+            status_code=code,
+            error=error[:2000],
+            duration_ms=int((time.monotonic() - began) * 1000),
+        )
+        if ok:
+            fields: dict[str, Any] = {"status": Delivery.Status.DELIVERED, "delivered_at": now, "next_attempt_at": None}
+        elif number >= max_attempts():
+            fields = {"status": Delivery.Status.FAILED, "next_attempt_at": None, "last_error": error}
+            log.warning("gave up delivering %s to %s after %d attempts: %s", delivery.event, delivery.target, number, error)
+        else:
+            fields = {"next_attempt_at": now + timedelta(seconds=backoff(number)), "last_error": error}
+        Delivery.objects.filter(pk=delivery.pk).update(**fields)
+    return Delivery.objects.select_related("target").get(pk=delivery.pk)
+
+
+def deliver_now(delivery_id: int, *, sleep: Callable[[float], None] = time.sleep) -> Delivery | None:
+    """Attempt a delivery until it is delivered or given up, sleeping out each backoff here."""
+    while True:
+        delivery = attempt(delivery_id)
+        if delivery is None or delivery.status != Delivery.Status.PENDING:
+            return delivery
+        wait = (delivery.next_attempt_at - timezone.now()).total_seconds() if delivery.next_attempt_at else 0
+        sleep(max(wait, 0.0))
+
+
+def deliver_due(limit: int = 100) -> int:
+    """Attempt every pending delivery whose next attempt is due; return how many were attempted."""
+    due = list(
+        Delivery.objects.filter(status=Delivery.Status.PENDING, next_attempt_at__lte=timezone.now())
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for delivery_id in due:
+        attempt(delivery_id)
+    return len(due)

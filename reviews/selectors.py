@@ -1,0 +1,203 @@
+"""Reads for the review queue, the item page and the fleet's trust figures. No writes.
+
+A user sees the review items of the runs they own (staff see every item).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce
+
+from budgets import pricing
+from loops.models import Iteration, Run
+from reviews import audit, snapshots
+from reviews.models import AuditEntry, GradeRecord, ReviewItem, WorkspaceSnapshot
+
+NO_TEMPLATE = "(no template)"
+DIFF_LINES = 5000
+
+
+def items_for(user: Any) -> QuerySet[ReviewItem]:
+    items = ReviewItem.objects.select_related("run", "run__instance", "run__instance__template", "decided_by")
+    if getattr(user, "is_staff", False):
+        return items
+    return items.filter(run__owner=user)
+
+
+def queue(user: Any, *, pending: bool = True) -> QuerySet[ReviewItem]:
+    """Return the user's pending review items, oldest first (or the decided ones, newest first)."""
+    items = items_for(user)
+    if pending:
+        return items.filter(status=ReviewItem.Status.PENDING).order_by("created_at", "id")
+    return items.exclude(status=ReviewItem.Status.PENDING).order_by("-decided_at", "-id")
+
+
+def item_for(user: Any, item_id: int) -> ReviewItem | None:
+    if not getattr(user, "is_authenticated", False):
+        return None
+    return items_for(user).filter(pk=item_id).first()
+
+
+@dataclass
+class ItemView:
+    """Everything the item page shows, diff first."""
+
+    item: ReviewItem
+    run: Run
+    diff: str
+    snapshot: WorkspaceSnapshot | None
+    final: Iteration | None
+    checks: list[dict[str, Any]]
+    decider_reason: str
+    grade: GradeRecord | None
+    judge_reasons: list[str]
+    cost_micros: int
+    iterations: int
+    audit: list[AuditEntry] = field(default_factory=list)
+
+    @property
+    def cost_text(self) -> str:
+        return pricing.format_usd(self.cost_micros)
+
+    @property
+    def diff_lines(self) -> list[tuple[str, str]]:
+        """Return the diff as (kind, line) pairs; kind is add, del, hunk, file or ''."""
+        lines = []
+        for line in self.diff.splitlines()[:DIFF_LINES]:
+            if line.startswith(("+++", "---", "diff --git", "index ")):
+                kind = "file"
+            elif line.startswith("+"):
+                kind = "add"
+            elif line.startswith("-"):
+                kind = "del"
+            elif line.startswith("@@"):
+                kind = "hunk"
+            else:
+                kind = ""
+            lines.append((kind, line))
+        return lines
+
+    @property
+    def judge_verdict(self) -> str:
+        return str((self.grade.judge or {}).get("verdict") or "") if self.grade else ""
+
+
+def item_view(item: ReviewItem) -> ItemView:
+    run = item.run
+    final = Iteration.objects.filter(run=run).order_by("-number").first()
+    grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+    judged = (grade.judge or {}) if grade else {}
+    judge_reasons = list(judged.get("reasons") or [])
+    if judged.get("error"):
+        judge_reasons.append(judged["error"])
+    return ItemView(
+        item=item,
+        run=run,
+        diff=snapshots.diff(run),
+        snapshot=WorkspaceSnapshot.objects.filter(run=run).first(),
+        final=final,
+        checks=list(final.checks or []) if final else [],
+        decider_reason=str((final.decision or {}).get("reason", "")) if final else "",
+        grade=grade,
+        judge_reasons=judge_reasons,
+        cost_micros=run.spent_micros,
+        iterations=run.next_iteration - 1,
+        audit=list(audit.audit_for_run(run)),
+    )
+
+
+# --- trust, per template ------------------------------------------------------------------------
+
+
+@dataclass
+class TemplateStats:
+    """How far one template's runs can be trusted.
+
+    verified rate: finished runs that ended done and verified, over finished runs;
+    acceptance rate: review verdicts that accepted, over all verdicts;
+    cost per accepted result: everything its finished runs spent, over its accepted results —
+    dones a reviewer accepted, or verified dones no reviewer rejected.
+    """
+
+    template: str
+    finished: int = 0
+    done: int = 0
+    verified: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    pending: int = 0
+    accepted_results: int = 0
+    spent_micros: int = 0
+
+    @property
+    def verified_rate(self) -> float | None:
+        return self.verified / self.finished if self.finished else None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        decided = self.accepted + self.rejected
+        return self.accepted / decided if decided else None
+
+    @property
+    def cost_per_accepted_micros(self) -> int | None:
+        return self.spent_micros // self.accepted_results if self.accepted_results else None
+
+    # What the page prints.
+    @property
+    def verified_text(self) -> str:
+        rate = self.verified_rate
+        return "—" if rate is None else f"{rate:.0%} ({self.verified} of {self.finished})"
+
+    @property
+    def acceptance_text(self) -> str:
+        rate = self.acceptance_rate
+        return "—" if rate is None else f"{rate:.0%} ({self.accepted} of {self.accepted + self.rejected})"
+
+    @property
+    def cost_per_accepted_text(self) -> str:
+        cost = self.cost_per_accepted_micros
+        return "—" if cost is None else pricing.format_usd(cost)
+
+
+def fleet_stats(user: Any) -> list[TemplateStats]:
+    """Return the trust figures of the user's finished runs, one row per agent template."""
+    runs = Run.objects.filter(owner=user, status=Run.Status.FINISHED).annotate(
+        template_name=Coalesce("instance__template__name", Value(NO_TEMPLATE))
+    )
+    rows: dict[str, TemplateStats] = {}
+
+    def row(name: str) -> TemplateStats:
+        return rows.setdefault(name, TemplateStats(template=name))
+
+    for found in runs.values("template_name").annotate(
+        finished=Count("id"),
+        done=Count("id", filter=Q(outcome=Run.Outcome.DONE)),
+        verified=Count("id", filter=Q(outcome=Run.Outcome.DONE, verified=True)),
+        spent=Sum("spent_micros"),
+    ):
+        stats = row(found["template_name"])
+        stats.finished, stats.done, stats.verified = found["finished"], found["done"], found["verified"]
+        stats.spent_micros = found["spent"] or 0
+
+    items = ReviewItem.objects.filter(run__owner=user).annotate(
+        template_name=Coalesce("run__instance__template__name", Value(NO_TEMPLATE))
+    )
+    for found in items.values("template_name", "status").annotate(n=Count("id")):
+        stats = row(found["template_name"])
+        if found["status"] == ReviewItem.Status.ACCEPTED:
+            stats.accepted += found["n"]
+        elif found["status"] == ReviewItem.Status.REJECTED:
+            stats.rejected += found["n"]
+        elif found["status"] == ReviewItem.Status.PENDING:
+            stats.pending += found["n"]
+
+    verdicts = ReviewItem.objects.filter(run=OuterRef("pk"))
+    accepted = Exists(verdicts.filter(status=ReviewItem.Status.ACCEPTED))
+    rejected = Exists(verdicts.filter(status=ReviewItem.Status.REJECTED))
+    good = runs.filter(outcome=Run.Outcome.DONE).filter((Q(verified=True) & ~rejected) | accepted)
+    for found in good.values("template_name").annotate(n=Count("id")):
+        row(found["template_name"]).accepted_results = found["n"]
+    return sorted(rows.values(), key=lambda s: (s.template == NO_TEMPLATE, s.template))

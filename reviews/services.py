@@ -1,0 +1,169 @@
+"""What happens after a run stops, and a reviewer's verdict — the writers of the review queue.
+
+`on_run_finished(run)` is called by the loop after a run finishes or starts waiting for a person,
+once the transaction that did it has committed. It snapshots the workspace's end state (git, a
+subprocess: never inside a transaction), then in short transactions: resolves an escalation that
+was answered or closed, puts the run in the review queue when it needs a person, signs its
+receipt, and creates its notifications. It never raises: a failure is logged and the rest still
+happens. Calling it twice for the same finish changes nothing.
+
+A run enters the review queue when it is
+- `done` but not verified (`unverified`), or the judge asked for a person (`needs_human`);
+- waiting after an escalation (`escalated`);
+- `failed`, `no_progress` or `max_iterations` (`failed`);
+- `done` and verified, and drawn in the per-template sample (`sampled`; see `reviews.sampling`).
+
+`review_decide(item=..., user=..., verdict="accept"|"reject", note=...)` records a verdict, audits
+it and re-signs the receipt with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from loops.models import Run
+from loops.services import Refused
+from reviews import audit, graders, notify, receipts, sampling, snapshots
+from reviews.models import GradeRecord, ReviewItem
+
+log = logging.getLogger(__name__)
+
+REVIEW_FAILED_OUTCOMES = frozenset({"failed", "no_progress", "max_iterations"})
+VERDICTS = {"accept": ReviewItem.Status.ACCEPTED, "reject": ReviewItem.Status.REJECTED}
+NOTE_MAX_CHARS = 4000
+
+
+def sample_seed() -> bytes:
+    """Return the review-sampling seed: `TETHER_REVIEW_SAMPLE_SEED`, else derived from the secret key."""
+    if seed := getattr(settings, "TETHER_REVIEW_SAMPLE_SEED", ""):
+        return str(seed).encode()
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"tether.reviews", info=b"tether review sampling v1")
+    return hkdf.derive(settings.SECRET_KEY.encode())
+
+
+def reasons_for(run: Run) -> list[tuple[str, str]]:
+    """Return why a finished run needs a person, as [(ReviewItem.Reason, detail)]; [] when it does not."""
+    if run.outcome == Run.Outcome.DONE:
+        grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+        judged = (grade.judge or {}) if grade else {}
+        if judged.get("verdict") == "needs-human":
+            said = "; ".join(judged.get("reasons") or []) or judged.get("error") or "no reasons given"
+            return [(ReviewItem.Reason.NEEDS_HUMAN, f"the judge asks for a person: {said}")]
+        if not run.verified:
+            return [(ReviewItem.Reason.UNVERIFIED, run.outcome_detail)]
+        percent = graders.config_for(run.instance).sample_percent
+        if sampling.is_sampled(run.pk, percent, sample_seed()):
+            return [(ReviewItem.Reason.SAMPLED, f"drawn in the {percent.normalize():f} % sample of verified dones")]
+        return []
+    if run.outcome in REVIEW_FAILED_OUTCOMES:
+        return [(ReviewItem.Reason.FAILED, f"{run.outcome}: {run.outcome_detail}")]
+    return []
+
+
+def _open(run: Run, reason: str, detail: str, occasion: str) -> ReviewItem:
+    """Put the run in the queue for `reason` (once per occasion; a new occasion reopens a decided item)."""
+    try:
+        with transaction.atomic():
+            item, made = ReviewItem.objects.get_or_create(
+                run=run, reason=reason, defaults={"detail": detail[:8000], "occasion": occasion}
+            )
+    except IntegrityError:
+        item, made = ReviewItem.objects.get(run=run, reason=reason), False
+    if not made and item.occasion != occasion:
+        ReviewItem.objects.filter(pk=item.pk).update(
+            status=ReviewItem.Status.PENDING,
+            detail=detail[:8000],
+            occasion=occasion,
+            note="",
+            decided_by=None,
+            decided_at=None,
+            created_at=timezone.now(),
+        )
+        item.refresh_from_db()
+    return item
+
+
+def _step(what: str, run_id: int, function: Any, *args: Any) -> Any:
+    try:
+        return function(*args)
+    except Exception:  # one failing part must not stop the others (see the module docstring)
+        log.exception("run %s: %s failed", run_id, what)
+        return None
+
+
+def on_run_finished(run: Any) -> None:
+    """Review, receipt and notifications for a run that finished or waits (see the module docstring).
+
+    Takes a run or a run id. Call it after the commit that finished the run (or made it wait).
+    """
+    run_id = getattr(run, "pk", run)
+    found = Run.objects.select_related("instance__template", "owner").filter(pk=run_id).first()
+    if found is None or found.status not in (Run.Status.FINISHED, Run.Status.WAITING):
+        return
+    run = found
+    _step("the end-of-run workspace snapshot", run.pk, snapshots.finish, run)
+    if run.status == Run.Status.WAITING:
+        occasion = f"waiting after iteration {run.next_iteration - 1}"
+        _step("queueing the escalation", run.pk, _open, run, ReviewItem.Reason.ESCALATED, run.outcome_detail, occasion)
+    else:
+        _step("review", run.pk, _review_finished, run)
+        _step("the receipt", run.pk, receipts.issue, run)
+    _step("notifications", run.pk, notify.notify_run, run)
+
+
+def _review_finished(run: Run) -> None:
+    occasion = f"finished {run.finished_at.isoformat() if run.finished_at else ''}"[:64]
+    with transaction.atomic():
+        how = "closed without an answer" if run.outcome == Run.Outcome.ESCALATED else f"answered; it ended {run.outcome}"
+        ReviewItem.objects.filter(run=run, reason=ReviewItem.Reason.ESCALATED, status=ReviewItem.Status.PENDING).update(
+            status=ReviewItem.Status.RESOLVED, note=how, decided_at=timezone.now()
+        )
+    for reason, detail in reasons_for(run):
+        _open(run, reason, detail, occasion)
+
+
+def can_review(user: Any, run: Run) -> bool:
+    return bool(getattr(user, "is_authenticated", False)) and (run.owner_id == user.pk or user.is_staff)
+
+
+def review_decide(
+    *, item: ReviewItem, user: Any, verdict: str, note: str = "", request: Any = None, via: str = "console"
+) -> ReviewItem:
+    """Accept or reject a review item with a note; audit it; re-sign the run's receipt with the verdict."""
+    status = VERDICTS.get(verdict)
+    if status is None:
+        raise Refused(f"a verdict is 'accept' or 'reject', not {verdict!r}")
+    note = (note or "").strip()
+    if len(note) > NOTE_MAX_CHARS:
+        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
+    with transaction.atomic():
+        item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
+        if not can_review(user, item.run):
+            raise Refused("no such review item", 404)
+        if item.status != ReviewItem.Status.PENDING:
+            raise Refused(f"this item was already {item.get_status_display()}; reload the queue", 409)
+        if item.reason == ReviewItem.Reason.ESCALATED and item.run.status == Run.Status.WAITING:
+            raise Refused("this run waits for an answer: answer it (or close it) on the run page", 409)
+        if status == ReviewItem.Status.REJECTED and not note:
+            raise Refused("say why in the note: a rejection without a reason teaches nobody anything")
+        now = timezone.now()
+        ReviewItem.objects.filter(pk=item.pk).update(status=status, note=note, decided_by=user, decided_at=now)
+        item.refresh_from_db()
+        audit.record(
+            user=user,
+            action=f"review.{verdict}",
+            run=item.run,
+            detail={"item": item.pk, "reason": item.reason, "note": note[:2000]},
+            request=request,
+            via=via,
+        )
+        if item.run.status == Run.Status.FINISHED:
+            receipts.issue(item.run)
+    return item

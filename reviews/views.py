@@ -1,0 +1,119 @@
+"""The review queue pages, the audit CSV export and the receipt API.
+
+Reads come from reviews.selectors; a verdict goes through reviews.services. Pages need a signed-in
+user and show only their own runs' items (staff see all); forms post with CSRF and work without
+JavaScript (post, then redirect); with htmx the verdict form swaps just its own block.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime, time
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from loops.auth import api_view, error
+from loops.models import Run
+from loops.services import Refused
+from reviews import audit, receipts, selectors, services
+
+QUEUE_LIMIT = 200
+AUDIT_CSV_LIMIT = 100_000
+
+
+def _is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+@login_required
+@require_GET
+def queue(request: HttpRequest) -> HttpResponse:
+    decided = request.GET.get("show") == "decided"
+    items = list(selectors.queue(request.user, pending=not decided)[:QUEUE_LIMIT])
+    context = {"items": items, "decided": decided, "stats": selectors.fleet_stats(request.user)}
+    return render(request, "reviews/queue.html", context)
+
+
+@login_required
+@require_GET
+def item_detail(request: HttpRequest, item_id: int) -> HttpResponse:
+    item = selectors.item_for(request.user, item_id)
+    if item is None:
+        raise Http404("no such review item")
+    return render(request, "reviews/item.html", {"view": selectors.item_view(item)})
+
+
+@login_required
+@require_POST
+def item_decide(request: HttpRequest, item_id: int) -> HttpResponse:
+    item = selectors.item_for(request.user, item_id)
+    if item is None:
+        raise Http404("no such review item")
+    verdict = request.POST.get("verdict", "")
+    note = request.POST.get("note", "")
+    try:
+        item = services.review_decide(item=item, user=request.user, verdict=verdict, note=note, request=request)
+    except Refused as exc:
+        if _is_htmx(request):
+            view = selectors.item_view(item)
+            return render(
+                request, "reviews/item.html#verdict", {"view": view, "error": exc.message, "note": note}, status=exc.status
+            )
+        messages.error(request, exc.message)
+        return redirect("reviews:item", item_id=item.pk)
+    if _is_htmx(request):
+        return render(request, "reviews/item.html#verdict", {"view": selectors.item_view(item)})
+    messages.success(request, f"Run {item.run_id}: {item.get_status_display()}.")
+    following = selectors.queue(request.user).exclude(pk=item.pk).first()
+    if following is not None:
+        return redirect("reviews:item", item_id=following.pk)
+    return redirect("reviews:queue")
+
+
+def _day(value: str, end: bool = False) -> datetime | None:
+    try:
+        day = date.fromisoformat(value)
+    except ValueError:
+        return None
+    return datetime.combine(day, time.max if end else time.min, tzinfo=timezone.get_current_timezone())
+
+
+@login_required
+@require_GET
+def audit_csv(request: HttpRequest) -> HttpResponse:
+    """Export the audit trail the user may read as CSV; filter by ?run=ID, ?pool=ID, ?since= and ?until=."""
+    entries = audit.visible_to(request.user)
+    for name, field in (("run", "run_ref"), ("pool", "pool_ref")):
+        if value := request.GET.get(name):
+            if not value.isdigit():
+                return HttpResponse(f"{name} must be a number", status=400, content_type="text/plain")
+            entries = entries.filter(**{field: int(value)})
+    if since := _day(request.GET.get("since", "")):
+        entries = entries.filter(created_at__gte=since)
+    if until := _day(request.GET.get("until", ""), end=True):
+        entries = entries.filter(created_at__lte=until)
+    response = HttpResponse(content_type="text/csv; charset=utf-8")
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    response["Content-Disposition"] = f'attachment; filename="tether-audit-{stamp}.csv"'
+    audit.write_csv(entries[:AUDIT_CSV_LIMIT].iterator(), response)
+    return response
+
+
+@api_view(("GET",))
+def receipt(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
+    """`GET /v1/instances/{id}/loop/{run}/receipt`: the run's signed receipt (409 while it is live)."""
+    run = (
+        Run.objects.select_related("instance", "instance__template", "owner")
+        .filter(owner=request.user, instance_id=instance_id, pk=run_id)
+        .first()
+    )
+    if run is None:
+        return error(f"run {run_id} of instance {instance_id} not found", 404)
+    envelope = receipts.for_run(run)
+    if envelope is None:
+        return error(f"run {run_id} has not finished ({run.status}); its receipt is written when it does", 409)
+    return JsonResponse(envelope, json_dumps_params={"ensure_ascii": False})
