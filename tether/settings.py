@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "instances",
     "budgets",
     "loops",
+    "reviews",
 ]
 
 MIDDLEWARE = [

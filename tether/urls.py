@@ -10,6 +10,7 @@ urlpatterns = [
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),
     path("v1/", include("loops.api_urls")),
+    path("reviews/", include("reviews.urls")),
     path("login/once/<str:uidb64>/<str:token>/", views.login_once, name="login-once"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="/login/"), name="logout"),
