@@ -2,6 +2,7 @@ from django.urls import path
 
 from instances import api as instances_api
 from loops import api, openapi
+from reviews import views as reviews_views
 
 app_name = "api"
 
@@ -18,4 +19,5 @@ urlpatterns = [
     path("instances/<int:instance_id>/loop/<int:run_id>/resume", api.run_resume, name="run-resume"),
     path("instances/<int:instance_id>/loop/<int:run_id>/close", api.run_close, name="run-close"),
     path("instances/<int:instance_id>/loop/<int:run_id>/events", api.run_events, name="run-events"),
+    path("instances/<int:instance_id>/loop/<int:run_id>/receipt", reviews_views.receipt, name="run-receipt"),
 ]
