@@ -35,7 +35,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import EmailMessage
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.urls import NoReverseMatch, reverse
@@ -242,7 +242,7 @@ def _post(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | N
 def _email(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | None, str]:
     subject, body = render_email(delivery.payload)
     try:
-        send_mail(subject, body, None, [target.address], fail_silently=False)
+        EmailMessage(subject, body, None, [target.address]).send()
     except Exception as exc:  # any backend failure is one failed attempt
         return False, None, f"sending the e-mail failed: {type(exc).__name__}: {exc}"[:1000]
     return True, None, ""
