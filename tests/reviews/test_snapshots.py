@@ -1,0 +1,103 @@
+"""Workspace snapshots: the diff a reviewer reads is what the run changed, and nothing else."""
+
+import subprocess
+
+import pytest
+
+from reviews import snapshots
+from reviews.models import WorkspaceSnapshot
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run(user, make_instance, start):
+    inst = make_instance(user)
+    workspace = inst.workspace_path()
+    workspace.mkdir(parents=True)
+    (workspace / "app.py").write_text("def answer():\n    return 41\n")
+    (workspace / "notes.txt").write_text("keep me\n")
+    (workspace / "old.txt").write_text("delete me\n")
+    return start(inst)
+
+
+def test_the_diff_shows_changed_new_and_deleted_files(run):
+    snap = snapshots.take(run)
+    assert snap.method == "git" and snap.start_tree and snap.start_fingerprint
+    workspace = run.instance.workspace_path()
+    (workspace / "app.py").write_text("def answer():\n    return 42\n")
+    (workspace / "new.py").write_text("print('hi')\n")
+    (workspace / "old.txt").unlink()
+
+    live = snapshots.diff(run)
+    snapshots.finish(run)
+    (workspace / "after_the_run.txt").write_text("not part of the run\n")
+    text = snapshots.diff(run)
+
+    assert live == text
+    assert "-    return 41" in text and "+    return 42" in text
+    assert "new.py" in text and "+print('hi')" in text
+    assert "old.txt" in text and "-delete me" in text
+    assert "notes.txt" not in text
+    assert "after_the_run.txt" not in text
+    assert "3 files changed" in text
+
+
+def test_an_unchanged_workspace_has_an_empty_diff_and_equal_fingerprints(run):
+    snapshots.take(run)
+    snap = snapshots.finish(run)
+    assert snapshots.diff(run) == ""
+    assert snap.start_fingerprint == snap.end_fingerprint
+
+
+def test_take_keeps_the_first_snapshot(run):
+    first = snapshots.take(run)
+    (run.instance.workspace_path() / "app.py").write_text("changed\n")
+    second = snapshots.take(run)
+    assert second.pk == first.pk and second.start_tree == first.start_tree
+    assert WorkspaceSnapshot.objects.filter(run=run).count() == 1
+
+
+def test_the_workspace_repository_is_left_alone_and_its_head_recorded(run):
+    workspace = run.instance.workspace_path()
+    env = {"GIT_CONFIG_NOSYSTEM": "1", "HOME": str(workspace), "PATH": "/usr/bin:/bin"}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(workspace)]
+    subprocess.run([*git, "init", "-q"], check=True, env=env)
+    subprocess.run([*git, "add", "-A"], check=True, env=env)
+    subprocess.run([*git, "commit", "-qm", "start"], check=True, env=env)
+    (workspace / ".gitignore").write_text("build/\n")
+    (workspace / "build").mkdir()
+    (workspace / "build" / "out.bin").write_text("artifact\n")
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, env=env, capture_output=True, text=True).stdout.strip()
+    status_before = subprocess.run([*git, "status", "--porcelain"], env=env, capture_output=True, text=True).stdout
+
+    snap = snapshots.take(run)
+    (workspace / "app.py").write_text("def answer():\n    return 42\n")
+    snapshots.finish(run)
+
+    assert snap.workspace_head == head
+    text = snapshots.diff(run)
+    assert "+    return 42" in text
+    assert "build/out.bin" not in text and ".git/" not in text
+    status_after = subprocess.run([*git, "status", "--porcelain"], env=env, capture_output=True, text=True).stdout
+    assert status_after.replace(" M app.py\n", "") == status_before
+
+
+def test_a_workspace_too_large_gets_a_fingerprint_and_a_reason(run, settings):
+    settings.TETHER_SNAPSHOT_MAX_FILES = 2
+    snap = snapshots.take(run)
+    assert snap.method == "none" and snap.start_fingerprint
+    assert "more than 2 files" in snapshots.diff(run)
+
+
+def test_no_snapshot_is_said_plainly(run):
+    assert "no snapshot" in snapshots.diff(run)
+    assert snapshots.start_fingerprint(run) == ""
+    assert snapshots.finish(run) is None
+
+
+def test_a_long_diff_is_cut(run):
+    snapshots.take(run)
+    (run.instance.workspace_path() / "big.txt").write_text("line\n" * 5000)
+    text = snapshots.diff(run, max_chars=1000)
+    assert len(text) < 1200 and "diff cut at 1,000 characters" in text
