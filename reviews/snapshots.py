@@ -10,7 +10,8 @@ skips (`.git`, `node_modules`, `.venv`, caches) are left out. A workspace larger
 `TETHER_SNAPSHOT_MAX_BYTES` (100 MB) or `TETHER_SNAPSHOT_MAX_FILES` (20,000 files), or a machine
 without git, gets a fingerprint only and a note saying why there is no diff.
 
-`take(run)` at the start (idempotent: the first snapshot of a run is kept), `finish(run)` when the
+`take(run)` at the start (idempotent: the first snapshot of a run is kept; a workspace that does
+not exist yet is created empty, so everything the run writes shows in the diff), `finish(run)` when the
 run finishes or waits (the end tree, replaced each time), `diff(run)` for the review page and the
 judge (against the end tree, or the live workspace while the run is not finished).
 """
@@ -156,6 +157,10 @@ def take(run: Any) -> WorkspaceSnapshot:
     if existing is not None:
         return existing
     workspace = Path(run.instance.workspace_path())
+    try:
+        workspace.mkdir(parents=True, exist_ok=True)  # the agent's first act would make it; start from empty
+    except OSError:
+        pass
     tree, note = _capture(run.pk, workspace)
     try:
         with transaction.atomic():

@@ -1,0 +1,218 @@
+"""Graders beyond commands: the response check, the LLM rubric judge, and "claimed done, changed nothing"."""
+
+from decimal import Decimal
+
+import pytest
+
+from loops import policy
+from reviews import graders, judge, snapshots
+from reviews.graders import FinalAct, check_response
+from reviews.models import GradeRecord, Grading
+from tests.fakes.messages_server import Error, text
+from tests.reviews.conftest import KEY, grade_reply, judge_prompts
+
+pytestmark = pytest.mark.django_db
+
+SCHEMA = {
+    "type": "object",
+    "required": ["summary", "files_changed"],
+    "properties": {"summary": {"type": "string"}, "files_changed": {"type": "array", "items": {"type": "string"}}},
+}
+PASSED = [policy.Check("tests", True, True, "3 passed")]
+
+
+# --- the response check (pure) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"summary": "fixed", "files_changed": ["a.py"]}',
+        'Here is my report:\n```json\n{"summary": "fixed", "files_changed": []}\n```\nThanks.',
+        'Done. {"summary": "fixed", "files_changed": ["a.py", "b.py"]} That is all.',
+    ],
+)
+def test_an_answer_holding_conforming_json_passes(answer):
+    assert check_response(answer, schema=SCHEMA, pattern="").passed
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        ('{"summary": "fixed", "files_changed": "all of them"}', "at files_changed: 'all of them' is not of type 'array'"),
+        ('{"summary": "fixed"}', "'files_changed' is a required property"),
+        ("I fixed everything, all tests pass!", "holds no JSON value"),
+        ("[1, 2]", "is not of type 'object'"),
+    ],
+)
+def test_a_well_formed_answer_violating_the_schema_fails_saying_why(answer, problem):
+    result = check_response(answer, schema=SCHEMA, pattern="")
+    assert not result.passed and problem in result.detail
+
+
+def test_the_pattern_check():
+    assert check_response("Result: PASS (12 cases)", schema=None, pattern=r"^Result: (PASS|FAIL)").passed
+    failed = check_response("All good!", schema=None, pattern=r"^Result: (PASS|FAIL)")
+    assert not failed.passed and "does not match" in failed.detail
+    assert check_response("anything", schema=None, pattern="") is None
+    assert "not a valid regular expression" in check_response("x", schema=None, pattern="(").detail
+
+
+# --- configuration -----------------------------------------------------------------------------------
+
+
+def test_an_instance_grading_overrides_its_templates_field_by_field(user):
+    from instances.models import AgentTemplate
+    from instances.templates_loader import create_instance
+
+    coder = AgentTemplate.objects.get(name="coder")
+    Grading.objects.create(template=coder, judge=True, judge_criteria="tests cover the fix", sample_percent=Decimal(25))
+    inst = create_instance(owner=user, template="coder", name="c", overrides={"checks": []})
+    config = graders.config_for(inst)
+    assert (config.judge, config.judge_criteria, config.sample_percent) == (True, "tests cover the fix", Decimal(25))
+    assert config.expects_changes  # a coder, even without checks
+
+    Grading.objects.create(instance=inst, judge=False, response_pattern="^ok")
+    config = graders.config_for(inst)
+    assert (config.judge, config.response_pattern, config.judge_criteria) == (False, "^ok", "tests cover the fix")
+
+
+def test_defaults_without_any_grading(user, make_instance, settings):
+    settings.TETHER_REVIEW_SAMPLE_PERCENT = 5
+    config = graders.config_for(make_instance(user))
+    assert config == graders.Config(sample_percent=Decimal(5), expects_changes=False)
+    checked = make_instance(user, checks=[{"name": "t", "command": ["true"]}])
+    assert graders.config_for(checked).expects_changes
+
+
+# --- the judge ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def judged(user, make_instance, start, server, credential, price):
+    """A queued run of an instance whose done is graded by the judge on the local server."""
+    inst = make_instance(user, base_url=server.url, credential=credential, model="claude-test-1")
+    Grading.objects.create(instance=inst, judge=True, judge_criteria="the README names the new flag")
+    return start(inst, objective="document the --fast flag in README.md")
+
+
+@pytest.mark.parametrize(
+    ("verdict", "outcome", "verified", "review"),
+    [("pass", "done", False, False), ("needs-human", "done", False, True), ("fail", "retry", False, False)],
+)
+def test_the_judges_verdict_decides_the_grade(judged, server, verdict, outcome, verified, review):
+    server.enqueue(grade_reply(verdict, "the reason"))
+    grade = graders.grade(judged, FinalAct(1, "I documented it."), [])
+    assert (grade.outcome, grade.verified, grade.review) == (outcome, verified, review)
+    assert grade.judge.verdict == verdict and grade.judge.reasons == ["the reason"]
+    assert grade.usage.calls == 1 and grade.usage.input_tokens > 0
+    record = GradeRecord.objects.get(run=judged, iteration=1)
+    assert record.judge["verdict"] == verdict and record.outcome == outcome
+
+
+def test_the_judge_is_an_independent_prompt_that_sees_the_evidence(judged, server):
+    snapshots.take(judged)
+    (judged.instance.workspace_path() / "README.md").write_text("Use --fast to skip checks.\n")
+    server.enqueue(grade_reply("pass", "the README names --fast"))
+    graders.grade(judged, FinalAct(1, "README updated with --fast."), PASSED)
+    [body] = judge_prompts(server)
+    system = body["system"][0]["text"]
+    prompt = body["messages"][0]["content"]
+    assert "independent reviewer" in system and "record_decision" not in str(body)
+    assert body["tool_choice"] == {"type": "tool", "name": "record_grade"}
+    assert "document the --fast flag in README.md" in prompt
+    assert "the README names the new flag" in prompt
+    assert "README updated with --fast." in prompt
+    assert "+Use --fast to skip checks." in prompt
+    assert "tests (required): passed" in prompt
+    assert KEY not in str(body)
+
+
+def test_a_judge_that_cannot_answer_routes_to_a_person(judged, server):
+    server.enqueue(Error(401, "invalid x-api-key"))
+    grade = graders.grade(judged, FinalAct(1, "done"), [])
+    assert (grade.outcome, grade.verified, grade.review) == ("done", False, True)
+    assert "could not run" in grade.judge.error and server.calls == 1  # a refused key is not retried
+    assert KEY not in grade.judge.error
+
+
+def test_an_unreadable_judgment_routes_to_a_person(judged, server):
+    server.enqueue(text("Looks fine to me, probably."))
+    grade = graders.grade(judged, FinalAct(1, "done"), [])
+    assert grade.judge.verdict == "needs-human" and "could not be read" in grade.judge.error
+    assert grade.review
+
+
+def test_a_judge_answering_in_json_text_is_read():
+    assert judge.read_answer([{"type": "text", "text": 'Sure: {"verdict": "FAIL", "reasons": "no tests"}'}]) == (
+        "fail",
+        ["no tests"],
+    )
+    assert judge.read_answer([{"type": "text", "text": '{"verdict": "maybe"}'}]) is None
+
+
+# --- the grade of a done -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def coding(user, make_instance, start):
+    """A queued run of an instance with a required check, its workspace snapshot taken at the start."""
+    inst = make_instance(user, checks=[{"name": "tests", "command": ["true"], "required": True}], max_iterations=3)
+    inst.workspace_path().mkdir(parents=True)
+    (inst.workspace_path() / "app.py").write_text("x = 1\n")
+    run = start(inst)
+    snapshots.take(run)
+    return run
+
+
+def fingerprint(run):
+    from loops.checks import fingerprint as digest
+
+    return digest(run.instance.workspace_path())
+
+
+def test_a_done_with_changes_and_passing_checks_is_verified(coding):
+    (coding.instance.workspace_path() / "app.py").write_text("x = 2\n")
+    grade = graders.grade(coding, FinalAct(1, "changed x", fingerprint(coding)), PASSED)
+    assert (grade.outcome, grade.verified, grade.review, grade.unchanged_workspace) == ("done", True, False, False)
+    step = grade.apply(policy.Stop("done", "all required checks passed: tests", verified=True))
+    assert step == policy.Stop("done", "all required checks passed: tests", verified=True)
+
+
+def test_claimed_done_changed_nothing_is_not_verified(coding):
+    grade = graders.grade(coding, FinalAct(1, "I fixed it!", fingerprint(coding)), PASSED)
+    assert (grade.outcome, grade.verified, grade.review, grade.unchanged_workspace) == ("done", False, True, True)
+    step = grade.apply(policy.Stop("done", "all required checks passed: tests (verified: ...)", verified=True))
+    assert isinstance(step, policy.Stop) and step.outcome == "done" and step.verified is False
+    assert "claimed done, changed nothing" in step.detail
+
+
+def test_a_failed_required_check_never_verifies(coding):
+    (coding.instance.workspace_path() / "app.py").write_text("x = 2\n")
+    failing = [policy.Check("tests", True, False, "1 failed"), policy.Check("lint", False, True)]
+    assert not graders.grade(coding, FinalAct(1, "done", fingerprint(coding)), failing).verified
+
+
+def test_a_schema_violation_goes_back_to_the_agent_then_fails_at_the_cap(coding):
+    Grading.objects.create(instance=coding.instance, response_schema=SCHEMA)
+    (coding.instance.workspace_path() / "app.py").write_text("x = 2\n")
+    answer = '{"summary": "all fixed", "files_changed": "app.py"}'
+    grade = graders.grade(coding, FinalAct(1, answer, fingerprint(coding)), PASSED)
+    assert (grade.outcome, grade.verified) == ("retry", False)
+    assert "not of type 'array'" in grade.instruction
+    step = grade.apply(policy.Stop("done", "checks passed", verified=True))
+    assert isinstance(step, policy.Continue) and step.instruction == grade.instruction
+
+    last = graders.grade(coding, FinalAct(3, answer, fingerprint(coding)), PASSED)
+    assert last.outcome == "failed"
+    step = last.apply(policy.Stop("done", "checks passed", verified=True))
+    assert step.outcome == "failed" and "last allowed iteration, 3 of 3" in step.detail
+    assert GradeRecord.objects.filter(run=coding).count() == 2
+
+
+def test_apply_leaves_every_other_step_alone(coding):
+    grade = graders.grade(coding, FinalAct(1, "x", fingerprint(coding)), PASSED)
+    for step in (policy.Continue("go on"), policy.Stop("failed", "gave up"), policy.Stop("escalated", "?")):
+        assert grade.apply(step) is step
+    kind, data = grade.as_event(1)
+    assert kind == "grade.finished" and data["iteration"] == 1 and data["unchanged_workspace"] is True
