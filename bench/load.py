@@ -1,0 +1,562 @@
+"""Load harness: hundreds of concurrent runs with 2-second acts on one machine, watched live.
+
+Not a test. For each brain asked for (`command`: a tiny script that sleeps; `sleep`: an
+in-process brain registered through TETHER_BRAINS), in a throwaway database (PostgreSQL
++ Redis when 127.0.0.1 answers; SQLite with --backend sqlite), with real processes on
+loopback: one `qcluster` worker cluster of TETHER_WORKERS processes, daphne web
+process(es), and a viewer process holding websocket viewers on the runs:
+
+- iteration rate: every run does N iterations whose act waits `act` seconds; the ideal
+  rate is runs ÷ act. Reported three ways: while every run is live (steady window),
+  per run (mean time from one iteration's end to the next's, ideal = act), and whole
+  (all iterations ÷ time from the first run's start to the last run's end);
+- event latency p50/p95/p99: an event's `created_at` (written, just before its commit)
+  to its arrival at a websocket viewer; live events only (not the replay on connect);
+- peak resident memory (VmRSS) of all Tether processes (web, clusters, worker processes),
+  and separately of the agents' processes the acts run;
+- database work per iteration: the queries one iteration issues (counted in-process,
+  same brain), and the whole system's PostgreSQL transactions per iteration (workers,
+  broker and viewers together; pg_stat_database deltas) and peak connections.
+
+Bounded: every wait has a deadline; everything started is stopped. Loopback only.
+
+Run: python -m bench.load [--runs 200] [--iterations 5] [--act 2] [--viewers 500]
+                          [--workers 2] [--web 1] [--brain command,sleep] [--backend postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import _harness as h
+
+PG_DB = "tether_load"
+USERNAME = "load"
+
+
+class SleepBrain:
+    """An in-process act that waits (a stand-in for a model call), then reports a little spend."""
+
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+
+    def act(self, request: Any) -> Any:
+        from instances.brains.base import Reply, Usage
+
+        seconds = float((self.instance.env or {}).get("ACT_SECONDS", "2"))
+        stopped = request.stop.wait(seconds)
+        request.workspace.mkdir(parents=True, exist_ok=True)
+        (request.workspace / "n").write_text(str(request.iteration))
+        usage = Usage(cost_micros=100)
+        if stopped:
+            return Reply(ok=False, text="", usage=usage, detail="stopped mid-act", stopped=True)
+        goal = int((self.instance.env or {}).get("GOAL", "1"))
+        if request.iteration >= goal:
+            return Reply(ok=True, text=f"step {request.iteration}: done", usage=usage)
+        return Reply(ok=False, text="", usage=usage, detail=f"step {request.iteration} of {goal}")
+
+
+def command_agent(act: float) -> list[str]:
+    """The scripted agent: wait, change the workspace, report spend; succeed at step GOAL."""
+    return [
+        "sh",
+        "-c",
+        f"sleep {act}; echo $TETHER_ITERATION > n; "
+        'echo \'{"cost_usd": 0.0001}\' > "$TETHER_USAGE_FILE"; '
+        'echo "step $TETHER_ITERATION"; '
+        '[ "$TETHER_ITERATION" -ge "$GOAL" ] || { echo "step $TETHER_ITERATION of $GOAL" >&2; exit 1; }',
+    ]
+
+
+# --- roles (subprocesses with the shape's environment) ------------------------------------------------
+
+
+def prepare(runs: int, iterations: int, act: float, brain: str, home: str) -> dict[str, Any]:
+    """Migrate; make the user, a session for the viewers, and one instance per run."""
+    h.django_setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.test import Client
+
+    from instances.models import Instance
+
+    call_command("migrate", verbosity=0, interactive=False)
+    user = get_user_model().objects.create_user(USERNAME, password="load-pw-123")
+    Instance.objects.bulk_create(
+        Instance(
+            owner=user,
+            name=f"load-{i}",
+            brain=brain,
+            command=command_agent(act) if brain == "command" else [],
+            env={"GOAL": str(iterations), "ACT_SECONDS": str(act)},
+            workspace=str(Path(home) / "ws" / str(i)),
+            max_iterations=iterations,
+            act_timeout_seconds=int(act * 10) + 30,
+        )
+        for i in range(runs)
+    )
+    client = Client()
+    client.force_login(user)
+    ids = list(Instance.objects.filter(owner=user).order_by("pk").values_list("pk", flat=True))
+    return {"cookie": f"sessionid={client.cookies['sessionid'].value}", "instances": ids}
+
+
+def start(instances_file: str) -> dict[str, Any]:
+    """Start one run per instance, as fast as the service allows; return their ids."""
+    h.django_setup()
+    from instances.models import Instance
+    from loops import services
+
+    ids = json.loads(Path(instances_file).read_text())
+    instances = Instance.objects.select_related("owner").in_bulk(ids)
+    began = time.time()
+    runs = [
+        services.run_start(instance=instances[i], user=instances[i].owner, objective="count", via="load").pk
+        for i in ids
+    ]
+    return {"runs": runs, "began": began, "ended": time.time()}
+
+
+def viewers(spec_file: str, out_file: str) -> dict[str, Any]:
+    """Hold the viewers of the spec until each saw its run finish (or the deadline); write their logs."""
+    spec = json.loads(Path(spec_file).read_text())
+    deadline = time.monotonic() + spec["seconds"]
+    logs = [h.ViewerLog(run_id) for run_id in spec["runs"]]
+
+    async def main() -> None:
+        async def one(log: h.ViewerLog, delay: float) -> None:
+            await asyncio.sleep(delay)
+            await h.follow_run(log, spec["ports"], spec["cookie"], lambda v: v.finished_seq > 0, deadline)
+
+        # Spread the connects over a second or two, as real viewers would arrive.
+        spread = spec.get("spread", 2.0)
+        await asyncio.gather(*(one(log, spread * i / len(logs)) for i, log in enumerate(logs)))
+
+    def write() -> None:
+        Path(out_file).write_text(json.dumps([log.as_json() for log in logs]))
+
+    # Stopped early (SIGTERM from the harness at its deadline): still report what was seen.
+    signal.signal(signal.SIGTERM, lambda signum, frame: (write(), os._exit(0)))
+    asyncio.run(main())
+    write()
+    return {"viewers": len(logs), "finished": sum(1 for log in logs if log.finished_seq)}
+
+
+def queries(iterations: int, act: float, brain: str, home: str) -> dict[str, Any]:
+    """Drive one run in-process and count the queries its iterations issue."""
+    h.django_setup()
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from instances.models import Instance
+    from loops import runner, services
+
+    user = get_user_model().objects.get(username=USERNAME)
+    instance = Instance.objects.create(
+        owner=user,
+        name="load-queries",
+        brain=brain,
+        command=command_agent(act) if brain == "command" else [],
+        env={"GOAL": str(iterations), "ACT_SECONDS": str(act)},
+        workspace=str(Path(home) / "ws" / "queries"),
+        max_iterations=iterations,
+    )
+    run = services.run_start(instance=instance, user=user, objective="count", via="load")
+    with CaptureQueriesContext(connection) as captured:
+        lease = runner.claim(run.pk, 1, "load-queries")
+        assert lease is not None
+        runner.drive(lease, slice_seconds=3600)
+    run.refresh_from_db()
+    statements = [q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries]
+    return {
+        "iterations": run.iterations_done,
+        "outcome": run.outcome,
+        "queries": len(statements),
+        "per_iteration": len(statements) / max(1, run.iterations_done),
+        "by_kind": {kind: statements.count(kind) for kind in sorted(set(statements))},
+    }
+
+
+def analyze(runs_file: str) -> dict[str, Any]:
+    """Read back what happened: outcomes, iteration end times, event write times."""
+    h.django_setup()
+    from loops.models import Event, Iteration, Run
+
+    ids = json.loads(Path(runs_file).read_text())
+    runs = {r["id"]: r for r in Run.objects.filter(pk__in=ids).values("id", "status", "outcome", "last_seq")}
+    iterations: dict[int, list[float]] = {}
+    for run_id, finished in (
+        Iteration.objects.filter(run_id__in=ids).order_by("run_id", "number").values_list("run_id", "finished_at")
+    ):
+        iterations.setdefault(run_id, []).append(finished.timestamp())
+    written = {
+        f"{run_id}:{seq}": created.timestamp()
+        for run_id, seq, created in Event.objects.filter(run_id__in=ids).values_list("run_id", "seq", "created_at")
+    }
+    starts = {
+        run_id: created.timestamp()
+        for run_id, created in Event.objects.filter(run_id__in=ids, kind="run.claimed", seq__lte=3).values_list(
+            "run_id", "created_at"
+        )
+    }
+    return {
+        "runs": runs,
+        "iterations": iterations,
+        "written": written,
+        "claimed": starts,
+        "reaped": Event.objects.filter(run_id__in=ids, kind="run.reaped").count(),
+        "claims": Event.objects.filter(run_id__in=ids, kind="run.claimed").count(),
+    }
+
+
+# --- orchestration ----------------------------------------------------------------------------------------
+
+
+class PgStats:
+    """Whole-database counters and peak connections per application name (PostgreSQL only)."""
+
+    def __init__(self, db: str) -> None:
+        import psycopg
+
+        self.db = db
+        self.conn = psycopg.connect(f"{h.PG_URL}/postgres?application_name=load-harness", autocommit=True)
+        self.runs = psycopg.connect(f"{h.PG_URL}/{db}?application_name=load-harness", autocommit=True)
+        self.peak: dict[str, int] = {}
+        self.peak_total = 0
+
+    def counters(self) -> dict[str, int]:
+        row = self.conn.execute(
+            "SELECT xact_commit, xact_rollback, tup_returned, tup_fetched, tup_inserted, tup_updated, tup_deleted "
+            "FROM pg_stat_database WHERE datname = %s",
+            [self.db],
+        ).fetchone()
+        assert row is not None
+        keys = ["commits", "rollbacks", "returned", "fetched", "inserted", "updated", "deleted"]
+        return dict(zip(keys, (int(v) for v in row), strict=True))
+
+    def sample_connections(self) -> None:
+        rows = self.conn.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s GROUP BY 1", [self.db]
+        ).fetchall()
+        total = 0
+        for name, count in rows:
+            self.peak[name] = max(self.peak.get(name, 0), count)
+            total += count
+        self.peak_total = max(self.peak_total, total)
+
+    def finished(self, ids: list[int]) -> int:
+        row = self.runs.execute(
+            "SELECT count(*) FROM loops_run WHERE status = 'finished' AND id = ANY(%s)", [ids]
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def close(self) -> None:
+        self.conn.close()
+        self.runs.close()
+
+
+def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any]:
+    home = Path(tempfile.mkdtemp(prefix=f"tether-load-{backend}-{brain}-"))
+    logs = home / "logs"
+    logs.mkdir()
+    redis = h.redis_url() if backend == "postgres" else None
+    extra: dict[str, str] = {}
+    if backend == "postgres":
+        h.fresh_database(PG_DB)
+        if redis:
+            extra["REDIS_URL"] = redis
+    else:
+        extra["TETHER_SQLITE_PATH"] = str(home / "load.sqlite3")
+
+    def env(app: str, **more: str) -> dict[str, str]:
+        e = h.base_env(home, **extra, **more)
+        if backend == "postgres":
+            e["DATABASE_URL"] = h.database_url(PG_DB, app)
+        return e
+
+    procs: list[h.Proc] = []
+    helpers: list[h.Proc] = []  # not Tether: the viewers
+    result: dict[str, Any] = {"backend": backend + (" + Redis" if redis else ""), "brain": brain}
+    pg: PgStats | None = None
+    watch: h.MemoryWatch | None = None
+    try:
+        made = h.role(
+            "bench.load", env("load-prepare"), "prepare", str(args.runs), str(args.iterations), str(args.act),
+            brain, str(home),
+        )  # fmt: skip
+        (home / "instances.json").write_text(json.dumps(made["instances"]))
+        ports = [h.free_port() for _ in range(args.web)]
+        for i, port in enumerate(ports):
+            procs.append(h.daphne(f"web{i}", port, env("tether-web"), logs))
+        workers = env("tether-worker", TETHER_WORKERS=str(args.workers))
+        procs.append(h.qcluster("cluster", workers, logs))
+        for port in ports:
+            h.wait_http_ok(port, "/healthz", 60)
+        h.wait_http_ok(ports[0], "/readyz", 60)
+        watch = h.MemoryWatch(lambda: [p.pid for p in procs]).start()
+        if backend == "postgres":
+            pg = PgStats(PG_DB)
+            before = pg.counters()
+
+        started = h.role("bench.load", env("load-start"), "start", str(home / "instances.json"))
+        run_ids: list[int] = started["runs"]
+        (home / "runs.json").write_text(json.dumps(run_ids))
+        spec = {
+            "runs": [run_ids[i % len(run_ids)] for i in range(args.viewers)],
+            "ports": ports,
+            "cookie": made["cookie"],
+            "seconds": args.iterations * args.act * 8 + 90,
+        }
+        (home / "viewers.json").write_text(json.dumps(spec))
+        viewer_proc = None
+        if args.viewers:
+            viewer_proc = h.Proc(
+                "viewers",
+                [sys.executable, "-m", "bench.load", "--role", "viewers", str(home / "viewers.json"),
+                 str(home / "seen.json")],
+                env("load-viewers"),
+                logs,
+            )  # fmt: skip
+            helpers.append(viewer_proc)
+
+        deadline = time.monotonic() + args.iterations * args.act * 8 + 60
+        done = 0
+        while time.monotonic() < deadline:
+            if pg is not None:
+                pg.sample_connections()
+                done = pg.finished(run_ids)
+            else:
+                done = int(h.role("bench.load", env("load-poll"), "count", str(home / "runs.json"))["finished"])
+            if done == len(run_ids):
+                break
+            if not all(p.alive() for p in procs):
+                dead = [p for p in procs if not p.alive()]
+                raise SystemExit(f"{dead[0].name} exited:\n{dead[0].tail()}")
+            time.sleep(0.5)
+        result["finished_runs"] = done
+        if pg is not None:
+            after = pg.counters()
+            result["pg"] = {k: after[k] - before[k] for k in after}
+            result["pg_peak_connections"] = dict(pg.peak, total=pg.peak_total)
+        watch.stop()
+        if viewer_proc is not None:
+            try:
+                viewer_proc.proc.wait(timeout=30)
+            except Exception:
+                viewer_proc.signal_group(signal.SIGTERM)
+                viewer_proc.proc.wait(timeout=30)
+            seen = h.read_json(home / "seen.json") if (home / "seen.json").exists() else []
+        else:
+            seen = []
+        for proc in procs:
+            proc.stop()
+        facts = h.role("bench.load", env("load-analyze"), "analyze", str(home / "runs.json"))
+        counted = h.role(
+            "bench.load", env("load-queries"), "queries", str(min(args.iterations, 3)), "0.05", brain,
+            str(home),
+        )  # fmt: skip
+        result.update(summarize(args, facts, seen, started))
+        result["queries"] = counted
+        result["memory"] = {
+            "tether_mib": watch.peak.tether_kib / 1024,
+            "tether_processes": watch.peak.tether_processes,
+            "agents_mib": watch.peak.agents_kib / 1024,
+            "agent_processes": watch.peak.agent_processes,
+        }
+        result["logs"] = {p.name: errors_in(p.tail(200_000)) for p in procs}
+        result["home"] = str(home)
+    finally:
+        if watch is not None:
+            watch.stop()
+        for proc in procs + helpers:
+            proc.stop()
+        if pg is not None:
+            pg.close()
+        if backend == "postgres" and not args.keep:
+            h.drop_database(PG_DB)
+    return result
+
+
+def errors_in(log: str) -> dict[str, int]:
+    lines = log.splitlines()
+    return {
+        "tracebacks": sum(1 for line in lines if line.startswith("Traceback")),
+        "errors": sum(1 for line in lines if " ERROR " in line or "CRITICAL" in line),
+        "driver_failed": sum(1 for line in lines if "driver failed" in line),
+        "too_many_clients": sum(1 for line in lines if "too many clients" in line),
+    }
+
+
+def summarize(args: argparse.Namespace, facts: dict[str, Any], seen: list[dict], started: dict) -> dict[str, Any]:
+    runs = facts["runs"]
+    iterations = {int(k): v for k, v in facts["iterations"].items()}
+    ends = sorted(t for times in iterations.values() for t in times)
+    total = len(ends)
+    ideal = args.runs / args.act
+    claimed = [float(t) for t in facts["claimed"].values()]
+    # Steady window: from the moment every run has finished its first iteration to the
+    # moment the first run finishes its last one (every run live throughout).
+    firsts = [times[0] for times in iterations.values() if times]
+    lasts = [times[-1] for times in iterations.values() if times]
+    steady: dict[str, float] = {}
+    if firsts and lasts and max(firsts) < min(lasts):
+        lo, hi = max(firsts), min(lasts)
+        inside = sum(1 for t in ends if lo < t <= hi)
+        steady = {"seconds": hi - lo, "rate": inside / (hi - lo)}
+    cycles = [b - a for times in iterations.values() for a, b in zip(times, times[1:], strict=False)]
+    whole_seconds = (max(ends) - min(claimed)) if ends and claimed else float("nan")
+    outcomes: dict[str, int] = {}
+    for run in runs.values():
+        outcomes[run["outcome"] or run["status"]] = outcomes.get(run["outcome"] or run["status"], 0) + 1
+
+    latencies: list[float] = []
+    problems = {"duplicates": 0, "gaps": 0, "incomplete": 0}
+    written = facts["written"]
+    for log in seen:
+        problems["duplicates"] += len(log["duplicates"])
+        problems["gaps"] += len(log["gaps"])
+        last_seq = runs.get(str(log["run_id"]), {}).get("last_seq")
+        if last_seq is None or log["seqs"] != list(range(1, last_seq + 1)):
+            problems["incomplete"] += 1
+        live_from = log["opened_at"] + 0.5
+        for seq, at in zip(log["seqs"], log["arrived"], strict=True):
+            at_written = written.get(f"{log['run_id']}:{seq}")
+            if at_written is not None and at_written >= live_from:
+                latencies.append((at - at_written) * 1000)
+    return {
+        "runs": len(runs),
+        "outcomes": outcomes,
+        "iterations": total,
+        "ideal_rate": ideal,
+        "steady": steady,
+        "cycle_mean_s": statistics.fmean(cycles) if cycles else float("nan"),
+        "cycle_p95_s": h.pct(cycles, 95),
+        "per_run_rate": args.runs / statistics.fmean(cycles) if cycles else float("nan"),
+        "whole_seconds": whole_seconds,
+        "whole_rate": total / whole_seconds if ends else float("nan"),
+        "ideal_whole_seconds": args.iterations * args.act,
+        "start_seconds": started["ended"] - started["began"],
+        "pickup_spread_s": (max(claimed) - min(claimed)) if claimed else float("nan"),
+        "reaped": facts["reaped"],
+        "claims": facts["claims"],
+        "latency_ms": {
+            "count": len(latencies),
+            "p50": h.pct(latencies, 50),
+            "p95": h.pct(latencies, 95),
+            "p99": h.pct(latencies, 99),
+            "max": max(latencies) if latencies else float("nan"),
+        },
+        "viewers": {"count": len(seen), **problems, "reconnects": sum(max(0, v["connects"] - 1) for v in seen)},
+    }
+
+
+def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    print(
+        f"\nLoad: {args.runs} runs × {args.iterations} iterations, acts of {args.act:g} s, "
+        f"{args.viewers} websocket viewers, 1 cluster × {args.workers} worker process(es), {args.web} web process(es)"
+    )
+    for r in results:
+        ideal = r["ideal_rate"]
+        print(f"\n== {r['backend']}, brain {r['brain']}")
+        print(f"  runs finished            {r['finished_runs']}/{r['runs']}  outcomes {r['outcomes']}")
+        if r["steady"]:
+            s = r["steady"]
+            print(
+                f"  rate, all runs live      {s['rate']:.1f} it/s of ideal {ideal:.1f} = {s['rate'] / ideal:.0%}"
+                f"  (window {s['seconds']:.1f} s)"
+            )
+        print(
+            f"  rate, per run            {r['per_run_rate']:.1f} it/s = {r['per_run_rate'] / ideal:.0%}"
+            f"  (iteration every {r['cycle_mean_s']:.3f} s mean, {r['cycle_p95_s']:.3f} s p95; ideal {args.act:g})"
+        )
+        print(
+            f"  rate, whole run          {r['whole_rate']:.1f} it/s = {r['whole_rate'] / ideal:.0%}"
+            f"  ({r['iterations']} iterations in {r['whole_seconds']:.1f} s; ideal {r['ideal_whole_seconds']:g} s;"
+            f" runs created in {r['start_seconds']:.1f} s, first claims spread over {r['pickup_spread_s']:.1f} s)"
+        )
+        lat = r["latency_ms"]
+        v = r["viewers"]
+        print(
+            f"  event latency            p50 {lat['p50']:.0f} ms, p95 {lat['p95']:.0f} ms, p99 {lat['p99']:.0f} ms,"
+            f" max {lat['max']:.0f} ms ({lat['count']} live deliveries to {v['count']} viewers)"
+        )
+        print(
+            f"  viewers                  duplicates {v['duplicates']}, gaps {v['gaps']}, "
+            f"incomplete {v['incomplete']}, reconnects {v['reconnects']}"
+        )
+        m = r["memory"]
+        print(
+            f"  peak RSS, Tether         {m['tether_mib']:.0f} MiB in {m['tether_processes']} processes"
+            f"  (agents' processes: {m['agents_mib']:.0f} MiB in {m['agent_processes']})"
+        )
+        q = r["queries"]
+        print(f"  queries per iteration    {q['per_iteration']:.1f} in the runner  {q['by_kind']}")
+        if "pg" in r:
+            pg = r["pg"]
+            n = max(1, r["iterations"])
+            print(
+                f"  whole system, per iter.  {pg['commits'] / n:.1f} commits, {pg['rollbacks'] / n:.2f} rollbacks,"
+                f" {pg['inserted'] / n:.1f} rows inserted, {pg['updated'] / n:.1f} updated"
+                f" (workers + broker + viewers)"
+            )
+            print(f"  peak connections         {r['pg_peak_connections']}")
+        print(f"  reaper                   {r['reaped']} run(s) re-scheduled; {r['claims']} claims")
+        print(f"  logs                     {r['logs']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--iterations", type=int, default=5)
+    parser.add_argument("--act", type=float, default=2.0)
+    parser.add_argument("--viewers", type=int, default=500)
+    parser.add_argument("--workers", type=int, default=2, help="worker processes in the cluster")
+    parser.add_argument("--web", type=int, default=1, help="web processes (viewers spread over them)")
+    parser.add_argument("--brain", default="command", help="command, sleep or both (comma-separated)")
+    parser.add_argument("--backend", default="postgres", help="postgres, sqlite or both (comma-separated)")
+    parser.add_argument("--keep", action="store_true", help="keep the throwaway database")
+    parser.add_argument("--json", action="store_true", help="also print the results as JSON")
+    args = parser.parse_args()
+    backends = [b for b in args.backend.split(",") if b]
+    if "postgres" in backends and not h.pg_available():
+        raise SystemExit("PostgreSQL does not answer on 127.0.0.1:5432 (use --backend sqlite)")
+    results = [measure(args, backend, brain) for backend in backends for brain in args.brain.split(",") if brain]
+    report(args, results)
+    if args.json:
+        print(json.dumps(results, default=str))
+
+
+def count(runs_file: str) -> dict[str, Any]:
+    h.django_setup()
+    from loops.models import Run
+
+    ids = json.loads(Path(runs_file).read_text())
+    return {"finished": Run.objects.filter(pk__in=ids, status="finished").count()}
+
+
+ROLES = {
+    "prepare": lambda a: prepare(int(a[0]), int(a[1]), float(a[2]), a[3], a[4]),
+    "start": lambda a: start(a[0]),
+    "viewers": lambda a: viewers(a[0], a[1]),
+    "queries": lambda a: queries(int(a[0]), float(a[1]), a[2], a[3]),
+    "analyze": lambda a: analyze(a[0]),
+    "count": lambda a: count(a[0]),
+}
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "--role":
+        print(json.dumps(ROLES[sys.argv[2]](sys.argv[3:])))
+    else:
+        os.environ.pop("DJANGO_SETTINGS_MODULE", None)
+        main()
