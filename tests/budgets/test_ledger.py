@@ -549,3 +549,18 @@ def test_a_periodic_pool_starts_at_its_period_boundary():
     root = services.root_pool()
     team = services.pool_create(kind="team", name="team", parent=root, period="monthly")
     assert team.period_start == ledger.period_floor("monthly", team.created_at)
+
+
+def test_the_audit_finds_books_that_do_not_balance(make_run):
+    run = make_run()
+    ledger.settle(ledger.reserve(run=run, iteration=1, amount=100), actual=60)
+    ledger.reserve(run=run, iteration=2, amount=30)
+    pools = chain(run)
+    assert selectors.audit_pools() == []
+    Pool.objects.filter(pk=pools[2].pk).update(spent=61)
+    Pool.objects.filter(pk=pools[0].pk).update(reserved=0)
+    problems = selectors.audit_pools()
+    assert len(problems) == 4
+    assert any("spent 61 != ledger Σ spent_delta 60" in p for p in problems)
+    assert any("reserved 0 != Σ held reservations 30" in p for p in problems)
+    assert selectors.audit_pool(pools[1]) == []
