@@ -1,4 +1,4 @@
-"""`python manage.py loop start|watch|cancel|interject` — the console-less client.
+"""`python manage.py loop start|watch|cancel|interject|verify-receipt` — the console-less client.
 
 The CLI acts as the instance's (or run's) owner and calls the same service
 functions as the API and the console.
@@ -34,10 +34,12 @@ class Command(BaseCommand):
         interject = sub.add_parser("interject", help="send a message to a run's next iteration")
         interject.add_argument("run", type=int)
         interject.add_argument("message")
+        verify = sub.add_parser("verify-receipt", help="check a run receipt's signature; say what was altered")
+        verify.add_argument("file", help="a receipt saved from GET /v1/instances/ID/loop/RUN/receipt")
 
     def handle(self, action, **options):
         try:
-            return getattr(self, f"do_{action}")(**options)
+            return getattr(self, f"do_{action.replace('-', '_')}")(**options)
         except services.Refused as exc:
             raise CommandError(exc.message) from None
 
@@ -78,6 +80,14 @@ class Command(BaseCommand):
         found = self._run(run)
         services.run_interject(run=found, user=found.owner, text=message, via="cli")
         self.stdout.write(f"run {found.pk}: message queued for the next iteration")
+
+    def do_verify_receipt(self, file, **_):
+        from reviews.receipts import verify_file
+
+        ok, message = verify_file(file)
+        if not ok:
+            raise CommandError(message)
+        self.stdout.write(message)
 
     def do_watch(self, run, after=0, **_):
         found = self._run(run)
