@@ -181,3 +181,29 @@ def test_the_receipt_carries_the_review_verdict_once_given(finished, user):
     assert envelope["receipt"]["review"]["by"] == user.get_username()
     assert receipts.verify(envelope).ok
     assert receipts.verify(tamper(envelope, "review.verdict", "rejected")).altered == ("review.verdict",)
+
+
+def test_the_cli_verifies_a_receipt_file_and_names_what_was_altered(finished, tmp_path):
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    envelope = receipts.issue(finished).envelope
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(envelope))
+    bad.write_text(json.dumps(tamper(envelope, "outcome_detail", "all good, trust me")))
+    env = {"PATH": "/usr/bin:/bin", "TETHER_HOME": str(settings.TETHER_HOME), "TETHER_SECRET_KEY": settings.SECRET_KEY}
+
+    def cli(path):
+        return subprocess.run(
+            [sys.executable, "manage.py", "loop", "verify-receipt", str(path)],
+            cwd=settings.BASE_DIR, env=env, capture_output=True, text=True, timeout=60,
+        )
+
+    ok = cli(good)
+    assert ok.returncode == 0, ok.stderr
+    assert "authentic" in ok.stdout
+    altered = cli(bad)
+    assert altered.returncode == 1
+    assert "changed: outcome_detail" in altered.stderr
