@@ -35,6 +35,13 @@ def queue(user: Any, *, pending: bool = True) -> QuerySet[ReviewItem]:
     return items.exclude(status=ReviewItem.Status.PENDING).order_by("-decided_at", "-id")
 
 
+def pending_count(user: Any) -> int:
+    """Return how many review items wait for the user (for a badge in the console's navigation)."""
+    if not getattr(user, "is_authenticated", False):
+        return 0
+    return items_for(user).filter(status=ReviewItem.Status.PENDING).count()
+
+
 def item_for(user: Any, item_id: int) -> ReviewItem | None:
     if not getattr(user, "is_authenticated", False):
         return None

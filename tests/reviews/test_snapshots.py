@@ -101,3 +101,12 @@ def test_a_long_diff_is_cut(run):
     (run.instance.workspace_path() / "big.txt").write_text("line\n" * 5000)
     text = snapshots.diff(run, max_chars=1000)
     assert len(text) < 1200 and "diff cut at 1,000 characters" in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deleted_runs_snapshots_go_with_it(run):
+    snapshots.take(run)
+    path = snapshots.git_dir(run.pk)
+    assert path.is_dir()
+    run.delete()
+    assert not path.exists()

@@ -122,3 +122,8 @@ def test_trust_figures_per_template(user, make_instance, start):
     # accepted results: run 0 (verified, never rejected) and run 2 (accepted in review)
     assert row.accepted_results == 2 and row.cost_per_accepted_micros == 2_000_000
     assert row.cost_per_accepted_text == "$2.00" and row.verified_text == "50% (2 of 4)"
+
+
+def test_the_pending_count_for_a_badge(reviewed, user, other_user):
+    assert selectors.pending_count(user) == 1
+    assert selectors.pending_count(other_user) == 0
