@@ -110,9 +110,12 @@ def config_for(instance: Any) -> Config:
 class ResponseCheck:
     passed: bool
     detail: str
+    # The grading itself is broken (an invalid schema or pattern): no answer can pass, so the agent
+    # is not sent back; the done stays unverified and goes to a person.
+    misconfigured: bool = False
 
     def as_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "detail": self.detail}
+        return {"passed": self.passed, "detail": self.detail, "misconfigured": self.misconfigured}
 
 
 _FENCE = re.compile(r"```(?:json)?\s*\n(.*?)\n?```", re.DOTALL | re.IGNORECASE)
@@ -143,10 +146,26 @@ def parse_answer(text: str) -> Any:
     raise ValueError("the final answer holds no JSON value")
 
 
+def _misconfigured(schema: Any, pattern: str) -> str:
+    if pattern:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            return f"the pattern is not a regular expression ({exc})"
+    if schema is not None:
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            return f"the schema is not a JSON Schema ({exc.message[:300]})"
+    return ""
+
+
 def check_response(text: str, *, schema: dict[str, Any] | None, pattern: str) -> ResponseCheck | None:
     """Return whether a final answer satisfies the response schema and pattern; None if neither is set."""
     if schema is None and not pattern:
         return None
+    if broken := _misconfigured(schema, pattern):
+        return ResponseCheck(False, f"the response check is misconfigured: {broken}; fix the grading", True)
     problems = []
     if schema is not None:
         try:
@@ -161,14 +180,8 @@ def check_response(text: str, *, schema: dict[str, Any] | None, pattern: str) ->
                 problems.append(f"schema: at {where}: {error.message[:300]}")
             if len(errors) > 5:
                 problems.append(f"schema: and {len(errors) - 5} more problems")
-    if pattern:
-        try:
-            matched = re.search(pattern, text[:PATTERN_TIMEOUT_CHARS], re.MULTILINE) is not None
-        except re.error as exc:
-            problems.append(f"the response pattern is not a valid regular expression ({exc}); fix the grading")
-        else:
-            if not matched:
-                problems.append(f"the answer does not match the required pattern {pattern!r}")
+    if pattern and re.search(pattern, text[:PATTERN_TIMEOUT_CHARS], re.MULTILINE) is None:
+        problems.append(f"the answer does not match the required pattern {pattern!r}")
     if problems:
         return ResponseCheck(False, "; ".join(problems))
     return ResponseCheck(True, "the answer satisfies the response " + ("schema" if schema is not None else "pattern"))
@@ -260,7 +273,9 @@ def grade(run: Any, final_iteration: Any, checks: Sequence[policy.Check]) -> Gra
 
     response = check_response(answer, schema=config.response_schema, pattern=config.response_pattern)
     found["response_check"] = response
-    if response is not None and not response.passed:
+    if response is not None and response.misconfigured:
+        reasons.append(response.detail)
+    elif response is not None and not response.passed:
         result = _rejected(
             run,
             final_iteration,
@@ -309,8 +324,10 @@ def grade(run: Any, final_iteration: Any, checks: Sequence[policy.Check]) -> Gra
         if verdict.verdict == "needs-human":
             reasons.append(f"the judge asks for a person: {said}")
 
-    verified = _checks_verify(instance, checks) and not unchanged and (verdict is None or verdict.verdict == "pass")
-    review = bool(unchanged) or (verdict is not None and verdict.verdict == "needs-human")
+    broken = response is not None and response.misconfigured
+    judged_ok = verdict is None or verdict.verdict == "pass"
+    verified = _checks_verify(instance, checks) and not unchanged and not broken and judged_ok
+    review = bool(unchanged) or broken or (verdict is not None and verdict.verdict == "needs-human")
     result = Grade(verified, "done", review, reasons, **found)
     return _record(run, final_iteration, result)
 

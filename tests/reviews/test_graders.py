@@ -55,7 +55,10 @@ def test_the_pattern_check():
     failed = check_response("All good!", schema=None, pattern=r"^Result: (PASS|FAIL)")
     assert not failed.passed and "does not match" in failed.detail
     assert check_response("anything", schema=None, pattern="") is None
-    assert "not a valid regular expression" in check_response("x", schema=None, pattern="(").detail
+    broken = check_response("x", schema=None, pattern="(")
+    assert broken.misconfigured and "not a regular expression" in broken.detail
+    broken = check_response("{}", schema={"type": "no-such-type"}, pattern="")
+    assert broken.misconfigured and "not a JSON Schema" in broken.detail
 
 
 # --- configuration -----------------------------------------------------------------------------------
@@ -216,3 +219,11 @@ def test_apply_leaves_every_other_step_alone(coding):
         assert grade.apply(step) is step
     kind, data = grade.as_event(1)
     assert kind == "grade.finished" and data["iteration"] == 1 and data["unchanged_workspace"] is True
+
+
+def test_a_misconfigured_response_check_sends_the_done_to_a_person_not_back_to_the_agent(coding):
+    Grading.objects.create(instance=coding.instance, response_pattern="(unclosed")
+    (coding.instance.workspace_path() / "app.py").write_text("x = 2\n")
+    grade = graders.grade(coding, FinalAct(1, "done", fingerprint(coding)), PASSED)
+    assert (grade.outcome, grade.verified, grade.review) == ("done", False, True)
+    assert "misconfigured" in grade.reasons[0]
