@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -256,11 +257,14 @@ def _rejected(run: Any, final: Any, reasons: list[str], heading: str, body: str,
     return Grade(False, "retry", False, [claim], instruction=instruction, **found)
 
 
-def grade(run: Any, final_iteration: Any, checks: Sequence[policy.Check]) -> Grade:
+def grade(
+    run: Any, final_iteration: Any, checks: Sequence[policy.Check], *, stop: threading.Event | None = None
+) -> Grade:
     """Grade the done proposed by `final_iteration` of `run` (see the module docstring); record it.
 
     `final_iteration` is anything with `number`, `response` and `fingerprint` (a `FinalAct`, or a
     recorded `loops.models.Iteration`). `checks` are the results the runner got after the act.
+    `stop` (the lease's) abandons the judge's model call when the run is being stopped.
     """
     from reviews import judge as judge_mod
     from reviews import snapshots
@@ -306,6 +310,7 @@ def grade(run: Any, final_iteration: Any, checks: Sequence[policy.Check]) -> Gra
             checks=checks,
             diff=snapshots.diff(run, max_chars=judge_mod.DIFF_CHARS),
             model=config.judge_model,
+            stop=stop,
         )
         usage = verdict.usage
         found["judge"] = verdict

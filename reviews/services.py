@@ -167,3 +167,54 @@ def review_decide(
         if item.run.status == Run.Status.FINISHED:
             receipts.issue(item.run)
     return item
+
+
+def notification_target_add(
+    *, user: Any, kind: str, address: str, events: list[str] | None = None, request: Any = None, via: str = "console"
+) -> tuple[Any, str]:
+    """Add an e-mail or webhook target for `user`; return it and, for a webhook, its new secret (shown once)."""
+    import secrets
+
+    from django.core.exceptions import ValidationError
+    from django.core.validators import EmailValidator, URLValidator
+
+    from reviews.models import NotificationTarget
+
+    address = (address or "").strip()
+    events = [e for e in (events or []) if e]
+    unknown = sorted(set(events) - set(NotificationTarget.Event.values))
+    if unknown:
+        raise Refused(f"unknown events: {', '.join(unknown)}")
+    try:
+        if kind == NotificationTarget.Kind.EMAIL:
+            EmailValidator()(address)
+        elif kind == NotificationTarget.Kind.WEBHOOK:
+            URLValidator(schemes=["http", "https"])(address)
+        else:
+            raise Refused(f"a target is 'email' or 'webhook', not {kind!r}")
+    except ValidationError:
+        raise Refused(f"{address!r} is not a valid {'e-mail address' if kind == 'email' else 'http(s) URL'}") from None
+    secret = secrets.token_urlsafe(32) if kind == NotificationTarget.Kind.WEBHOOK else ""
+    with transaction.atomic():
+        target = NotificationTarget(owner=user, kind=kind, address=address[:500], events=events)
+        if secret:
+            target.set_secret(secret)
+        target.save()
+        audit.record(
+            user=user,
+            action="notification.add",
+            detail={"target": target.pk, "kind": kind, "address": target.address, "events": events},
+            request=request,
+            via=via,
+        )
+    return target, secret
+
+
+def notification_target_remove(*, user: Any, target: Any, request: Any = None, via: str = "console") -> None:
+    """Remove one of `user`'s notification targets (its delivery history goes with it)."""
+    with transaction.atomic():
+        if target.owner_id != user.pk:
+            raise Refused("no such notification target", 404)
+        detail = {"target": target.pk, "kind": target.kind, "address": target.address}
+        target.delete()
+        audit.record(user=user, action="notification.remove", detail=detail, request=request, via=via)

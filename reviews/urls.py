@@ -1,4 +1,4 @@
-"""The review queue and the audit export (namespace `reviews`, mounted at /reviews/)."""
+"""The review queue, the audit export and notification settings (namespace `reviews`, at /reviews/)."""
 
 from django.urls import path
 
@@ -11,4 +11,6 @@ urlpatterns = [
     path("<int:item_id>/", views.item_detail, name="item"),
     path("<int:item_id>/decide", views.item_decide, name="decide"),
     path("audit.csv", views.audit_csv, name="audit-csv"),
+    path("notifications/", views.notifications, name="notifications"),
+    path("notifications/<int:target_id>/remove", views.notification_remove, name="notification-remove"),
 ]

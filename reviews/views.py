@@ -83,6 +83,48 @@ def _day(value: str, end: bool = False) -> datetime | None:
 
 
 @login_required
+def notifications(request: HttpRequest) -> HttpResponse:
+    """List the user's notification targets; add one (POST)."""
+    from reviews.models import NotificationTarget
+
+    secret = ""
+    if request.method == "POST":
+        try:
+            target, secret = services.notification_target_add(
+                user=request.user,
+                kind=request.POST.get("kind", ""),
+                address=request.POST.get("address", ""),
+                events=request.POST.getlist("events"),
+                request=request,
+            )
+        except Refused as exc:
+            messages.error(request, exc.message)
+            return redirect("reviews:notifications")
+        if not secret:
+            messages.success(request, f"Notifications will be sent to {target.address}.")
+            return redirect("reviews:notifications")
+    context = {
+        "targets": NotificationTarget.objects.filter(owner=request.user).order_by("id"),
+        "events": NotificationTarget.Event.choices,
+        "secret": secret,
+    }
+    return render(request, "reviews/notifications.html", context)
+
+
+@login_required
+@require_POST
+def notification_remove(request: HttpRequest, target_id: int) -> HttpResponse:
+    from reviews.models import NotificationTarget
+
+    target = NotificationTarget.objects.filter(owner=request.user, pk=target_id).first()
+    if target is None:
+        raise Http404("no such notification target")
+    services.notification_target_remove(user=request.user, target=target, request=request)
+    messages.success(request, f"No more notifications to {target.address}.")
+    return redirect("reviews:notifications")
+
+
+@login_required
 @require_GET
 def audit_csv(request: HttpRequest) -> HttpResponse:
     """Export the audit trail the user may read as CSV; filter by ?run=ID, ?pool=ID, ?since= and ?until=."""

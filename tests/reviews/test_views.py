@@ -127,3 +127,30 @@ def test_trust_figures_per_template(user, make_instance, start):
 def test_the_pending_count_for_a_badge(reviewed, user, other_user):
     assert selectors.pending_count(user) == 1
     assert selectors.pending_count(other_user) == 0
+
+
+def test_a_user_configures_where_notifications_go(client, user, other_user):
+    from reviews.models import NotificationTarget
+
+    client.force_login(user)
+    assert "nobody is told anything" in client.get("/reviews/notifications/").content.decode()
+    response = client.post("/reviews/notifications/", {"kind": "email", "address": "ada@example.com", "events": ["run.failed"]})
+    assert response.status_code == 302
+    page = client.post("/reviews/notifications/", {"kind": "webhook", "address": "https://hooks.example.com/tether"})
+    html = page.content.decode()
+    webhook = NotificationTarget.objects.get(kind="webhook")
+    assert "data-secret" in html and webhook.reveal_secret() in html  # shown once, at creation
+    assert webhook.reveal_secret() not in client.get("/reviews/notifications/").content.decode()
+    assert [(t.kind, t.events) for t in NotificationTarget.objects.order_by("id")] == [("email", ["run.failed"]), ("webhook", [])]
+    assert list(AuditEntry.objects.order_by("id").values_list("action", flat=True)) == ["notification.add"] * 2
+
+    client.post("/reviews/notifications/", {"kind": "webhook", "address": "ftp://nope"})
+    client.post("/reviews/notifications/", {"kind": "email", "address": "x", "events": ["run.bogus"]})
+    assert NotificationTarget.objects.count() == 2
+
+    client.force_login(other_user)
+    assert client.post(f"/reviews/notifications/{webhook.pk}/remove").status_code == 404
+    client.force_login(user)
+    assert client.post(f"/reviews/notifications/{webhook.pk}/remove").status_code == 302
+    assert not NotificationTarget.objects.filter(pk=webhook.pk).exists()
+    assert AuditEntry.objects.filter(action="notification.remove").count() == 1
