@@ -14,10 +14,12 @@ A webhook request carries:
 - `X-Tether-Signature: sha256=HEX`, the HMAC-SHA256 of `TIMESTAMP + "." + BODY` under the secret.
 
 A receiver checks the signature with `signature(secret, timestamp, body)` (or its own copy of
-those three lines) and refuses timestamps far from its clock. Redirects are not followed.
+those three lines) and refuses timestamps far from its clock. Redirects are not followed, and a
+webhook whose host resolves to a loopback, link-local or private address is refused unless
+`TETHER_WEBHOOK_ALLOW_PRIVATE` is set (people must not point the server at its own network).
 
 Settings (all optional): TETHER_NOTIFY_ATTEMPTS (5), TETHER_NOTIFY_BACKOFF_SECONDS (2),
-TETHER_NOTIFY_BACKOFF_MAX_SECONDS (300), TETHER_NOTIFY_TIMEOUT_SECONDS (10),
+TETHER_NOTIFY_BACKOFF_MAX_SECONDS (300), TETHER_NOTIFY_TIMEOUT_SECONDS (10), TETHER_WEBHOOK_ALLOW_PRIVATE (False),
 TETHER_PUBLIC_URL (prefix for links in messages), DEFAULT_FROM_EMAIL.
 """
 
@@ -25,10 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
+import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -211,7 +216,26 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _opener = urllib.request.build_opener(_NoRedirect)
 
 
+def _private_host(url: str) -> str:
+    """Return the private address `url` points at ("" if none): loopback, link-local, private ranges."""
+    host = urllib.parse.urlsplit(url).hostname or ""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except (OSError, UnicodeError):
+        return ""  # the attempt itself reports that the host cannot be reached
+    for info in infos:
+        address = ipaddress.ip_address(info[4][0])
+        if address.is_private or address.is_loopback or address.is_link_local or address.is_reserved:
+            return str(address)
+    return ""
+
+
 def _post(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | None, str]:
+    if not getattr(settings, "TETHER_WEBHOOK_ALLOW_PRIVATE", False) and (private := _private_host(target.address)):
+        return False, None, (
+            f"refused: the webhook's host resolves to a private address ({private}); "
+            "set TETHER_WEBHOOK_ALLOW_PRIVATE = True to allow it"
+        )
     body = json.dumps(delivery.payload, sort_keys=True, separators=(",", ":")).encode()
     stamp = str(int(time.time()))
     request = urllib.request.Request(

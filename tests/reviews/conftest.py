@@ -24,6 +24,7 @@ def review_settings(settings, monkeypatch, tmp_path):
     settings.TETHER_NOTIFY_BACKOFF_SECONDS = 0.01
     settings.TETHER_NOTIFY_BACKOFF_MAX_SECONDS = 0.05
     settings.TETHER_NOTIFY_TIMEOUT_SECONDS = 5
+    settings.TETHER_WEBHOOK_ALLOW_PRIVATE = True  # the test receivers listen on 127.0.0.1
     settings.TETHER_REVIEW_SAMPLE_SEED = "tests"
     settings.TETHER_SNAPSHOTS = tmp_path / "snapshots"
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -192,3 +192,13 @@ def test_a_pool_crossing_its_threshold_notifies_its_owner(user):
     notify.deliver_now(delivery.pk)
     [message] = mail.outbox
     assert "crossed 80%" in message.subject
+
+
+def test_a_webhook_to_the_servers_own_network_is_refused_by_default(user, failed_run, settings):
+    settings.TETHER_WEBHOOK_ALLOW_PRIVATE = False
+    with Receiver([200]) as receiver:
+        webhook(user, receiver.url)
+        [delivery] = notify.notify_run(failed_run)
+        delivery = notify.attempt(delivery.pk)
+    assert receiver.requests == []
+    assert "private address (127.0.0.1)" in DeliveryAttempt.objects.get(delivery=delivery).error
