@@ -62,8 +62,8 @@ def test_the_sample_follows_the_seed(verified_done, settings):
 def test_the_judges_call_for_a_person_wins_over_unverified(verified_done):
     run = verified_done(sample_percent=0)
     Run.objects.filter(pk=run.pk).update(verified=False)
-    GradeRecord.objects.create(
-        run=run, iteration=1, verified=False, review=True, outcome="done", judge={"verdict": "needs-human", "reasons": ["taste"]}
+    GradeRecord.objects.update_or_create(  # as the judge would have graded it
+        run=run, iteration=1, defaults={"verified": False, "review": True, "outcome": "done", "judge": {"verdict": "needs-human", "reasons": ["taste"]}}
     )
     services.on_run_finished(run)
     [item] = ReviewItem.objects.filter(run=run)

@@ -24,8 +24,8 @@ def reviewed(user, make_instance, script, start, drive):
     run = start(inst, objective="write 42 to answer.txt")
     snapshots.take(run)
     run = drive(run)
-    GradeRecord.objects.create(
-        run=run, iteration=1, verified=True, outcome="done", judge={"verdict": "pass", "reasons": ["answer.txt holds 42"]}
+    GradeRecord.objects.update_or_create(  # as the judge would have graded it
+        run=run, iteration=1, defaults={"verified": True, "outcome": "done", "judge": {"verdict": "pass", "reasons": ["answer.txt holds 42"]}}
     )
     services.on_run_finished(run)
     return ReviewItem.objects.get(run=run)
