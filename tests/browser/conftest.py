@@ -96,11 +96,19 @@ class Server:
         self.log.close()
 
 
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"({exc})"
+
+
 @pytest.fixture
 def server(tmp_path):
     started = Server(tmp_path)
     yield started
     started.stop()
+    print(f"--- daphne log (tail) ---\n{log_tail(started.log_path)}")  # shown when the test fails
 
 
 @pytest.fixture
@@ -108,6 +116,9 @@ def worker(tmp_path):
     cluster = Cluster("console-worker", tmp_path)
     yield cluster
     cluster.stop()
+    print(
+        f"--- worker log (tail) ---\n{log_tail(tmp_path / 'console-worker.log')}"
+    )  # shown when the test fails
 
 
 @pytest.fixture
