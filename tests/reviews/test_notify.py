@@ -4,6 +4,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -82,14 +83,21 @@ def test_a_webhook_that_fails_twice_is_retried_until_it_succeeds(user, failed_ru
         webhook(user, receiver.url)
         [delivery] = notify.notify_run(failed_run)
         slept = []
-        delivery = notify.deliver_now(delivery.pk, sleep=slept.append)
+
+        def sleep(seconds):
+            slept.append(seconds)
+            time.sleep(seconds)
+
+        delivery = notify.deliver_now(delivery.pk, sleep=sleep)
 
     assert delivery.status == Delivery.Status.DELIVERED and delivery.attempts == 3
     attempts = list(DeliveryAttempt.objects.filter(delivery=delivery).order_by("number"))
     assert [(a.number, a.ok, a.status_code) for a in attempts] == [(1, False, 500), (2, False, 503), (3, True, 200)]
     assert "HTTP 500" in attempts[0].error
-    # Exponential backoff between attempts (0.01 s, then 0.02 s under the test settings).
-    assert len(slept) == 2 and slept[0] <= 0.011 and slept[1] > slept[0] * 0.5
+    # Exponential backoff between attempts: 0.01 s, then 0.02 s under the test settings.
+    assert len(slept) == 2 and (notify.backoff(1), notify.backoff(2), notify.backoff(30)) == (0.01, 0.02, 0.05)
+    gaps = [(later.at - earlier.at).total_seconds() for earlier, later in zip(attempts, attempts[1:], strict=False)]
+    assert gaps[0] >= 0.01 and gaps[1] >= 0.02, gaps
     assert len(receiver.requests) == 3
     bodies = {body for _, body in receiver.requests}
     assert len(bodies) == 1, "every retry sends the same payload"
