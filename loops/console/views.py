@@ -29,6 +29,8 @@ from loops.console import live
 from loops.console.display import EventView, RunView
 from loops.console.forms import HistoryFilterForm, InterjectForm, StartRunForm
 from loops.models import Interjection, Run
+from reviews import audit as review_audit
+from reviews import selectors as review_selectors
 
 REPEAT_WINDOW = timedelta(seconds=15)
 NONCE_SECONDS = 3600
@@ -61,10 +63,20 @@ def _nonce_key(kind: str, request: HttpRequest, nonce: str) -> str:
 # --- fleet ------------------------------------------------------------------------------------
 
 
+def _nav(request: HttpRequest) -> dict[str, Any]:
+    """Return what the navigation shows on every console page: the count of items waiting for review."""
+    return {"pending_reviews": review_selectors.pending_count(request.user)}
+
+
 @login_required
 @require_GET
 def fleet(request: HttpRequest) -> HttpResponse:
-    return render(request, "loops/fleet.html", live.fleet_context(request.user))
+    context = {
+        **live.fleet_context(request.user),
+        **_nav(request),
+        "stats": review_selectors.fleet_stats(request.user),
+    }
+    return render(request, "loops/fleet.html", context)
 
 
 # --- instance ----------------------------------------------------------------------------------
@@ -86,6 +98,7 @@ def _instance_page(
         "form": form,
         "runs": runs,
         "env_names": sorted((instance.env or {}).keys()),
+        **_nav(request),
     }
     return render(request, "loops/instance_detail.html", context, status=status)
 
@@ -161,6 +174,9 @@ def _run_page(
         "form": form,
         "notice": notice,
         "events_url": reverse("api:run-events", args=[run.instance_id, run.pk]),
+        "receipt_url": reverse("api:run-receipt", args=[run.instance_id, run.pk]),
+        "entries": review_audit.audit_for_run(run),
+        **_nav(request),
     }
     return render(request, "loops/run_detail.html", context, status=status)
 
@@ -298,5 +314,6 @@ def history(request: HttpRequest) -> HttpResponse:
         "page": page,
         "runs": [RunView(r) for r in page.object_list],
         "totals": live.totals_view(selectors.totals(runs)),
+        **_nav(request),
     }
     return render(request, "loops/history.html", context)

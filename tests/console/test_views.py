@@ -337,6 +337,7 @@ def test_run_page_draws_every_part_of_an_iteration(signed_in, instance, start_ru
             ),
         ],
     )
+    Run.objects.filter(pk=run.pk).update(status="finished", outcome="no_progress", finished_at=timezone.now())
     text = signed_in.get(f"/runs/{run.pk}/").content.decode()
     seqs = [
         int(s) for s in re.findall(r'<article class="ev [^"]*" id="run-\d+-ev-\d+" data-seq="(\d+)"', text)
@@ -361,6 +362,8 @@ def test_run_page_draws_every_part_of_an_iteration(signed_in, instance, start_ru
         f"/v1/instances/{instance.pk}/loop/{run.pk}/events",
         '<svg class="chart"',
         "Spend and headroom",
+        "Who did what",  # the audit trail from reviews
+        "signed receipt",  # the run has finished
     ]:
         assert expected in text, expected
     assert "<script>alert(1)</script>" not in text
@@ -424,6 +427,7 @@ def test_fleet_shows_instances_active_runs_and_what_needs_you(signed_in, user, i
     assert "all good" not in needs and "still working" not in needs
     assert "still working" in working and "gave up" not in working
     assert "scribe" in text and 'ws-connect="/ws/fleet/"' in text
+    assert "Trust per template" in text and 'href="/reviews/"' in text
     assert active.pk
 
 
