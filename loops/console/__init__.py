@@ -1,0 +1,1 @@
+"""The console: server-rendered pages over loops.selectors and loops.services (see views.py)."""

@@ -14,6 +14,10 @@ def fresh_nonce() -> str:
     return uuid.uuid4().hex
 
 
+def normalise_newlines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 class StartRunForm(forms.Form):
     objective = forms.CharField(
         strip=True,
@@ -59,6 +63,10 @@ class StartRunForm(forms.Form):
         self.instance = instance
         self.fields["objective"].widget.attrs["data-max-chars"] = str(instance.objective_max_chars)
 
+    def clean_objective(self) -> str:
+        # Browsers send a textarea's line breaks as CRLF; count them as the page's counter does.
+        return normalise_newlines(self.cleaned_data["objective"])
+
 
 class InterjectForm(forms.Form):
     text = forms.CharField(
@@ -76,6 +84,9 @@ class InterjectForm(forms.Form):
         self.fields["text"].label = (
             "Your answer" if run.status == Run.Status.WAITING else "Message to the agent"
         )
+
+    def clean_text(self) -> str:
+        return normalise_newlines(self.cleaned_data["text"])
 
 
 class HistoryFilterForm(forms.Form):

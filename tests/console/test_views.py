@@ -500,3 +500,12 @@ def test_fleet_shows_five_of_a_kind_and_links_to_the_rest(signed_in, instance, s
     assert "<strong data-total-runs>7</strong>" in listed and "an old failure" not in listed
     everything = signed_in.get("/history/?outcome=stopped").content.decode()
     assert "<strong data-total-runs>8</strong>" in everything
+
+
+def test_line_breaks_count_once_against_the_objective_cap(signed_in, instance):
+    objective = "line\r\n" * 40 + "end"  # 40 breaks sent as CRLF: 203 characters typed, 243 sent
+    response = signed_in.post(
+        f"/instances/{instance.pk}/start", {"objective": objective, "max_iterations": 3}
+    )
+    assert response.status_code == 302
+    assert Run.objects.get().objective == "line\n" * 40 + "end"
