@@ -503,9 +503,9 @@ def test_fleet_shows_five_of_a_kind_and_links_to_the_rest(signed_in, instance, s
 
 
 def test_line_breaks_count_once_against_the_objective_cap(signed_in, instance):
-    objective = "line\r\n" * 40 + "end"  # 40 breaks sent as CRLF: 203 characters typed, 243 sent
+    objective = "line\r\n" * 39 + "end"  # the cap is 200: 198 characters typed, 237 sent as CRLF
     response = signed_in.post(
         f"/instances/{instance.pk}/start", {"objective": objective, "max_iterations": 3}
     )
     assert response.status_code == 302
-    assert Run.objects.get().objective == "line\n" * 40 + "end"
+    assert Run.objects.get().objective == "line\n" * 39 + "end"
