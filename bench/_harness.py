@@ -257,8 +257,8 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
-def process_tree(roots: list[int]) -> list[int]:
-    children = _children_map()
+def process_tree(roots: list[int], children: dict[int, list[int]] | None = None) -> list[int]:
+    children = _children_map() if children is None else children
     seen: list[int] = []
     stack = list(roots)
     while stack:
@@ -268,6 +268,45 @@ def process_tree(roots: list[int]) -> list[int]:
         seen.append(pid)
         stack.extend(children.get(pid, []))
     return seen
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int, reaped_children: bool = False) -> float:
+    """Return the CPU time (user + system) `pid` has used so far; 0 when it is gone.
+
+    With `reaped_children`, add what its children that already exited used.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / CLOCK_TICKS
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """Return (busy, total) CPU seconds of the whole machine since boot (all cores)."""
+    with open("/proc/stat") as fh:
+        values = [int(v) for v in fh.readline().split()[1:]]
+    idle = values[3] + values[4]
+    return (sum(values) - idle) / CLOCK_TICKS, sum(values) / CLOCK_TICKS
+
+
+def postgres_cpu_seconds() -> float:
+    """Return the CPU time of PostgreSQL: live processes and the backends that already exited.
+
+    All databases: other users of the server count too.
+    """
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _status(int(entry))[0] == "postgres":
+            total += cpu_seconds(int(entry), reaped_children=True)
+    return total
 
 
 def _status(pid: int) -> tuple[str, int]:
@@ -301,6 +340,13 @@ class MemoryWatch:
     interval: float = 0.5
     peak: MemorySample = field(default_factory=MemorySample)
     peak_total_kib: int = 0
+    # CPU seconds each Tether process (python) has used, as last seen: their sum is the total.
+    cpu: dict[int, float] = field(default_factory=dict)
+    root_of: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def tether_cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -314,18 +360,30 @@ class MemoryWatch:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def cpu_by_root(self) -> dict[int, float]:
+        """CPU seconds used by the Tether processes of each root's tree, as last seen."""
+        out: dict[int, float] = {}
+        for pid, seconds in self.cpu.items():
+            root = self.root_of.get(pid, 0)
+            out[root] = out.get(root, 0.0) + seconds
+        return out
+
     def sample(self) -> MemorySample:
         now = MemorySample()
-        for pid in process_tree(self.roots()):
-            name, rss = _status(pid)
-            if not name:
-                continue
-            if name.startswith("python") or name in ("daphne", "qcluster") or "manage" in name:
-                now.tether_kib += rss
-                now.tether_processes += 1
-            else:
-                now.agents_kib += rss
-                now.agent_processes += 1
+        children = _children_map()
+        for root in self.roots():
+            for pid in process_tree([root], children):
+                name, rss = _status(pid)
+                if not name:
+                    continue
+                if name.startswith("python") or name in ("daphne", "qcluster") or "manage" in name:
+                    now.tether_kib += rss
+                    now.tether_processes += 1
+                    self.root_of[pid] = root
+                    self.cpu[pid] = max(self.cpu.get(pid, 0.0), cpu_seconds(pid))
+                else:
+                    now.agents_kib += rss
+                    now.agent_processes += 1
         return now
 
     def _loop(self) -> None:
@@ -444,6 +502,35 @@ async def follow_run(
             return
         if not until(log):
             await asyncio.sleep(reconnect_delay)
+
+
+def run_viewers(spec_file: str, out_file: str) -> dict[str, Any]:
+    """Hold one viewer per entry of the spec's runs until each saw its run finish; write their logs.
+
+    Spec (JSON): runs (a run id per viewer), ports (web processes), cookie, seconds (deadline),
+    spread (seconds over which the viewers connect). Stopped early (SIGTERM at the harness's
+    deadline), it still writes what each viewer saw.
+    """
+    spec = json.loads(Path(spec_file).read_text())
+    deadline = time.monotonic() + spec["seconds"]
+    logs = [ViewerLog(run_id) for run_id in spec["runs"]]
+
+    def write() -> None:
+        Path(out_file).write_text(json.dumps([log.as_json() for log in logs]))
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: (write(), os._exit(0)))
+
+    async def main() -> None:
+        async def one(log: ViewerLog, delay: float) -> None:
+            await asyncio.sleep(delay)
+            await follow_run(log, spec["ports"], spec["cookie"], lambda v: v.finished_seq > 0, deadline)
+
+        spread = float(spec.get("spread", 2.0))
+        await asyncio.gather(*(one(log, spread * i / max(1, len(logs))) for i, log in enumerate(logs)))
+
+    asyncio.run(main())
+    write()
+    return {"viewers": len(logs), "finished": sum(1 for log in logs if log.finished_seq)}
 
 
 def pct(values: list[float], p: float) -> float:

@@ -27,7 +27,6 @@ Run: python -m bench.load [--runs 200] [--iterations 5] [--act 2] [--viewers 500
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -40,7 +39,7 @@ from typing import Any
 
 from bench import _harness as h
 
-PG_DB = "tether_load"
+PG_DB = f"tether_load_{os.getpid()}"  # one per harness run: two runs never share it
 USERNAME = "load"
 
 
@@ -121,35 +120,10 @@ def start(instances_file: str) -> dict[str, Any]:
     instances = Instance.objects.select_related("owner").in_bulk(ids)
     began = time.time()
     runs = [
-        services.run_start(instance=instances[i], user=instances[i].owner, objective="count", via="load").pk
+        services.run_start(instance=instances[i], user=instances[i].owner, objective="count", via="api").pk
         for i in ids
     ]
     return {"runs": runs, "began": began, "ended": time.time()}
-
-
-def viewers(spec_file: str, out_file: str) -> dict[str, Any]:
-    """Hold the viewers of the spec until each saw its run finish (or the deadline); write their logs."""
-    spec = json.loads(Path(spec_file).read_text())
-    deadline = time.monotonic() + spec["seconds"]
-    logs = [h.ViewerLog(run_id) for run_id in spec["runs"]]
-
-    async def main() -> None:
-        async def one(log: h.ViewerLog, delay: float) -> None:
-            await asyncio.sleep(delay)
-            await h.follow_run(log, spec["ports"], spec["cookie"], lambda v: v.finished_seq > 0, deadline)
-
-        # Spread the connects over a second or two, as real viewers would arrive.
-        spread = spec.get("spread", 2.0)
-        await asyncio.gather(*(one(log, spread * i / len(logs)) for i, log in enumerate(logs)))
-
-    def write() -> None:
-        Path(out_file).write_text(json.dumps([log.as_json() for log in logs]))
-
-    # Stopped early (SIGTERM from the harness at its deadline): still report what was seen.
-    signal.signal(signal.SIGTERM, lambda signum, frame: (write(), os._exit(0)))
-    asyncio.run(main())
-    write()
-    return {"viewers": len(logs), "finished": sum(1 for log in logs if log.finished_seq)}
 
 
 def queries(iterations: int, act: float, brain: str, home: str) -> dict[str, Any]:
@@ -172,19 +146,34 @@ def queries(iterations: int, act: float, brain: str, home: str) -> dict[str, Any
         workspace=str(Path(home) / "ws" / "queries"),
         max_iterations=iterations,
     )
-    run = services.run_start(instance=instance, user=user, objective="count", via="load")
+    run = services.run_start(instance=instance, user=user, objective="count", via="api")
     with CaptureQueriesContext(connection) as captured:
         lease = runner.claim(run.pk, 1, "load-queries")
         assert lease is not None
         runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()
     statements = [q["sql"].split(None, 1)[0].upper() for q in captured.captured_queries]
+
+    # CPU of one iteration in this process alone (no other thread, no capture): the floor.
+    instance.max_iterations = 30
+    instance.env = {"GOAL": "30", "ACT_SECONDS": "0"}
+    instance.save()
+    timed = services.run_start(instance=instance, user=user, objective="count", via="api")
+    lease = runner.claim(timed.pk, 1, "load-cpu")
+    assert lease is not None
+    cpu, wall = time.process_time(), time.perf_counter()
+    runner.drive(lease, slice_seconds=3600)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    timed.refresh_from_db()
     return {
+        "cpu_ms": cpu / timed.iterations_done * 1000,
+        "wall_ms": wall / timed.iterations_done * 1000,
         "iterations": run.iterations_done,
         "outcome": run.outcome,
         "queries": len(statements),
         "per_iteration": len(statements) / max(1, run.iterations_done),
         "by_kind": {kind: statements.count(kind) for kind in sorted(set(statements))},
+        "brain_note": "act returns at once" if brain == "sleep" else "act: sh, sleep 0",
     }
 
 
@@ -197,18 +186,22 @@ def analyze(runs_file: str) -> dict[str, Any]:
     runs = {r["id"]: r for r in Run.objects.filter(pk__in=ids).values("id", "status", "outcome", "last_seq")}
     iterations: dict[int, list[float]] = {}
     for run_id, finished in (
-        Iteration.objects.filter(run_id__in=ids).order_by("run_id", "number").values_list("run_id", "finished_at")
+        Iteration.objects.filter(run_id__in=ids)
+        .order_by("run_id", "number")
+        .values_list("run_id", "finished_at")
     ):
         iterations.setdefault(run_id, []).append(finished.timestamp())
     written = {
         f"{run_id}:{seq}": created.timestamp()
-        for run_id, seq, created in Event.objects.filter(run_id__in=ids).values_list("run_id", "seq", "created_at")
+        for run_id, seq, created in Event.objects.filter(run_id__in=ids).values_list(
+            "run_id", "seq", "created_at"
+        )
     }
     starts = {
         run_id: created.timestamp()
-        for run_id, created in Event.objects.filter(run_id__in=ids, kind="run.claimed", seq__lte=3).values_list(
-            "run_id", "created_at"
-        )
+        for run_id, created in Event.objects.filter(
+            run_id__in=ids, kind="run.claimed", seq__lte=3
+        ).values_list("run_id", "created_at")
     }
     return {
         "runs": runs,
@@ -234,6 +227,9 @@ class PgStats:
         self.runs = psycopg.connect(f"{h.PG_URL}/{db}?application_name=load-harness", autocommit=True)
         self.peak: dict[str, int] = {}
         self.peak_total = 0
+        # What the database's active backends were doing, summed over samples.
+        self.waits: dict[str, int] = {}
+        self.samples = 0
 
     def counters(self) -> dict[str, int]:
         row = self.conn.execute(
@@ -254,6 +250,21 @@ class PgStats:
             self.peak[name] = max(self.peak.get(name, 0), count)
             total += count
         self.peak_total = max(self.peak_total, total)
+        self.samples += 1
+        for kind, what, n in self.conn.execute(
+            "SELECT CASE WHEN state = 'active' THEN coalesce(wait_event_type, 'CPU') ELSE 'Client' END, "
+            "CASE WHEN state = 'active' THEN coalesce(wait_event, 'running') ELSE 'idle in transaction' END, "
+            "count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+            "AND state IN ('active', 'idle in transaction') GROUP BY 1, 2",
+            [self.db],
+        ).fetchall():
+            key = f"{kind}:{what}"
+            self.waits[key] = self.waits.get(key, 0) + n
+
+    def busy(self) -> dict[str, float]:
+        """Mean number of active backends per state over the samples, most common first."""
+        ranked = sorted(self.waits.items(), key=lambda kv: -kv[1])
+        return {k: round(v / max(1, self.samples), 1) for k, v in ranked[:6]}
 
     def finished(self, ids: list[int]) -> int:
         row = self.runs.execute(
@@ -304,7 +315,20 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
         for port in ports:
             h.wait_http_ok(port, "/healthz", 60)
         h.wait_http_ok(ports[0], "/readyz", 60)
-        watch = h.MemoryWatch(lambda: [p.pid for p in procs]).start()
+        watch = h.MemoryWatch(lambda: [p.pid for p in procs])
+        # What the idle cluster costs (queue polling, heartbeats): measured, then set apart.
+        watch.sample()
+        idle_from, idle_cpu = time.monotonic(), dict(watch.cpu_by_root())
+        time.sleep(3)
+        watch.sample()
+        cpu_before = dict(watch.cpu_by_root())
+        idle_rate = sum(
+            cpu_before.get(p.pid, 0) - idle_cpu.get(p.pid, 0) for p in procs if "cluster" in p.name
+        ) / (time.monotonic() - idle_from)
+        busy_from = time.monotonic()
+        machine_before, pg_cpu_before = h.machine_cpu_seconds(), h.postgres_cpu_seconds()
+        load_before = os.getloadavg()[0]
+        watch.start()
         if backend == "postgres":
             pg = PgStats(PG_DB)
             before = pg.counters()
@@ -337,7 +361,9 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
                 pg.sample_connections()
                 done = pg.finished(run_ids)
             else:
-                done = int(h.role("bench.load", env("load-poll"), "count", str(home / "runs.json"))["finished"])
+                done = int(
+                    h.role("bench.load", env("load-poll"), "count", str(home / "runs.json"))["finished"]
+                )
             if done == len(run_ids):
                 break
             if not all(p.alive() for p in procs):
@@ -349,7 +375,25 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
             after = pg.counters()
             result["pg"] = {k: after[k] - before[k] for k in after}
             result["pg_peak_connections"] = dict(pg.peak, total=pg.peak_total)
+            result["pg_active"] = pg.busy()
         watch.stop()
+        watch.sample()
+        machine_after, pg_cpu_after = h.machine_cpu_seconds(), h.postgres_cpu_seconds()
+        cpu_after = watch.cpu_by_root()
+        result["cpu"] = {
+            "workers_s": sum(
+                cpu_after.get(p.pid, 0) - cpu_before.get(p.pid, 0) for p in procs if "cluster" in p.name
+            ),
+            "workers_idle_s": idle_rate * (time.monotonic() - busy_from),
+            "web_s": sum(
+                cpu_after.get(p.pid, 0) - cpu_before.get(p.pid, 0) for p in procs if "web" in p.name
+            ),
+            "postgres_s": pg_cpu_after - pg_cpu_before,
+            "machine_busy_s": machine_after[0] - machine_before[0],
+            "machine_total_s": machine_after[1] - machine_before[1],
+            "load_before": load_before,
+            "load_after": os.getloadavg()[0],
+        }
         if viewer_proc is not None:
             try:
                 viewer_proc.proc.wait(timeout=30)
@@ -398,7 +442,9 @@ def errors_in(log: str) -> dict[str, int]:
     }
 
 
-def summarize(args: argparse.Namespace, facts: dict[str, Any], seen: list[dict], started: dict) -> dict[str, Any]:
+def summarize(
+    args: argparse.Namespace, facts: dict[str, Any], seen: list[dict], started: dict
+) -> dict[str, Any]:
     runs = facts["runs"]
     iterations = {int(k): v for k, v in facts["iterations"].items()}
     ends = sorted(t for times in iterations.values() for t in times)
@@ -457,7 +503,11 @@ def summarize(args: argparse.Namespace, facts: dict[str, Any], seen: list[dict],
             "p99": h.pct(latencies, 99),
             "max": max(latencies) if latencies else float("nan"),
         },
-        "viewers": {"count": len(seen), **problems, "reconnects": sum(max(0, v["connects"] - 1) for v in seen)},
+        "viewers": {
+            "count": len(seen),
+            **problems,
+            "reconnects": sum(max(0, v["connects"] - 1) for v in seen),
+        },
     }
 
 
@@ -502,6 +552,10 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
         )
         q = r["queries"]
         print(f"  queries per iteration    {q['per_iteration']:.1f} in the runner  {q['by_kind']}")
+        print(
+            f"  one iteration alone      {q['cpu_ms']:.1f} ms CPU in the driving process, {q['wall_ms']:.1f} ms wall"
+            f" ({q['brain_note']})"
+        )
         if "pg" in r:
             pg = r["pg"]
             n = max(1, r["iterations"])
@@ -511,6 +565,17 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
                 f" (workers + broker + viewers)"
             )
             print(f"  peak connections         {r['pg_peak_connections']}")
+            print(f"  busy backends (mean)     {r['pg_active']}")
+        c = r["cpu"]
+        n = max(1, r["iterations"])
+        print(
+            f"  CPU per iteration        workers {c['workers_s'] / n * 1000:.1f} ms"
+            f" ({(c['workers_s'] - c['workers_idle_s']) / n * 1000:.1f} ms beyond the idle cluster's),"
+            f" web {c['web_s'] / n * 1000:.1f} ms,"
+            f" PostgreSQL {c['postgres_s'] / n * 1000:.1f} ms (all databases);"
+            f" machine {c['machine_busy_s'] / max(1e-9, c['machine_total_s']):.0%} busy,"
+            f" load average {c['load_before']:.1f} -> {c['load_after']:.1f}"
+        )
         print(f"  reaper                   {r['reaped']} run(s) re-scheduled; {r['claims']} claims")
         print(f"  logs                     {r['logs']}")
 
@@ -531,7 +596,9 @@ def main() -> None:
     backends = [b for b in args.backend.split(",") if b]
     if "postgres" in backends and not h.pg_available():
         raise SystemExit("PostgreSQL does not answer on 127.0.0.1:5432 (use --backend sqlite)")
-    results = [measure(args, backend, brain) for backend in backends for brain in args.brain.split(",") if brain]
+    results = [
+        measure(args, backend, brain) for backend in backends for brain in args.brain.split(",") if brain
+    ]
     report(args, results)
     if args.json:
         print(json.dumps(results, default=str))
@@ -548,7 +615,7 @@ def count(runs_file: str) -> dict[str, Any]:
 ROLES = {
     "prepare": lambda a: prepare(int(a[0]), int(a[1]), float(a[2]), a[3], a[4]),
     "start": lambda a: start(a[0]),
-    "viewers": lambda a: viewers(a[0], a[1]),
+    "viewers": lambda a: h.run_viewers(a[0], a[1]),
     "queries": lambda a: queries(int(a[0]), float(a[1]), a[2], a[3]),
     "analyze": lambda a: analyze(a[0]),
     "count": lambda a: count(a[0]),
