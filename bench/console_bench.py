@@ -65,8 +65,8 @@ def prepare() -> dict:
     call_command("migrate", verbosity=0, interactive=False)
     user = get_user_model().objects.create_user("bench", password="bench-pw-1")
     instance = Instance.objects.create(owner=user, name="bench", command=["true"], max_iterations=10_000)
-    small = services.run_start(instance=instance, user=user, objective="latency", via="bench")
-    big = services.run_start(instance=instance, user=user, objective="a long story", via="bench")
+    small = services.run_start(instance=instance, user=user, objective="latency", via="cli")
+    big = services.run_start(instance=instance, user=user, objective="a long story", via="cli")
     story = [
         ("run.claimed", {"iteration": 0, "worker": "bench", "attempt": 1}),
         (
