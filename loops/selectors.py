@@ -41,7 +41,7 @@ TROUBLE_OUTCOMES = (
 )
 NEEDS_YOU_DAYS = 7
 NEEDS_YOU_LIMIT = 20
-TIMELINE_WINDOW = 300
+TIMELINE_WINDOW = 150
 
 
 # --- ownership -----------------------------------------------------------------------------
