@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 
 from instances.models import Instance
@@ -190,7 +191,14 @@ def credentials(request: HttpRequest) -> JsonResponse:
         data = json_body(request, {"label": (str,), "secret": (str,)}, required=("label", "secret"))
         if len(data["label"]) > 100:
             raise BadRequest("label must be at most 100 characters")
-        credential = Credential.create_for(request.user, label=data["label"], secret=data["secret"])
+        from reviews import audit
+
+        with transaction.atomic():
+            credential = Credential.create_for(request.user, label=data["label"], secret=data["secret"])
+            audit.record(
+                user=request.user, action="credential.add", request=request, via="api",
+                detail={"credential": credential.pk, "label": credential.label, "last4": credential.last4},
+            )
     except BadRequest as exc:
         return error(exc.message)
     except ValueError as exc:
@@ -201,10 +209,14 @@ def credentials(request: HttpRequest) -> JsonResponse:
 @api_view(("DELETE",))
 def credential_detail(request: HttpRequest, credential_id: int) -> JsonResponse:
     from instances.models import Credential
+    from reviews import audit
 
-    deleted, _ = Credential.objects.filter(owner=request.user, pk=credential_id).delete()
-    if not deleted:
-        return error(f"credential {credential_id} not found", 404)
+    with transaction.atomic():
+        deleted, _ = Credential.objects.filter(owner=request.user, pk=credential_id).delete()
+        if not deleted:
+            return error(f"credential {credential_id} not found", 404)
+        audit.record(user=request.user, action="credential.remove", request=request, via="api",
+                     detail={"credential": credential_id})
     return JsonResponse({"deleted": credential_id})
 
 

@@ -69,6 +69,7 @@ def loop(request: HttpRequest, instance_id: int) -> JsonResponse:
             max_iterations=data.get("max_iterations"),
             max_cost_usd=data.get("max_cost_usd"),
             max_minutes=data.get("max_minutes"),
+            request=request,
         )
     except BadRequest as exc:
         return error(exc.message)
@@ -82,7 +83,9 @@ def run_detail(request: HttpRequest, instance_id: int, run_id: int) -> JsonRespo
     run = _run(request, instance_id, run_id)
     if run is None:
         return _not_found_run(instance_id, run_id)
-    return JsonResponse(run_json(run))
+    from budgets.selectors import headroom_for_run
+
+    return JsonResponse({**run_json(run), "budget": headroom_for_run(run).as_json()})
 
 
 def _act(request: HttpRequest, instance_id: int, run_id: int, action: str) -> JsonResponse:
@@ -95,17 +98,21 @@ def _act(request: HttpRequest, instance_id: int, run_id: int, action: str) -> Js
             if not data.get("message") and data.get("approve") is None:
                 raise BadRequest("missing required field(s): message")
             interjection = services.run_interject(
-                run=run, user=request.user, text=data.get("message", ""), approve=data.get("approve")
+                run=run, user=request.user, text=data.get("message", ""), approve=data.get("approve"), request=request
             )
             run.refresh_from_db()
             return JsonResponse({"interjection": interjection.pk, "run": run_json(run)}, status=202)
+        if action == "resume":
+            data = json_body(request, {"max_cost_usd": (int, float, str)})
+            run = services.run_resume(
+                run=run, user=request.user, request=request, max_cost_usd=data.get("max_cost_usd")
+            )
+            return JsonResponse(run_json(run), status=202)
         json_body(request, {})
         if action == "cancel":
-            run = services.run_cancel(run=run, user=request.user)
-        elif action == "resume":
-            run = services.run_resume(run=run, user=request.user)
+            run = services.run_cancel(run=run, user=request.user, request=request)
         else:
-            run = services.run_close(run=run, user=request.user)
+            run = services.run_close(run=run, user=request.user, request=request)
     except BadRequest as exc:
         return error(exc.message)
     except services.Refused as exc:
@@ -131,6 +138,13 @@ def run_resume(request: HttpRequest, instance_id: int, run_id: int) -> JsonRespo
 @api_view(("POST",))
 def run_close(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
     return _act(request, instance_id, run_id, "close")
+
+
+@api_view(("GET",))
+def pools(request: HttpRequest) -> JsonResponse:
+    from budgets.selectors import pool_as_json, pools_visible_to
+
+    return JsonResponse({"pools": [pool_as_json(p) for p in pools_visible_to(request.user)]})
 
 
 @api_view(("GET",))

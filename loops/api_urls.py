@@ -10,6 +10,7 @@ urlpatterns = [
     path("openapi.json", openapi.document, name="openapi"),
     path("instances", instances_api.instances, name="instances"),
     path("credentials", instances_api.credentials, name="credentials"),
+    path("pools", api.pools, name="pools"),
     path("credentials/<int:credential_id>", instances_api.credential_detail, name="credential-detail"),
     path("instances/<int:instance_id>", instances_api.instance_detail, name="instance-detail"),
     path("instances/<int:instance_id>/loop", api.loop, name="loop"),

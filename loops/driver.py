@@ -138,7 +138,6 @@ class Driver:
 
 def reap(limit: int = 200) -> int:
     """Re-schedule active runs whose lease or pickup deadline passed; return how many."""
-    from budgets import ledger
     from loops import events, tasks
     from loops.models import Run
 
@@ -156,8 +155,7 @@ def reap(limit: int = 200) -> int:
             )
             if not taken:
                 continue
-            run = Run.objects.get(pk=run_id)
-            ledger.close_abandoned(run)
+            runner.charge_abandoned(Run.objects.get(pk=run_id))
             events.append(run_id, "run.reaped", {"iteration": iteration, "previous_worker": holder})
             tasks.schedule(run_id, iteration)
             reaped += 1

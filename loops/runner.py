@@ -28,6 +28,8 @@ from loops import checks as checks_mod
 from loops import decision as decision_mod
 from loops import events, policy
 from loops.models import Interjection, Iteration, Run
+from reviews import graders, snapshots
+from reviews import services as review_services
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +93,7 @@ def claim(run_id: int, iteration: int, holder: str) -> Lease | None:
         events.append(run_id, "run.claimed", {"iteration": iteration, "worker": holder, "attempt": run.attempt})
         lease = Lease(run_id, token, holder)
         if run.attempt > settings.TETHER_MAX_ATTEMPTS:
-            ledger.close_abandoned(run)
+            charge_abandoned(run)
             detail = (
                 f"iteration {iteration} was started {run.attempt - 1} times and never finished "
                 f"(its worker died each time); giving up after {settings.TETHER_MAX_ATTEMPTS} attempts"
@@ -99,6 +101,14 @@ def claim(run_id: int, iteration: int, holder: str) -> Lease | None:
             _finish(lease, Run.Outcome.CRASHED, detail)
             return None
     return lease
+
+
+def charge_abandoned(run: Run) -> int:
+    """Close what a dead attempt left reserved (settled at the reserved amount) and charge the run."""
+    closed = ledger.close_abandoned(run)
+    if closed:
+        Run.objects.filter(pk=run.pk).update(spent_micros=F("spent_micros") + closed)
+    return closed
 
 
 def hand_back(lease: Lease) -> None:
@@ -133,6 +143,12 @@ def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = Non
         raise LeaseLost
     run = Run.objects.get(pk=lease.run_id)
     events.append(run.pk, "run.finished", finished_data(run))
+    after_finish(run.pk)
+
+
+def after_finish(run_id: int) -> None:
+    """Once the transaction that finished the run (or parked it) commits: receipt, review, notify."""
+    transaction.on_commit(lambda: review_services.on_run_finished(run_id))
 
 
 def finished_data(run: Run) -> dict[str, Any]:
@@ -171,6 +187,8 @@ def iterate(lease: Lease) -> bool:
     if begun is None:
         return False
     run, instance = begun.run, begun.run.instance
+    if begun.number == 1:
+        snapshots.take(run)  # the workspace as the run found it: the review's diff starts here
     if not lease.keeps_connection and connection.vendor == "postgresql":
         connection.close()  # the act may be long; don't sit on one of the server's connections
 
@@ -238,7 +256,15 @@ def iterate(lease: Lease) -> bool:
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
     )
     step = policy.next_step(state, decision, checks)
-    return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage)
+    extra: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.DONE:
+        # A clean exit is not success: grade what the run hands back before calling it done.
+        final = graders.FinalAct(begun.number, reply.text, fingerprint)
+        grade = graders.grade(run, final, checks, stop=lease.stop)
+        step = grade.apply(step)
+        decider_usage = decider_usage.add(grade.usage)
+        extra.append(grade.as_event(begun.number))
+    return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage, extra)
 
 
 def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.Check]) -> dict[str, Any]:
@@ -268,31 +294,35 @@ def _begin(lease: Lease) -> Begun | None:
         if run.deadline and timezone.now() >= run.deadline:
             _finish(lease, Run.Outcome.TIMED_OUT, f"the run's wall-clock limit passed before iteration {number}")
             return None
-        try:
-            reservation = ledger.reserve(run=run, iteration=number, amount=pricing.estimate_iteration(run))
-        except ledger.BudgetRefused as refused:
-            _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
-            return None
         approved = list((run.history or {}).get("approved_calls", []))
         base = run.next_instruction or run.objective
         instruction = base
-        pending = list(
-            run.interjections.filter(Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number))
-        )
-        if pending:
-            Interjection.objects.filter(pk__in=[i.pk for i in pending]).update(consumed_in_iteration=number)
-            notes = "\n".join(f"- {i.text}" for i in pending)
-            instruction = f"{base}\n\nA person sent these messages; take them into account first:\n{notes}"
-        events.append_many(
-            run.pk,
-            [
-                (
-                    "iteration.started",
-                    {"iteration": number, "instruction": instruction[:EXCERPT], "interjections": len(pending)},
-                ),
-                ("act.started", {"iteration": number}),
-            ],
-        )
+        try:
+            with transaction.atomic():  # a savepoint: a refusal undoes the iteration's start
+                pending = list(
+                    run.interjections.filter(
+                        Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number)
+                    )
+                )
+                if pending:
+                    Interjection.objects.filter(pk__in=[i.pk for i in pending]).update(consumed_in_iteration=number)
+                    notes = "\n".join(f"- {i.text}" for i in pending)
+                    instruction = f"{base}\n\nA person sent these messages; take them into account first:\n{notes}"
+                events.append_many(
+                    run.pk,
+                    [
+                        (
+                            "iteration.started",
+                            {"iteration": number, "instruction": instruction[:EXCERPT], "interjections": len(pending)},
+                        ),
+                        ("act.started", {"iteration": number}),
+                    ],
+                )
+                # Last write of the transaction: shared pools stay locked only until the commit.
+                reservation = ledger.reserve(run=run, iteration=number, amount=pricing.estimate_iteration(run))
+        except ledger.BudgetRefused as refused:
+            _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
+            return None
     return Begun(run, number, instruction, base, reservation, timezone.now(), approved)
 
 
@@ -305,6 +335,7 @@ def _record(
     step: policy.Continue | policy.Stop,
     fingerprint: str,
     decider_usage: Usage,
+    extra_events: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> bool:
     """Close the iteration: record it, settle its cost, apply the policy. One transaction."""
     run, number = begun.run, begun.number
@@ -373,7 +404,6 @@ def _record(
             started_at=begun.started_at,
             finished_at=now,
         )
-        ledger.settle(begun.reservation, actual=cost)
         items: list[tuple[str, dict[str, Any]]] = [
             (
                 "act.finished",
@@ -406,10 +436,14 @@ def _record(
                 {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]},
             )
         )
+        items.extend(extra_events or [])
         items.append(("iteration.finished", iteration_data))
         if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
             items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
+            after_finish(run.pk)
         events.append_many(run.pk, items)
         if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED:
             _finish(lease, step.outcome, step.detail, step.verified)
+        # Last write of the transaction: shared pools stay locked only until the commit.
+        ledger.settle(begun.reservation, actual=cost)
     return isinstance(step, policy.Continue)

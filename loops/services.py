@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from loops import events, tasks
 from loops.models import Interjection, Run
+from reviews import audit
 
 INTERJECTION_MAX_CHARS = 8000
 
@@ -48,6 +49,7 @@ def run_start(
     max_cost_usd: Any = None,
     max_minutes: int | None = None,
     via: str = "api",
+    request=None,
 ) -> Run:
     """Create a run of `instance` toward `objective` and schedule its first iteration."""
     objective = (objective or "").strip()
@@ -85,9 +87,13 @@ def run_start(
             next_instruction=objective,
             lease_expires_at=tasks.pickup_deadline(),
         )
+        from budgets import ledger
         from budgets import services as budget_services
 
-        budget_services.open_run_pools(run)
+        try:
+            budget_services.open_run_pools(run)
+        except ledger.InvalidBudget as exc:
+            raise Refused(str(exc)) from None
         events.append(
             run.pk,
             "run.started",
@@ -100,6 +106,10 @@ def run_start(
                 "via": via,
             },
         )
+        audit.record(
+            user=user, action="run.start", run=run, request=request, via=via,
+            detail={"objective": objective[:500], "max_iterations": max_iterations, "max_cost_usd": max_cost_usd},
+        )
         tasks.schedule(run.pk, run.next_iteration)
     return run
 
@@ -108,7 +118,7 @@ def _locked(run: Run) -> Run:
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
-def run_cancel(*, run: Run, user, via: str = "api") -> Run:
+def run_cancel(*, run: Run, user, via: str = "api", request=None) -> Run:
     """Stop the run: at once when no driver holds it, else at the driver's next check (<1 s)."""
     with transaction.atomic():
         run = _locked(run)
@@ -118,6 +128,7 @@ def run_cancel(*, run: Run, user, via: str = "api") -> Run:
         if run.cancel_requested_at is None:
             Run.objects.filter(pk=run.pk).update(cancel_requested_at=now)
             events.append(run.pk, "run.stop_requested", {"by": user.get_username(), "via": via})
+            audit.record(user=user, action="run.stop", run=run, request=request, via=via, detail={"status": run.status})
         if run.lease_token is None:
             # Nobody is driving it (queued or waiting): finish it here.
             Run.objects.filter(pk=run.pk, lease_token__isnull=True).update(
@@ -129,18 +140,21 @@ def run_cancel(*, run: Run, user, via: str = "api") -> Run:
                 finished_at=now,
                 lease_expires_at=None,
             )
-            from budgets import ledger
+            from loops.runner import charge_abandoned
 
-            ledger.close_abandoned(run)
+            charge_abandoned(run)
             run.refresh_from_db()
-            from loops.runner import finished_data
+            from loops.runner import after_finish, finished_data
 
             events.append(run.pk, "run.finished", finished_data(run))
+            after_finish(run.pk)
     run.refresh_from_db()
     return run
 
 
-def run_interject(*, run: Run, user, text: str, approve: bool | None = None, via: str = "api") -> Interjection:
+def run_interject(
+    *, run: Run, user, text: str, approve: bool | None = None, via: str = "api", request=None
+) -> Interjection:
     """Queue a message for the next iteration; on a waiting run it is the answer that resumes it.
 
     `approve` answers a run parked on tool calls that need a person: True runs them at
@@ -174,6 +188,11 @@ def run_interject(*, run: Run, user, text: str, approve: bool | None = None, via
                 text = f"{text}\n(The person refused: {calls}. Do not try them again; find another way.)"
             Run.objects.filter(pk=run.pk).update(history=history)
         interjection = Interjection.objects.create(run=run, author=user, text=text)
+        action = "run.answer" if run.status == Run.Status.WAITING else "run.interject"
+        audit.record(
+            user=user, action=action, run=run, request=request, via=via,
+            detail={"text": text[:500], "approve": approve},
+        )
         events.append(
             run.pk,
             "interjection.queued",
@@ -184,8 +203,12 @@ def run_interject(*, run: Run, user, text: str, approve: bool | None = None, via
     return interjection
 
 
-def run_resume(*, run: Run, user, via: str = "api") -> Run:
-    """Continue a run that ran out of budget, from its next iteration, once there is headroom."""
+def run_resume(*, run: Run, user, via: str = "api", request=None, max_cost_usd: Any = None) -> Run:
+    """Continue a run that ran out of budget, from its next iteration, once there is headroom.
+
+    `max_cost_usd` first raises the run's own cap ("raise the cap and resume" as one action).
+    """
+    new_cap = None if max_cost_usd in (None, "") else _usd_to_micros(max_cost_usd, "max_cost_usd")
     with transaction.atomic():
         run = _locked(run)
         if run.status != Run.Status.FINISHED or run.outcome != Run.Outcome.BUDGET_EXHAUSTED:
@@ -196,13 +219,27 @@ def run_resume(*, run: Run, user, via: str = "api") -> Run:
             )
         if run.next_iteration > run.max_iterations:
             raise Refused(f"run {run.pk} has used all {run.max_iterations} iterations", 409)
+        if new_cap is not None:
+            from budgets import ledger
+            from budgets import services as budget_services
+
+            if run.max_cost_micros is not None and new_cap <= run.max_cost_micros:
+                raise Refused(
+                    f"max_cost_usd must be above the run's current cap of ${run.max_cost_micros / 1_000_000:.2f}"
+                )
+            try:
+                budget_services.run_set_cap(run, new_cap, user)
+            except ledger.InvalidBudget as exc:
+                raise Refused(str(exc)) from None
+            Run.objects.filter(pk=run.pk).update(max_cost_micros=new_cap)
         Run.objects.filter(pk=run.pk).update(outcome="", outcome_detail="", verified=None, finished_at=None)
+        audit.record(user=user, action="run.resume", run=run, request=request, via=via, detail={})
         _reschedule(run, "run.resumed", {"by": user.get_username(), "via": via, "reason": "budget"})
     run.refresh_from_db()
     return run
 
 
-def run_close(*, run: Run, user, via: str = "api") -> Run:
+def run_close(*, run: Run, user, via: str = "api", request=None) -> Run:
     """Close a waiting (escalated) run as `escalated` instead of answering it."""
     with transaction.atomic():
         run = _locked(run)
@@ -215,9 +252,11 @@ def run_close(*, run: Run, user, via: str = "api") -> Run:
             finished_at=timezone.now(),
         )
         run.refresh_from_db()
-        from loops.runner import finished_data
+        from loops.runner import after_finish, finished_data
 
         events.append(run.pk, "run.finished", finished_data(run))
+        audit.record(user=user, action="run.close", run=run, request=request, via=via, detail={})
+        after_finish(run.pk)
     return run
 
 

@@ -74,6 +74,11 @@ def test_run_survives_a_sigkilled_worker_cluster(client, user, make_instance, sc
     assert seqs == list(range(1, len(seqs) + 1))
     run.refresh_from_db()
     assert run.lease_token is None
+    from budgets.models import Reservation
+
+    statuses = list(Reservation.objects.filter(run_id=run.pk).order_by("iteration").values_list("iteration", "status"))
+    assert ("held" not in {s for _, s in statuses}), statuses
+    assert (2, "abandoned") in statuses  # the killed act's reservation, closed by the reaper
 
 
 def test_two_clusters_never_drive_one_run_at_once(user, make_instance, script, clusters, start):

@@ -37,9 +37,8 @@ def test_an_unknown_interface_is_refused(user):
 
 
 def test_a_run_shows_its_own_actions_in_order_and_keeps_them_after_deletion(user, make_instance, start):
-    run, other = start(make_instance(user)), start(make_instance(user, name="other"))
-    audit.record(user=user, action="run.start", run=run, detail={}, via="api")
-    audit.record(user=user, action="run.start", run=other, detail={}, via="api")
+    run, other = start(make_instance(user)), start(make_instance(user, name="other"))  # run_start audits itself
+    assert [e.action for e in audit.audit_for_run(other)] == ["run.start"]
     audit.record(user=user, action="run.interject", run=run, detail={"text": "use tabs"}, via="console")
     assert [e.action for e in audit.audit_for_run(run)] == ["run.start", "run.interject"]
     run_id = run.pk
@@ -59,8 +58,9 @@ def test_a_pool_shows_its_budget_changes(user):
 def test_the_csv_export_lists_what_the_user_may_read(user, other_user, make_instance, start, client):
     mine = start(make_instance(user))
     theirs = start(make_instance(other_user, name="theirs"))
-    audit.record(user=user, action="run.start", run=mine, detail={"objective": "=HYPERLINK(\"http://evil\")"}, request=browser_request(), via="console")
-    audit.record(user=other_user, action="run.start", run=theirs, detail={}, via="api")
+    # run_start audits each start itself (via api); add a console action with a hostile detail.
+    audit.record(user=user, action="run.interject", run=mine, detail={"text": "=HYPERLINK(\"http://evil\")"}, request=browser_request(), via="console")
+    audit.record(user=other_user, action="run.interject", run=theirs, detail={}, via="api")
     client.force_login(user)
     response = client.get("/reviews/audit.csv")
     assert response.status_code == 200
@@ -68,16 +68,16 @@ def test_the_csv_export_lists_what_the_user_may_read(user, other_user, make_inst
     assert "attachment" in response["Content-Disposition"]
     rows = list(csv.reader(io.StringIO(response.content.decode())))
     assert rows[0] == list(audit.CSV_COLUMNS)
-    assert len(rows) == 2
-    time, who, action, run, pool, via, device, address, detail = rows[1]
-    assert (who, action, run, via, address) == ("ada", "run.start", str(mine.pk), "console", "192.0.2.7")
+    assert [r[2] for r in rows[1:]] == ["run.start", "run.interject"]  # nothing of the other user's
+    time, who, action, run, pool, via, device, address, detail = rows[2]
+    assert (who, action, run, via, address) == ("ada", "run.interject", str(mine.pk), "console", "192.0.2.7")
     assert "iPhone" in device
     assert "HYPERLINK" in detail and not detail.startswith("=")
 
     # filtered to one run
     audit.record(user=user, action="run.stop", run=start(make_instance(user, name="third")), detail={}, via="cli")
     rows = list(csv.reader(io.StringIO(client.get(f"/reviews/audit.csv?run={mine.pk}").content.decode())))
-    assert [r[2] for r in rows[1:]] == ["run.start"]
+    assert [r[2] for r in rows[1:]] == ["run.start", "run.interject"]
     assert client.get("/reviews/audit.csv?run=abc").status_code == 400
 
 

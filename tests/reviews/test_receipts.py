@@ -173,7 +173,8 @@ def test_the_receipt_carries_the_review_verdict_once_given(finished, user):
     from reviews import services
     from reviews.models import ReviewItem
 
-    item = ReviewItem.objects.create(run=finished, reason=ReviewItem.Reason.SAMPLED)
+    # The loop may already have sampled this verified done for review.
+    item, _ = ReviewItem.objects.get_or_create(run=finished, defaults={"reason": ReviewItem.Reason.SAMPLED})
     services.review_decide(item=item, user=user, verdict="accept", note="looked at the diff")
     envelope = Receipt.objects.get(run=finished).envelope
     assert envelope["receipt"]["review"]["verdict"] == "accepted"
