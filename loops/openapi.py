@@ -143,11 +143,24 @@ SPEC = {
             "post": _op("Queue a message for the next iteration (answers a waiting run)", "202", body="Interjection", params=RUN)
         },
         "/v1/instances/{instance_id}/loop/{run_id}/resume": {
-            "post": _op("Resume a budget_exhausted run", "202", "Run", params=RUN)
+            "post": {
+                **_op("Resume a budget_exhausted run (optionally raising its cap first)", "202", "Run", params=RUN),
+                "requestBody": {
+                    "required": False,
+                    "content": {"application/json": {"schema": {
+                        "type": "object", "additionalProperties": False,
+                        "properties": {"max_cost_usd": {"type": ["number", "string"]}},
+                    }}},
+                },
+            }
         },
         "/v1/instances/{instance_id}/loop/{run_id}/close": {
             "post": _op("Close a waiting run as escalated", "202", "Run", params=RUN)
         },
+        "/v1/instances/{instance_id}/loop/{run_id}/receipt": {
+            "get": _op("The finished run's signed receipt (verify with `manage.py loop verify-receipt FILE`)", "200", params=RUN)
+        },
+        "/v1/pools": {"get": _op("Your budget pools: limit, spent, reserved, period", "200")},
         "/v1/instances/{instance_id}/loop/{run_id}/events": {
             "get": _op(
                 "Events after a seq",

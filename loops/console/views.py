@@ -140,6 +140,7 @@ def run_start(request: HttpRequest, instance_id: int) -> HttpResponse:
                 max_cost_usd=data["max_cost_usd"],
                 max_minutes=data["max_minutes"],
                 via="console",
+                request=request,
             )
     except services.Refused as refused:
         if key:
@@ -209,7 +210,7 @@ def _actions(
 def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run(request, run_id)
     try:
-        run = services.run_cancel(run=run, user=request.user, via="console")
+        run = services.run_cancel(run=run, user=request.user, via="console", request=request)
     except services.Refused:
         run.refresh_from_db()
         notice = f"Run {run.pk} had already finished ({run.outcome.replace('_', ' ')})."
@@ -242,7 +243,7 @@ def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
                 run=run, author=request.user, text=text, created_at__gte=timezone.now() - REPEAT_WINDOW
             ).exists()
             if not repeat:
-                services.run_interject(run=run, user=request.user, text=text, via="console")
+                services.run_interject(run=run, user=request.user, text=text, via="console", request=request)
     except services.Refused as refused:
         form.add_error(None, refused.message)
         return _actions(request, run, form, status=refused.status)
@@ -260,7 +261,7 @@ def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
 def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run(request, run_id)
     try:
-        run = services.run_close(run=run, user=request.user, via="console")
+        run = services.run_close(run=run, user=request.user, via="console", request=request)
     except services.Refused as refused:
         return _actions(request, run, InterjectForm(run=run), notice=refused.message)
     return _actions(request, run, InterjectForm(run=run), notice="Closed without an answer (escalated).")
@@ -271,7 +272,7 @@ def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
 def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
     run = _run(request, run_id)
     try:
-        run = services.run_resume(run=run, user=request.user, via="console")
+        run = services.run_resume(run=run, user=request.user, via="console", request=request)
     except services.Refused as refused:
         return _actions(request, run, InterjectForm(run=run), notice=refused.message)
     return _actions(request, run, InterjectForm(run=run), notice="Resumed from its next iteration.")
