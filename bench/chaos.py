@@ -69,12 +69,12 @@ def agent(act: float, cost: str) -> list[str]:
 # should last, iteration bound as a share of its goal, pool limit in USD). Runs outlast the
 # window a little, so every fault lands on live work.
 SHAPES = [
-    ("steady", 0.8, "0.01", 1.1, None, None),
-    ("slow", 1.5, "0.01", 1.2, None, None),
-    ("quick", 0.4, "0.005", 0.9, None, None),
-    ("bounded", 0.7, "0.01", 1.0, 0.5, None),  # max_iterations halfway
-    ("pricey", 0.6, "0.04", 1.2, None, "0.60"),  # runs its pool dry: budget_exhausted
-    ("overdraws", 0.6, "0.20", 1.2, None, "0.50"),  # costs more than it reserves: overdraft, then refused
+    ("steady", 2.0, "0.01", 1.1, None, None),
+    ("slow", 3.0, "0.01", 1.2, None, None),
+    ("quick", 1.2, "0.005", 0.9, None, None),
+    ("bounded", 1.8, "0.01", 1.0, 0.5, None),  # max_iterations halfway
+    ("pricey", 1.5, "0.04", 1.2, None, "0.40"),  # runs its pool dry: budget_exhausted
+    ("overdraws", 1.5, "0.20", 1.2, None, "0.50"),  # costs more than it reserves: overdraft, then refused
 ]
 
 
@@ -190,9 +190,26 @@ def audit(runs_file: str, seen_file: str) -> dict[str, Any]:
         got = sorted(numbers.get(run.pk, []))
         if got != list(range(1, run.iterations_done + 1)):
             failures.append(f"run {run.pk}: iterations {got} but the run is at {run.iterations_done}")
+        # The run's money trail: its recorded iterations are its settled reservations, and what it
+        # spent adds what dead attempts left reserved (settled as abandoned, at the full amount).
         cost = Iteration.objects.filter(run=run).aggregate(s=Sum("cost_micros"))["s"] or 0
-        if cost != run.spent_micros:
-            failures.append(f"run {run.pk}: spent {run.spent_micros} but its iterations cost {cost}")
+        closed = dict(
+            Reservation.objects.filter(run_id=run.pk)
+            .exclude(status=Reservation.Status.HELD)
+            .values_list("status")
+            .annotate(s=Sum("actual"))
+            .order_by()
+        )
+        settled = closed.get(Reservation.Status.SETTLED) or 0
+        if cost != settled:
+            failures.append(
+                f"run {run.pk}: its iterations cost {cost} but its settled reservations {settled}"
+            )
+        if run.spent_micros != settled + (closed.get(Reservation.Status.ABANDONED) or 0):
+            failures.append(
+                f"run {run.pk}: spent {run.spent_micros} but settled {settled} + abandoned "
+                f"{closed.get(Reservation.Status.ABANDONED) or 0}"
+            )
 
     # 3. the books
     held = list(Reservation.objects.filter(status=Reservation.Status.HELD).values_list("pk", "run_id"))
@@ -484,7 +501,8 @@ def chaos(args: argparse.Namespace) -> int:
             if watch.finished(run_ids) == len(run_ids):
                 break
             time.sleep(0.5)
-        fleet.note(f"{watch.finished(run_ids)}/{len(run_ids)} runs finished")
+        finished = watch.finished(run_ids)
+        fleet.note(f"{finished}/{len(run_ids)} runs finished")
         try:
             viewer.proc.wait(timeout=max(5.0, min(30.0, hard_deadline - time.monotonic())))
         except Exception:
@@ -495,6 +513,10 @@ def chaos(args: argparse.Namespace) -> int:
             "bench.chaos", fleet.env("chaos-audit"), "audit", str(home / "runs.json"), str(home / "seen.json")
         )
         findings["failures"] += list(watch.stale.values())
+        if finished < len(run_ids):
+            findings["failures"].insert(
+                0, f"{len(run_ids) - finished} run(s) still active when the {args.budget:.0f}s budget ran out"
+            )
         report(args, fleet, findings, time.monotonic() - fleet.began)
         return 1 if findings["failures"] else 0
     finally:
