@@ -140,6 +140,58 @@ def run_close(request: HttpRequest, instance_id: int, run_id: int) -> JsonRespon
     return _act(request, instance_id, run_id, "close")
 
 
+@api_view(("POST",))
+def loop_decide(request: HttpRequest, instance_id: int) -> JsonResponse:
+    """Run the instance's decider once on a given snapshot; no run, event or ledger entry is touched."""
+    from instances.brains.base import BrainError
+    from loops import decision
+    from loops.policy import Check
+
+    instance = _instance(request, instance_id)
+    if instance is None:
+        return error(f"instance {instance_id} not found", 404)
+    fields = {
+        "objective": (str,), "response": (str,), "instruction": (str,), "act_ok": (bool,), "act_detail": (str,),
+        "checks": (list,), "history": (list,), "iteration": (int,), "max_iterations": (int,),
+        "recent_instructions": (list,),
+    }
+    try:
+        snapshot = json_body(request, fields, required=("objective",))
+        checks = []
+        for i, c in enumerate(snapshot.get("checks") or []):
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("passed"), bool):
+                raise BadRequest(f"checks[{i}] must be an object with name (string) and passed (true/false)")
+            checks.append(Check(c["name"], bool(c.get("required", True)), c["passed"], str(c.get("output", ""))))
+        recent = [str(x) for x in snapshot.get("recent_instructions") or []]
+    except BadRequest as exc:
+        return error(exc.message)
+    usage = None
+    if instance.decider == instance.Decider.LLM:
+        from instances import credentials
+        from instances.brains.anthropic import decide
+
+        try:
+            credentials.ensure_usable(instance)
+            snapshot.setdefault("iteration", 1)
+            snapshot.setdefault("max_iterations", instance.max_iterations)
+            snapshot["checks"] = [c.__dict__ for c in checks]
+            answer, used = decide(instance, snapshot)
+        except ValueError as exc:
+            return error(str(exc))
+        except BrainError as exc:
+            return error(f"{exc.outcome}: {exc.detail}", 502)
+        found = decision.parse(answer, recent_instructions=recent)
+        usage = used.as_json()
+    else:
+        found = decision.from_checks(
+            checks, act_ok=snapshot.get("act_ok", True), act_detail=snapshot.get("act_detail", "")
+        )
+    return JsonResponse(
+        {"verdict": found.verdict, "reason": found.reason, "next_instruction": found.next_instruction,
+         "decider": instance.decider, "usage": usage}
+    )
+
+
 @api_view(("GET",))
 def pools(request: HttpRequest) -> JsonResponse:
     from budgets.selectors import pool_as_json, pools_visible_to

@@ -14,6 +14,7 @@ urlpatterns = [
     path("credentials/<int:credential_id>", instances_api.credential_detail, name="credential-detail"),
     path("instances/<int:instance_id>", instances_api.instance_detail, name="instance-detail"),
     path("instances/<int:instance_id>/loop", api.loop, name="loop"),
+    path("instances/<int:instance_id>/loop-decide", api.loop_decide, name="loop-decide"),
     path("instances/<int:instance_id>/loop/<int:run_id>", api.run_detail, name="run-detail"),
     path("instances/<int:instance_id>/loop/<int:run_id>/cancel", api.run_cancel, name="run-cancel"),
     path("instances/<int:instance_id>/loop/<int:run_id>/interject", api.run_interject, name="run-interject"),

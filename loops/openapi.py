@@ -160,6 +160,10 @@ SPEC = {
         "/v1/instances/{instance_id}/loop/{run_id}/receipt": {
             "get": _op("The finished run's signed receipt (verify with `manage.py loop verify-receipt FILE`)", "200", params=RUN)
         },
+        "/v1/instances/{instance_id}/loop-decide": {
+            "post": _op("Run the instance's decider once on a snapshot (no side effects)", "200",
+                        params=_path_params("instance_id"))
+        },
         "/v1/pools": {"get": _op("Your budget pools: limit, spent, reserved, period", "200")},
         "/v1/instances/{instance_id}/loop/{run_id}/events": {
             "get": _op(

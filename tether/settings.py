@@ -227,3 +227,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("TETHER_LOG_LEVEL", "INFO")},
     "loggers": {"django_q": {"level": os.environ.get("TETHER_QUEUE_LOG_LEVEL", "WARNING")}},
 }
+
+# Every other TETHER_* variable in the environment becomes a setting of the same name
+# (JSON-decoded when it parses: numbers, true/false), so tuning knobs read by the
+# apps with getattr(settings, NAME, default) can be set without editing this file.
+def _extra_settings() -> None:
+    import json
+
+    known = globals()
+    for name, raw in os.environ.items():
+        if not name.startswith("TETHER_") or name in known:
+            continue
+        try:
+            known[name] = json.loads(raw)
+        except ValueError:
+            known[name] = raw
+
+
+_extra_settings()

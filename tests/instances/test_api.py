@@ -82,3 +82,34 @@ def test_starting_an_anthropic_instance_without_a_key_is_refused(api, monkeypatc
     inst = api("post", "/v1/instances", {"name": "a", "template": "triage"}).json()
     response = api("post", f"/v1/instances/{inst['id']}/loop", {"objective": "triage these"})
     assert response.status_code == 400 and "key" in response.json()["error"].lower()
+
+
+def test_loop_decide_runs_the_llm_decider_without_side_effects(api, agent, server):
+    from budgets.models import LedgerEntry
+    from loops.models import Event, Run
+    from tests.fakes.messages_server import tool_use
+
+    inst = agent()
+    server.enqueue(tool_use("record_decision", {"verdict": "done", "reason": "tests pass", "next_instruction": ""}))
+    response = api(
+        "post",
+        f"/v1/instances/{inst.pk}/loop-decide",
+        {"objective": "make tests pass", "response": "fixed", "checks": [{"name": "tests", "passed": True}]},
+    )
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["verdict"], body["reason"], body["decider"]) == ("done", "tests pass", "llm")
+    assert body["usage"]["calls"] == 1
+    assert server.calls == 1
+    assert not Run.objects.exists() and not Event.objects.exists() and not LedgerEntry.objects.exists()
+
+
+def test_loop_decide_with_the_checks_decider_and_bad_input(api, make_instance, user):
+    inst = make_instance(user)
+    base = f"/v1/instances/{inst.pk}/loop-decide"
+    failing = api("post", base, {"objective": "x", "checks": [{"name": "lint", "passed": False, "output": "E1 bad"}]})
+    assert failing.json()["verdict"] == "continue" and "E1 bad" in failing.json()["next_instruction"]
+    assert api("post", base, {"objective": "x", "checks": [{"name": "lint", "passed": True}]}).json()["verdict"] == "done"
+    bad = api("post", base, {"objective": "x", "checks": [{"name": "lint"}]})
+    assert bad.status_code == 400 and "checks[0]" in bad.json()["error"]
+    assert api("post", base, {"response": "no objective"}).status_code == 400
