@@ -505,8 +505,10 @@ def summarize(
         },
         "viewers": {
             "count": len(seen),
+            "connected": sum(1 for v in seen if v["connects"]),
             **problems,
             "reconnects": sum(max(0, v["connects"] - 1) for v in seen),
+            "refused": sum(sum(1 for code in v["closes"] if code != 1000) for v in seen),
         },
     }
 
@@ -542,8 +544,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
             f" max {lat['max']:.0f} ms ({lat['count']} live deliveries to {v['count']} viewers)"
         )
         print(
-            f"  viewers                  duplicates {v['duplicates']}, gaps {v['gaps']}, "
-            f"incomplete {v['incomplete']}, reconnects {v['reconnects']}"
+            f"  viewers                  {v['connected']} of {v['count']} ever connected (handshake within 10 s);"
+            f" {v['refused']} sockets failed or dropped; duplicates {v['duplicates']}, gaps {v['gaps']},"
+            f" incomplete {v['incomplete']}, reconnects {v['reconnects']}"
         )
         m = r["memory"]
         print(
