@@ -444,13 +444,16 @@ async def follow_run(
 
     Every close (a restarted web process, a dropped socket) is followed by a reconnect,
     to the next web process in `ports`, asking for the events after the last seq seen.
-    A seq seen twice is a duplicate; a jump is a gap.
+    A seq seen twice is a duplicate; a jump is a gap. Like a browser, a viewer whose socket
+    never opened waits longer before each new try (doubling, up to 5 s).
     """
     from autobahn.asyncio.websocket import WebSocketClientFactory, WebSocketClientProtocol
 
     loop = asyncio.get_running_loop()
     attempt = 0
+    delay = reconnect_delay
     while not until(log) and time.monotonic() < deadline:
+        connects_before = log.connects
         port = ports[(log.run_id + attempt) % len(ports)]
         attempt += 1
         closed: asyncio.Future[int] = loop.create_future()
@@ -492,7 +495,8 @@ async def follow_run(
         try:
             transport, _ = await asyncio.wait_for(loop.create_connection(factory, "127.0.0.1", port), 10)
         except (OSError, TimeoutError):
-            await asyncio.sleep(reconnect_delay)
+            await asyncio.sleep(delay)
+            delay = min(5.0, delay * 2)
             continue
         try:
             code = await asyncio.wait_for(closed, max(0.1, deadline - time.monotonic()))
@@ -500,8 +504,9 @@ async def follow_run(
         except TimeoutError:
             transport.close()
             return
+        delay = reconnect_delay if log.connects > connects_before else min(5.0, delay * 2)
         if not until(log):
-            await asyncio.sleep(reconnect_delay)
+            await asyncio.sleep(delay)
 
 
 def run_viewers(spec_file: str, out_file: str) -> dict[str, Any]:
