@@ -242,6 +242,18 @@ def audit(runs_file: str, seen_file: str) -> dict[str, Any]:
                 f"pool {pool.name!r}: {pool.spent} spent over its limit {pool.limit}, no overdraft"
             )
 
+    # ... and at every moment a reservation was granted, each limited pool of its chain kept
+    # spent + reserved <= limit (the entry carries the balances right after the grant)
+    grants = LedgerEntry.objects.filter(kind=LedgerEntry.Kind.RESERVE, limit_after__isnull=False)
+    for entry in grants.values(
+        "pool__name", "reservation_id", "spent_after", "reserved_after", "limit_after"
+    ):
+        if entry["spent_after"] + entry["reserved_after"] > entry["limit_after"]:
+            failures.append(
+                f"pool {entry['pool__name']!r}: reservation {entry['reservation_id']} granted past the limit "
+                f"({entry['spent_after']} + {entry['reserved_after']} > {entry['limit_after']})"
+            )
+
     # 4. events gap-free; every viewer saw each exactly once
     last = dict(Run.objects.filter(pk__in=ids).values_list("pk", "last_seq"))
     for run_id, seqs in _seqs(Event, ids).items():
@@ -549,7 +561,8 @@ def report(args: argparse.Namespace, fleet: Fleet, findings: dict[str, Any], ela
     checks = [
         "every run finished with an outcome from the taxonomy",
         "iteration numbers 1..n, none recorded twice",
-        "books: spent == Σ settled == Σ ledger, reserved == Σ held == 0, limits kept or overdraft recorded",
+        "books: spent == Σ settled == Σ ledger, reserved == Σ held == 0, no grant past a limit,"
+        " a pool over its limit only by a recorded overdraft",
         "event seqs gap-free; each viewer saw every event exactly once across reconnects",
         "nothing active without a live lease or pickup deadline (sampled throughout)",
     ]

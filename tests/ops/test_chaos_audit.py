@@ -120,3 +120,13 @@ def test_a_pool_over_its_limit_without_an_overdraft_fails(fleet):
     pool = Pool.objects.get(kind="instance")
     Pool.objects.filter(pk=pool.pk).update(limit=pool.spent - 1)
     assert any("over its limit" in f for f in audit(fleet)["failures"])
+
+
+def test_a_reservation_granted_past_a_limit_fails(fleet):
+    from budgets.models import LedgerEntry, Pool
+
+    pool = Pool.objects.get(kind="instance")
+    entry = LedgerEntry.objects.filter(pool=pool, kind="reserve").first()
+    # The ledger is append-only through the model; this stands in for a ledger bug.
+    LedgerEntry.objects.filter(pk=entry.pk).update(limit_after=entry.spent_after)
+    assert any("granted past the limit" in f for f in audit(fleet)["failures"])
