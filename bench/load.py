@@ -310,7 +310,10 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
         ports = [h.free_port() for _ in range(args.web)]
         for i, port in enumerate(ports):
             procs.append(h.daphne(f"web{i}", port, env("tether-web"), logs))
-        workers = env("tether-worker", TETHER_WORKERS=str(args.workers))
+        knobs = {"TETHER_WORKERS": str(args.workers)}
+        if args.connections_per_worker is not None:
+            knobs["TETHER_CONNECTIONS_PER_WORKER"] = str(args.connections_per_worker)
+        workers = env("tether-worker", **knobs)
         procs.append(h.qcluster("cluster", workers, logs))
         for port in ports:
             h.wait_http_ok(port, "/healthz", 60)
@@ -361,9 +364,7 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
                 pg.sample_connections()
                 done = pg.finished(run_ids)
             else:
-                done = int(
-                    h.role("bench.load", env("load-poll"), "count", str(home / "runs.json"))["finished"]
-                )
+                done = sqlite_finished(home / "load.sqlite3", run_ids)
             if done == len(run_ids):
                 break
             if not all(p.alive() for p in procs):
@@ -591,6 +592,12 @@ def main() -> None:
     parser.add_argument("--viewers", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2, help="worker processes in the cluster")
     parser.add_argument("--web", type=int, default=1, help="web processes (viewers spread over them)")
+    parser.add_argument(
+        "--connections-per-worker",
+        type=int,
+        default=None,
+        help="TETHER_CONNECTIONS_PER_WORKER: runs per worker process that keep their connection",
+    )
     parser.add_argument("--brain", default="command", help="command, sleep or both (comma-separated)")
     parser.add_argument("--backend", default="postgres", help="postgres, sqlite or both (comma-separated)")
     parser.add_argument("--keep", action="store_true", help="keep the throwaway database")
@@ -607,12 +614,14 @@ def main() -> None:
         print(json.dumps(results, default=str))
 
 
-def count(runs_file: str) -> dict[str, Any]:
-    h.django_setup()
-    from loops.models import Run
+def sqlite_finished(path: Path, ids: list[int]) -> int:
+    """Count the finished runs straight from the SQLite file (read-only; WAL lets it read alongside)."""
+    import sqlite3
 
-    ids = json.loads(Path(runs_file).read_text())
-    return {"finished": Run.objects.filter(pk__in=ids, status="finished").count()}
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as db:
+        marks = ",".join("?" * len(ids))
+        row = db.execute(f"SELECT count(*) FROM loops_run WHERE status = 'finished' AND id IN ({marks})", ids)
+        return int(row.fetchone()[0])
 
 
 ROLES = {
@@ -621,7 +630,6 @@ ROLES = {
     "viewers": lambda a: h.run_viewers(a[0], a[1]),
     "queries": lambda a: queries(int(a[0]), float(a[1]), a[2], a[3]),
     "analyze": lambda a: analyze(a[0]),
-    "count": lambda a: count(a[0]),
 }
 
 if __name__ == "__main__":
