@@ -1,8 +1,10 @@
 """Structured logs: one JSON object per line, for log shippers.
 
 Selected with TETHER_LOG_FORMAT=json. Each line carries the time (UTC, ISO 8601),
-level, logger, message and, when the call passed them in `extra`, the run and
-iteration it is about (`extra={"run_id": 42, "iteration": 3}`) and the worker.
+level, logger, message and the run and iteration it is about, with the worker:
+from the call's `extra` (`extra={"run_id": 42, "iteration": 3}`), else from what the
+current thread (or task) bound with `bind(run_id=..., iteration=...)` — a driver thread
+binds its run once, and every line logged while it drives it says which run it is.
 An exception is rendered into `exc` as one string, so a line stays one line.
 """
 
@@ -10,11 +12,31 @@ from __future__ import annotations
 
 import json
 import logging
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
 # Record attributes copied into the line when a log call set them through `extra`.
 CONTEXT_FIELDS = ("run_id", "iteration", "worker", "reservation_id", "pool_id")
+
+_bound: ContextVar[dict[str, Any]] = ContextVar("tether_log_context", default={})  # noqa: B039 (never mutated)
+
+
+def bind(**fields: Any) -> None:
+    """Attach `fields` (of CONTEXT_FIELDS) to every line this thread or task logs from now on."""
+    unknown = set(fields) - set(CONTEXT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown log context field(s): {', '.join(sorted(unknown))}")
+    _bound.set({**_bound.get(), **fields})
+
+
+def unbind() -> None:
+    """Forget what this thread or task bound."""
+    _bound.set({})
+
+
+def bound() -> dict[str, Any]:
+    return dict(_bound.get())
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,8 +51,11 @@ class JsonFormatter(logging.Formatter):
             "process": record.process,
             "thread": record.threadName,
         }
+        context = _bound.get()
         for name in CONTEXT_FIELDS:
             value = getattr(record, name, None)
+            if value is None:
+                value = context.get(name)
             if value is not None:
                 line[name] = value
         if record.exc_info:

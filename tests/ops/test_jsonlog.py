@@ -8,6 +8,7 @@ import sys
 
 from django.conf import settings
 
+from tether import jsonlog
 from tether.jsonlog import JsonFormatter
 
 
@@ -88,3 +89,43 @@ def test_plain_format_is_the_default():
     )
     assert out.returncode == 0, out.stderr
     assert "WARNING loops hello" in out.stderr and not out.stderr.lstrip().startswith("{")
+
+
+def test_ids_bound_by_the_thread_appear_on_its_lines():
+    import threading
+
+    lines = {}
+
+    def drive(run_id):
+        jsonlog.bind(run_id=run_id, worker="host:1")
+        jsonlog.bind(iteration=2)
+        lines[run_id] = json.loads(JsonFormatter().format(record(message="acting", args=())))
+
+    threads = [threading.Thread(target=drive, args=(n,)) for n in (41, 42)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert {n: (line["run_id"], line["iteration"], line["worker"]) for n, line in lines.items()} == {
+        41: (41, 2, "host:1"),
+        42: (42, 2, "host:1"),
+    }
+    # This thread bound nothing: its lines carry no ids.
+    assert "run_id" not in json.loads(JsonFormatter().format(record(message="idle", args=())))
+
+
+def test_extra_wins_over_what_was_bound_and_unbind_forgets():
+    jsonlog.bind(run_id=1, iteration=1)
+    try:
+        assert json.loads(JsonFormatter().format(record(run_id=9)))["run_id"] == 9
+        assert json.loads(JsonFormatter().format(record()))["iteration"] == 1
+    finally:
+        jsonlog.unbind()
+    assert "iteration" not in json.loads(JsonFormatter().format(record()))
+
+
+def test_bind_refuses_an_unknown_field():
+    import pytest
+
+    with pytest.raises(ValueError, match="secret"):
+        jsonlog.bind(secret="sk-1")
