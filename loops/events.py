@@ -7,7 +7,10 @@ after the commit, never before, so they can always read what they are told about
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -53,22 +56,56 @@ FLEET_GROUP = "fleet"
 
 
 def ring(run_id: int, seq: int) -> None:
-    """Wake viewers of `run_id`; they read the events themselves from the database."""
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
+    """Wake viewers of `run_id`; they read the events themselves from the database.
+
+    Only with REDIS_URL (on the embedded default viewers tail the events table). The send
+    happens on this process's doorbell thread, off the caller's path.
+    """
     from django.conf import settings
 
-    if not settings.REDIS_URL:
-        return  # embedded default: viewers tail the events table
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    message = {"type": "run.doorbell", "run": run_id, "seq": seq}
-    try:
-        async_to_sync(layer.group_send)(group_name(run_id), message)
-        async_to_sync(layer.group_send)(FLEET_GROUP, message)
-    except Exception:  # a missed doorbell only delays viewers until their next poll
-        log.warning("doorbell for run %s failed", run_id, exc_info=True)
+    if settings.REDIS_URL:
+        _doorbell().ring(run_id, seq)
+
+
+class Doorbell:
+    """One event loop per process that sends doorbells over the channel layer.
+
+    A long-lived loop keeps the channel layer's Redis connections open; ringing from a
+    worker thread costs a queue put, not a connection.
+    """
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="tether-doorbell", daemon=True).start()
+
+    def ring(self, run_id: int, seq: int) -> None:
+        asyncio.run_coroutine_threadsafe(self._send(run_id, seq), self.loop)
+
+    async def _send(self, run_id: int, seq: int) -> None:
+        from channels.layers import get_channel_layer
+
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        message = {"type": "run.doorbell", "run": run_id, "seq": seq}
+        try:
+            await layer.group_send(group_name(run_id), message)
+            await layer.group_send(FLEET_GROUP, message)
+        except Exception:  # a missed doorbell only delays viewers until their next poll
+            log.warning("doorbell for run %s failed", run_id, exc_info=True)
+
+
+_bell: Doorbell | None = None
+_bell_lock = threading.Lock()
+
+
+def _doorbell() -> Doorbell:
+    global _bell
+    with _bell_lock:
+        if _bell is None or _bell.pid != os.getpid():
+            _bell = Doorbell()
+        return _bell
 
 
 def after(run: Run, seq: int, limit: int = 1000) -> list[Event]:
