@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,12 +22,20 @@ CONTEXT_FIELDS = ("run_id", "iteration", "worker", "reservation_id", "pool_id")
 _bound: ContextVar[dict[str, Any]] = ContextVar("tether_log_context", default={})  # noqa: B039 (never mutated)
 
 
-def bind(**fields: Any) -> None:
-    """Attach `fields` (of CONTEXT_FIELDS) to every line this thread or task logs from now on."""
+def bind(**fields: Any) -> Token[dict[str, Any]]:
+    """Attach `fields` (of CONTEXT_FIELDS) to every line this thread or task logs from now on.
+
+    Return a token for `restore`, which puts back what was bound before.
+    """
     unknown = set(fields) - set(CONTEXT_FIELDS)
     if unknown:
         raise ValueError(f"unknown log context field(s): {', '.join(sorted(unknown))}")
-    _bound.set({**_bound.get(), **fields})
+    return _bound.set({**_bound.get(), **fields})
+
+
+def restore(token: Token[dict[str, Any]]) -> None:
+    """Put back what was bound before the `bind` that returned `token`."""
+    _bound.reset(token)
 
 
 def unbind() -> None:

@@ -6,10 +6,19 @@ import os
 import subprocess
 import sys
 
+import pytest
 from django.conf import settings
 
 from tether import jsonlog
 from tether.jsonlog import JsonFormatter
+
+
+@pytest.fixture(autouse=True)
+def nothing_bound():
+    # Tests elsewhere call the runner's steps directly in this thread, outside `runner.drive`.
+    jsonlog.unbind()
+    yield
+    jsonlog.unbind()
 
 
 def record(message="run %s: lease lost", args=(7,), exc_info=None, **extra):
@@ -125,7 +134,24 @@ def test_extra_wins_over_what_was_bound_and_unbind_forgets():
 
 
 def test_bind_refuses_an_unknown_field():
-    import pytest
-
     with pytest.raises(ValueError, match="secret"):
         jsonlog.bind(secret="sk-1")
+
+
+def test_restore_puts_back_what_was_bound_before():
+    outer = jsonlog.bind(worker="host:1")
+    inner = jsonlog.bind(run_id=5)
+    jsonlog.bind(iteration=3)
+    jsonlog.restore(inner)
+    assert jsonlog.bound() == {"worker": "host:1"}
+    jsonlog.restore(outer)
+    assert jsonlog.bound() == {}
+
+
+def test_driving_a_run_in_this_thread_leaves_no_ids_behind(user, make_instance, db):
+    from loops import runner, services
+
+    instance = make_instance(user, command=["sh", "-c", "echo done"])
+    run = services.run_start(instance=instance, user=user, objective="once", via="api")
+    runner.drive(runner.claim(run.pk, 1, "log-test"), slice_seconds=60)
+    assert jsonlog.bound() == {}
