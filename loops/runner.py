@@ -30,6 +30,7 @@ from loops import events, policy
 from loops.models import Interjection, Iteration, Run
 from reviews import graders, snapshots
 from reviews import services as review_services
+from tether import jsonlog
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
     """Drive the claimed run until it stops, the lease is lost, or the slice ends."""
     slice_seconds = settings.TETHER_SLICE_SECONDS if slice_seconds is None else slice_seconds
     ends = time.monotonic() + slice_seconds
+    logged = jsonlog.bind(run_id=lease.run_id)  # log lines say which run (and iteration, see _begin)
     try:
         while iterate(lease):
             if time.monotonic() >= ends:
@@ -179,6 +181,8 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
                 return
     except LeaseLost:
         log.info("run %s: lease lost; another driver has it", lease.run_id)
+    finally:
+        jsonlog.restore(logged)
 
 
 def iterate(lease: Lease) -> bool:
@@ -288,6 +292,7 @@ def _begin(lease: Lease) -> Begun | None:
         if run is None:
             raise LeaseLost
         number = run.next_iteration
+        jsonlog.bind(iteration=number)
         if run.cancel_requested_at is not None:
             _finish(lease, Run.Outcome.CANCELLED, f"stopped by a person before iteration {number}")
             return None
