@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from loops import runner
+from tether import jsonlog
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class Driver:
         return True
 
     def _drive(self, run_id: int, iteration: int) -> None:
+        jsonlog.bind(run_id=run_id, iteration=iteration, worker=self.name)  # every line of this thread
         lease = None
         slot = self.connection_slots.acquire(blocking=False)
         try:
