@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -429,6 +430,7 @@ def chaos(args: argparse.Namespace) -> int:
     fleet = Fleet(home, db, redis)
     watch: Watch | None = None
     viewer: h.Proc | None = None
+    broken = True
     hard_deadline = time.monotonic() + args.budget
     print(
         f"chaos: {args.runs} runs, faults for {args.seconds:.0f}s, seed {args.seed}; "
@@ -530,7 +532,8 @@ def chaos(args: argparse.Namespace) -> int:
                 0, f"{len(run_ids) - finished} run(s) still active when the {args.budget:.0f}s budget ran out"
             )
         report(args, fleet, findings, time.monotonic() - fleet.began)
-        return 1 if findings["failures"] else 0
+        broken = bool(findings["failures"])
+        return 1 if broken else 0
     finally:
         if viewer is not None:
             viewer.stop()
@@ -539,6 +542,8 @@ def chaos(args: argparse.Namespace) -> int:
             watch.close()
         if not args.keep:
             h.drop_database(db)
+            if not broken:
+                shutil.rmtree(home, ignore_errors=True)  # the logs stay when something broke
 
 
 def report(args: argparse.Namespace, fleet: Fleet, findings: dict[str, Any], elapsed: float) -> None:
@@ -583,7 +588,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--seconds", type=float, default=None, help="length of the fault window")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--keep", action="store_true", help="keep the throwaway database")
+    parser.add_argument("--keep", action="store_true", help="keep the throwaway database and the logs")
     args = parser.parse_args()
     args.runs = args.runs or (8 if args.short else 50)
     args.seconds = args.seconds or (20.0 if args.short else 60.0)

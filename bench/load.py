@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -420,7 +421,6 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
             "agent_processes": watch.peak.agent_processes,
         }
         result["logs"] = {p.name: errors_in(p.tail(200_000)) for p in procs}
-        result["home"] = str(home)
     finally:
         if watch is not None:
             watch.stop()
@@ -428,8 +428,10 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
             proc.stop()
         if pg is not None:
             pg.close()
-        if backend == "postgres" and not args.keep:
-            h.drop_database(PG_DB)
+        if not args.keep:
+            if backend == "postgres":
+                h.drop_database(PG_DB)
+            shutil.rmtree(home, ignore_errors=True)
     return result
 
 
@@ -600,7 +602,7 @@ def main() -> None:
     )
     parser.add_argument("--brain", default="command", help="command, sleep or both (comma-separated)")
     parser.add_argument("--backend", default="postgres", help="postgres, sqlite or both (comma-separated)")
-    parser.add_argument("--keep", action="store_true", help="keep the throwaway database")
+    parser.add_argument("--keep", action="store_true", help="keep the throwaway database and the logs")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
     backends = [b for b in args.backend.split(",") if b]
