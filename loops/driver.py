@@ -51,6 +51,7 @@ class Driver:
         self.leases: dict[int, runner.Lease] = {}
         self.pending = 0
         self.connection_slots = threading.BoundedSemaphore(settings.TETHER_CONNECTIONS_PER_WORKER)
+        self.db_gate = threading.BoundedSemaphore(settings.TETHER_DB_GATE_PER_WORKER)
         self.lock = threading.Lock()
         self.heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         self.heartbeat.start()
@@ -83,6 +84,8 @@ class Driver:
                         self.leases[run_id] = lease
             if lease is not None:
                 lease.keeps_connection = slot
+                if not slot:
+                    lease.gate = self.db_gate
                 runner.drive(lease)
         except Exception:
             log.exception("run %s: driver failed; the reaper will re-schedule it", run_id)
@@ -129,12 +132,11 @@ class Driver:
     def _renew(self, leases: dict[int, runner.Lease]) -> None:
         from loops.models import Run
 
-        tokens = {lease.token: lease for lease in leases.values()}
+        # One row per statement: a multi-row UPDATE locks rows in heap order while it waits, and
+        # deadlocks with iteration transactions that hold their run row and wait for a pool row.
         expires = timezone.now() + runner.lease_seconds()
-        Run.objects.filter(lease_token__in=list(tokens)).update(lease_expires_at=expires)
-        held = set(Run.objects.filter(lease_token__in=list(tokens)).values_list("lease_token", flat=True))
-        for token, lease in tokens.items():
-            if token not in held:
+        for lease in leases.values():
+            if not Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(lease_expires_at=expires):
                 lease.stop.set()  # lost or finished: an act still in flight must end
 
 

@@ -50,6 +50,23 @@ class Lease:
     stop: threading.Event = field(default_factory=threading.Event)
     # False: give the database connection back before each act (many runs share a few).
     keeps_connection: bool = True
+    # Shared by the process's runs that do not keep a connection: bounds their connections.
+    gate: threading.BoundedSemaphore | None = None
+    gate_held: bool = False
+
+
+def _enter(lease: Lease) -> None:
+    if lease.gate is not None and not lease.gate_held:
+        lease.gate.acquire()
+        lease.gate_held = True
+
+
+def _leave(lease: Lease) -> None:
+    if lease.gate_held:
+        connection.close()
+        lease.gate_held = False
+        assert lease.gate is not None
+        lease.gate.release()
 
 
 @dataclass
@@ -182,6 +199,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
     except LeaseLost:
         log.info("run %s: lease lost; another driver has it", lease.run_id)
     finally:
+        _leave(lease)
         jsonlog.restore(logged)
 
 
@@ -194,6 +212,7 @@ def iterate(lease: Lease) -> bool:
     if begun.number == 1:
         snapshots.take(run)  # the workspace as the run found it: the review's diff starts here
     if not lease.keeps_connection and connection.vendor == "postgresql":
+        _leave(lease)
         connection.close()  # the act may be long; don't sit on one of the server's connections
 
     request = ActRequest(
@@ -218,6 +237,7 @@ def iterate(lease: Lease) -> bool:
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
 
     if reply.stopped:
+        _enter(lease)
         if not Run.objects.filter(pk=run.pk, cancel_requested_at__isnull=False).exists():
             raise LeaseLost  # stopped because this driver lost the run or is shutting down
         step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {begun.number}")
@@ -343,6 +363,7 @@ def _record(
     extra_events: list[tuple[str, dict[str, Any]]] | None = None,
 ) -> bool:
     """Close the iteration: record it, settle its cost, apply the policy. One transaction."""
+    _enter(lease)
     run, number = begun.run, begun.number
     usage = reply.usage.add(decider_usage)
     cost = pricing.usage_cost(usage)

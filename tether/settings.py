@@ -182,6 +182,9 @@ TETHER_STOP_POLL_SECONDS = _env_float("TETHER_STOP_POLL_SECONDS", 0.25)
 # Runs per worker process that keep their database connection across acts; the
 # others give theirs back before every act (PostgreSQL has ~100 connections to share).
 TETHER_CONNECTIONS_PER_WORKER = _env_int("TETHER_CONNECTIONS_PER_WORKER", 16)
+# ...and how many of the others may hold a connection at once (for their short transactions).
+# Keep (this + the above) × worker processes + web processes under the server's max_connections.
+TETHER_DB_GATE_PER_WORKER = _env_int("TETHER_DB_GATE_PER_WORKER", 8)
 # A driver hands a run back to the queue after this long, so work spreads out.
 TETHER_SLICE_SECONDS = _env_float("TETHER_SLICE_SECONDS", 60)
 # Claims of one iteration before the run is declared crashed.

@@ -46,11 +46,11 @@ def test_cli_start_watch_and_cancel(admin, make_instance, script, tmp_path):
             env=worker_env(),
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
         )
     finally:
         cluster.stop()
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], cluster.tail())
     assert "checks.finished" in done.stdout and "run.finished" in done.stdout
     assert "done (verified)" in done.stdout
     run = Run.objects.get()

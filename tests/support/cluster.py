@@ -52,6 +52,11 @@ class Cluster:
             start_new_session=True,
         )
 
+    def tail(self, chars: int = 3000) -> str:
+        """The end of the cluster's log, for a failing test's message."""
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")[-chars:]
+
     def kill(self) -> None:
         """SIGKILL the whole cluster (master and workers) at once."""
         try:
