@@ -54,7 +54,8 @@ class Cluster:
 
     def tail(self, chars: int = 3000) -> str:
         """The end of the cluster's log, for a failing test's message."""
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
     def kill(self) -> None:
