@@ -15,6 +15,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import IntegrityError, transaction
 
 from loops import accounts
 
@@ -84,9 +85,13 @@ class Command(BaseCommand):
         User = get_user_model()
         if User.objects.filter(is_superuser=True).exists():
             return
-        admin = User.objects.create_superuser("admin", email="")
-        admin.set_unusable_password()
-        admin.save()
+        try:
+            with transaction.atomic():
+                admin = User.objects.create_superuser("admin", email="")
+                admin.set_unusable_password()
+                admin.save()
+        except IntegrityError:
+            return  # another process starting at the same moment made it (and printed the link)
         link = accounts.login_link(admin, f"http://{host}:{port}")
         self.stdout.write(
             "\nFirst start: created the account 'admin'. Sign in once with this link (it works one time;\n"
