@@ -84,8 +84,8 @@ class Driver:
                         self.leases[run_id] = lease
             if lease is not None:
                 lease.keeps_connection = slot
-                if not slot:
-                    lease.gate = self.db_gate
+                if not slot and connection.vendor == "postgresql":
+                    lease.gate = self.db_gate  # SQLite connections are a file handle: no bound needed
                 runner.drive(lease)
         except Exception:
             log.exception("run %s: driver failed; the reaper will re-schedule it", run_id)
