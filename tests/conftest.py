@@ -1,5 +1,9 @@
 """Small builders shared by the whole suite."""
 
+import stat
+import sys
+import textwrap
+
 import pytest
 
 
@@ -22,5 +26,20 @@ def make_instance(tmp_path):
         fields.setdefault("command", ["true"])
         fields.setdefault("workspace", str(tmp_path / f"ws-{Instance.objects.count()}"))
         return Instance.objects.create(owner=owner, **fields)
+
+    return build
+
+
+@pytest.fixture
+def script(tmp_path):
+    """Write an executable Python script (a scripted agent or check); return its argv."""
+    counter = {"n": 0}
+
+    def build(body: str) -> list[str]:
+        counter["n"] += 1
+        path = tmp_path / f"script{counter['n']}.py"
+        path.write_text("import os, sys, json, time, pathlib\n" + textwrap.dedent(body))
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+        return [sys.executable, str(path)]
 
     return build

@@ -6,10 +6,8 @@ so every browser test is `django_db(transaction=True)`.
 
 import os
 import socket
-import stat
 import subprocess
 import sys
-import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -154,16 +152,3 @@ def _orm_beside_playwright(monkeypatch):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-@pytest.fixture
-def script(tmp_path):
-    """Write an executable Python script (a scripted agent or check); return its argv."""
-    counter = {"n": 0}
-
-    def build(body: str) -> list[str]:
-        counter["n"] += 1
-        path = tmp_path / f"script{counter['n']}.py"
-        path.write_text("import os, sys, json, time, pathlib\n" + textwrap.dedent(body))
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
-        return [sys.executable, str(path)]
-
-    return build

@@ -1,27 +1,9 @@
 """Builders for loop tests: scripted agents and in-thread drivers."""
 
 import os
-import stat
-import sys
-import textwrap
 import threading
 
 import pytest
-
-
-@pytest.fixture
-def script(tmp_path):
-    """Write an executable Python script (a scripted agent or check); return its argv."""
-    counter = {"n": 0}
-
-    def build(body: str) -> list[str]:
-        counter["n"] += 1
-        path = tmp_path / f"script{counter['n']}.py"
-        path.write_text("import os, sys, json, time, pathlib\n" + textwrap.dedent(body))
-        path.chmod(path.stat().st_mode | stat.S_IEXEC)
-        return [sys.executable, str(path)]
-
-    return build
 
 
 def drive_in_thread(run, holder="test-driver", slice_seconds=3600.0):

@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from tests.fakes.messages_server import MessagesServer, tool_use
-from tests.loops.conftest import drive, drive_in_thread, script, start  # noqa: F401 (fixtures)
+from tests.loops.conftest import drive, drive_in_thread, start  # noqa: F401 (fixtures)
 
 KEY = "sk-ant-api03-TETHERREVIEWKEY-0123456789abcdefQRST"
 MODEL = "claude-test-1"
