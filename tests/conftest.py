@@ -43,3 +43,25 @@ def script(tmp_path):
         return [sys.executable, str(path)]
 
     return build
+
+
+TEST_MODEL = "claude-test-1"
+
+
+@pytest.fixture
+def price():
+    """The price of the model the local Messages server plays (Sonnet-like rates)."""
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    from budgets.models import Price
+
+    return Price.objects.create(
+        model=TEST_MODEL,
+        input_usd_per_mtok=Decimal("3"),
+        output_usd_per_mtok=Decimal("15"),
+        cache_write_usd_per_mtok=Decimal("3.75"),
+        cache_read_usd_per_mtok=Decimal("0.30"),
+        effective_from=timezone.now().date().replace(year=2020),
+    )

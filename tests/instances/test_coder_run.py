@@ -4,9 +4,7 @@ import sys
 from decimal import Decimal
 
 import pytest
-from django.utils import timezone
 
-from budgets.models import Price
 from instances.templates_loader import create_instance
 from loops import runner, services
 from loops.models import Event, Iteration, Run
@@ -20,18 +18,6 @@ MODEL = "claude-test-1"
 
 def usage(i, o, w=0, r=0):
     return {"input_tokens": i, "output_tokens": o, "cache_creation_input_tokens": w, "cache_read_input_tokens": r}
-
-
-@pytest.fixture
-def price():
-    return Price.objects.create(
-        model=MODEL,
-        input_usd_per_mtok=Decimal("3"),
-        output_usd_per_mtok=Decimal("15"),
-        cache_write_usd_per_mtok=Decimal("3.75"),
-        cache_read_usd_per_mtok=Decimal("0.30"),
-        effective_from=timezone.now().date().replace(year=2020),
-    )
 
 
 @pytest.fixture

@@ -1,9 +1,7 @@
 """Builders for review tests: scripted agents, the local Messages server as decider and judge."""
 
-from decimal import Decimal
 
 import pytest
-from django.utils import timezone
 
 from tests.fakes.messages_server import MessagesServer, tool_use
 from tests.loops.conftest import drive, drive_in_thread, start  # noqa: F401 (fixtures)
@@ -34,20 +32,6 @@ def review_settings(settings, monkeypatch, tmp_path):
 def server():
     with MessagesServer(api_key=KEY) as running:
         yield running
-
-
-@pytest.fixture
-def price():
-    from budgets.models import Price
-
-    return Price.objects.create(
-        model=MODEL,
-        input_usd_per_mtok=Decimal("3"),
-        output_usd_per_mtok=Decimal("15"),
-        cache_write_usd_per_mtok=Decimal("3.75"),
-        cache_read_usd_per_mtok=Decimal("0.30"),
-        effective_from=timezone.now().date().replace(year=2020),
-    )
 
 
 @pytest.fixture
