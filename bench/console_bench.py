@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import shutil
 import socket
 import statistics
 import subprocess
@@ -29,6 +28,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from bench._harness import drop_database, fresh_database, pg_available
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_DB = "tether_bench_console"
@@ -248,22 +249,6 @@ def _role(env: dict, *args: str, capture: bool = True) -> str:
     return out.stdout
 
 
-def _pg_available() -> bool:
-    return (
-        shutil.which("pg_isready") is not None
-        and subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode == 0
-    )
-
-
-def _pg(sql: str) -> None:
-    subprocess.run(
-        ["psql", "-q", "-h", "127.0.0.1", "-U", "postgres", "-c", sql],
-        check=False,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def _redis_url() -> str | None:
     url = os.environ.get("REDIS_URL") or REDIS_DEFAULT
     try:
@@ -358,10 +343,9 @@ def main() -> None:
             home = Path(tmp) / "scaleout"
             home.mkdir()
             env = {**base, "TETHER_HOME": str(home), "REDIS_URL": redis_url}
-            use_pg = _pg_available()
+            use_pg = pg_available()
             if use_pg:
-                _pg(f"DROP DATABASE IF EXISTS {PG_DB}")
-                _pg(f"CREATE DATABASE {PG_DB}")
+                fresh_database(PG_DB)
                 env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
             else:
                 env["TETHER_SQLITE_PATH"] = str(home / "bench.sqlite3")
@@ -370,7 +354,7 @@ def main() -> None:
                 results.append(measure(shape, env, home, with_page=use_pg))
             finally:
                 if use_pg:
-                    _pg(f"DROP DATABASE IF EXISTS {PG_DB}")
+                    drop_database(PG_DB)
 
     print(
         f"\nConsole: event latency, writer process -> websocket viewer ({LATENCY_EVENTS} events, 20-100 ms apart)"

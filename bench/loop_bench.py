@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._harness import drop_database, fresh_database, pg_available
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_DB = "tether_bench_loop"
 ITERATIONS = 300
@@ -169,26 +171,12 @@ def measure(backend: str) -> dict[str, float]:
     return results
 
 
-def _pg_available() -> bool:
-    return subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1"], check=False).returncode == 0
-
-
-def _pg(sql: str) -> None:
-    subprocess.run(
-        ["psql", "-q", "-h", "127.0.0.1", "-U", "postgres", "-c", sql],
-        check=False,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def main() -> None:
-    backends = ["sqlite"] + (["postgres"] if _pg_available() else [])
+    backends = ["sqlite"] + (["postgres"] if pg_available() else [])
     table: dict[str, dict[str, float]] = {}
     for backend in backends:
         if backend == "postgres":
-            _pg(f"DROP DATABASE IF EXISTS {PG_DB}")
-            _pg(f"CREATE DATABASE {PG_DB}")
+            fresh_database(PG_DB)
         env = dict(os.environ)
         if backend == "postgres":
             env["REDIS_URL"] = env.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -205,7 +193,7 @@ def main() -> None:
             raise SystemExit(f"loop bench on {backend} failed")
         table[backend] = json.loads(out.stdout.strip().splitlines()[-1])
         if backend == "postgres":
-            _pg(f"DROP DATABASE IF EXISTS {PG_DB}")
+            drop_database(PG_DB)
     rows = [
         ("iterations/s, act returns at once", "iterations_per_s", "{:.1f}"),
         ("platform overhead, ms per iteration", "overhead_ms", "{:.2f}"),
