@@ -13,7 +13,9 @@ from typing import Any
 
 from django.conf import settings
 
+from instances import sandbox
 from instances.brains import process
+from instances.redaction import redact
 from loops.policy import Check
 
 OUTPUT_TAIL = 4000
@@ -21,7 +23,15 @@ SKIP_DIRS = {".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache
 MAX_FINGERPRINT_FILES = 5000
 
 
-def run_checks(specs: list[dict[str, Any]], workspace: Path, stop: threading.Event) -> list[Check]:
+def run_checks(
+    specs: list[dict[str, Any]], workspace: Path, stop: threading.Event, *, instance: Any = None
+) -> list[Check]:
+    """Run each check in the instance's sandbox (its uid, its network grant) and return the results."""
+    box = sandbox.Spec(
+        workspace=workspace,
+        instance_id=getattr(instance, "pk", None),
+        network=bool(getattr(instance, "network", False)),
+    )
     results = []
     for spec in specs:
         if stop.is_set():
@@ -33,8 +43,9 @@ def run_checks(specs: list[dict[str, Any]], workspace: Path, stop: threading.Eve
             timeout=float(spec.get("timeout", settings.TETHER_CHECK_TIMEOUT_SECONDS)),
             stop=stop,
             cap=settings.TETHER_OUTPUT_CAP_BYTES,
+            spec=box,
         )
-        output = (done.stdout + done.stderr)[-OUTPUT_TAIL:]
+        output = redact((done.stdout + done.stderr)[-OUTPUT_TAIL:])
         if done.spawn_error:
             output = done.spawn_error
         elif done.timed_out:

@@ -3,34 +3,42 @@
 `/ws/runs/<run>/?after=SEQ` sends every event of the run with a seq above SEQ, oldest
 first, one message per event (the rendered timeline fragment, carrying its seq), then
 keeps sending new ones as they are recorded; after each batch it sends the run's
-summary, budget and chart as they stand. `/ws/fleet/` sends the fleet page's live
+summary, actions, budget and chart as they stand; while the run is live and nothing happens,
+it re-sends the summary every TETHER_CONSOLE_REFRESH_SECONDS (5 s) so that a worker gone quiet
+shows (see loops.console.display.worker_note). `/ws/fleet/` sends the fleet page's live
 blocks on connect and again whenever any of the user's runs records an event.
 
-The database is the source of truth. Each socket tails it (every
-TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with Redis); with REDIS_URL the socket also joins
-the run's (or the fleet's) group, where `loops.events.ring` rings a doorbell after each
-commit, so it wakes at once and polls only as a fallback. A doorbell carries no data,
-so a missed or duplicated one changes nothing.
+The database is the source of truth. A socket replays what its page lacks with its own reads,
+then its web process's one tail (loops.console.tail) reads for every socket at once (every
+TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with Redis) and renders each event once
+however many watch it; with REDIS_URL the socket also joins the run's (or the fleet's) group,
+where `loops.events.ring` rings a doorbell after each commit, which wakes the tail at once (it
+polls only as a fallback). A doorbell carries no data, so a missed or duplicated one changes nothing.
 
 Refusals: the socket is accepted and then closed with a code the page understands —
-4403 without a signed-in session (or once the session is gone: checked every
-TETHER_CONSOLE_SESSION_CHECK_SECONDS, 15 s by default), 4404 for a run that is
-not the user's. The Origin check happens before (AllowedHostsOriginValidator in asgi.py).
+4403 without a signed-in session, and within TETHER_WS_AUTH_RECHECK_SECONDS (5 s by
+default) of that sign-in ending: a sign-out, the user deactivated, or their password
+changed (the session's auth hash no longer matches) — 4404 for a run that is not the
+user's. Sockets take the session only, never an API token. The Origin check happens
+before (tether.origin.SameOriginValidator in asgi.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from importlib import import_module
 from typing import Any
 from urllib.parse import parse_qs
 
+from channels.auth import get_user
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from loops import events, selectors
 from loops.console import live
+from loops.console import tail as console_tail
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +54,19 @@ def poll_seconds() -> float:
 
 
 def session_check_seconds() -> float:
-    """How often a socket checks that its session still exists (a sign-out ends it)."""
-    return float(getattr(settings, "TETHER_CONSOLE_SESSION_CHECK_SECONDS", 15.0))
+    """How often a socket checks that its user is still signed in (see the module doc)."""
+    return float(getattr(settings, "TETHER_WS_AUTH_RECHECK_SECONDS", 5.0))
 
 
 class TailingConsumer(AsyncWebsocketConsumer):
-    """A socket that wakes on a doorbell or a timer and sends what changed since its last send."""
+    """A socket that catches up by itself, then is fed by its process's tail (loops.console.tail)."""
 
     group: str = ""
 
     async def connect(self) -> None:
-        self.wake = asyncio.Event()
         self.tail_task: asyncio.Task[None] | None = None
         self.joined = False
+        self.watching: console_tail.Tail | None = None
         await self.accept()
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -73,6 +81,9 @@ class TailingConsumer(AsyncWebsocketConsumer):
         self.tail_task = asyncio.create_task(self.tail())
 
     async def disconnect(self, code: int) -> None:
+        if self.watching is not None:
+            self.watching.forget(self)
+            self.watching = None
         if self.tail_task is not None:
             self.tail_task.cancel()
             self.tail_task = None
@@ -81,34 +92,28 @@ class TailingConsumer(AsyncWebsocketConsumer):
             self.joined = False
 
     async def run_doorbell(self, message: dict[str, Any]) -> None:
-        self.wake.set()
+        console_tail.tail().ring()
 
     async def authorize(self, user: Any) -> bool:
         raise NotImplementedError
 
-    async def send_changes(self) -> bool:
-        """Send what changed; return True when there may be more to send at once."""
+    async def catch_up(self) -> None:
+        """Send what the page lacks, by this socket's own reads, before the shared tail takes over."""
+
+    def watch(self, found: console_tail.Tail) -> None:
         raise NotImplementedError
 
     async def tail(self) -> None:
-        interval, check_every = poll_seconds(), session_check_seconds()
-        loop = asyncio.get_running_loop()
-        next_session_check = loop.time() + check_every
         try:
+            await self.catch_up()
+            self.watching = console_tail.tail()
+            self.watch(self.watching)
+            check_every = session_check_seconds()
             while True:
-                self.wake.clear()  # before reading: a doorbell during the read wakes the next wait
-                more = await self.send_changes()
-                if loop.time() >= next_session_check:
-                    next_session_check = loop.time() + check_every
-                    if not await self.session_alive():
-                        await self.close(code=CLOSE_SIGNED_OUT)
-                        return
-                if more:
-                    continue
-                try:
-                    await asyncio.wait_for(self.wake.wait(), timeout=interval)
-                except TimeoutError:
-                    pass
+                await asyncio.sleep(check_every)
+                if not await self.session_alive():
+                    await self.close(code=CLOSE_SIGNED_OUT)
+                    return
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -118,12 +123,23 @@ class TailingConsumer(AsyncWebsocketConsumer):
             await self.close(code=1011)
 
     async def session_alive(self) -> bool:
-        """Return False once the user signed out (logging out does not close open sockets)."""
-        session = self.scope.get("session")
-        key = getattr(session, "session_key", None)
-        if session is None or key is None:
+        """Return False once the socket's sign-in ended (logging out does not close open sockets).
+
+        The session is read afresh and checked the way Django checks every request: it must
+        exist, name this user, its user must be active, and its auth hash must match the
+        password's (a password change ends other sessions).
+        """
+        key = getattr(self.scope.get("session"), "session_key", None)
+        if key is None:
             return False
-        return await database_sync_to_async(session.exists)(key)
+        fresh = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key)
+        current = await get_user({"session": fresh})
+        return current.is_authenticated and current.pk == self.scope["user"].pk
+
+
+def refresh_seconds() -> float:
+    """How often a live run's summary is re-sent when no event came."""
+    return float(getattr(settings, "TETHER_CONSOLE_REFRESH_SECONDS", 5.0))
 
 
 class RunConsumer(TailingConsumer):
@@ -133,14 +149,25 @@ class RunConsumer(TailingConsumer):
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         self.group = events.group_name(self.run_id)
         self.sent = after_seq(self.scope.get("query_string", b""))
+        self.chart_all = b"chart=all" in self.scope.get("query_string", b"").split(b"&")
         run = await database_sync_to_async(selectors.run_for)(user, self.run_id)
         return run is not None
 
-    async def send_changes(self) -> bool:
-        messages, more = await database_sync_to_async(self.read)()
+    async def catch_up(self) -> None:
+        while True:
+            messages, more = await database_sync_to_async(self.read)()
+            for message in messages:
+                await self.send(text_data=message)
+            if not more:
+                return
+
+    def watch(self, found: console_tail.Tail) -> None:
+        found.watch_run(self)
+
+    async def deliver(self, messages: list[str], last_seq: int) -> None:
         for message in messages:
             await self.send(text_data=message)
-        return more
+        self.sent = last_seq
 
     def read(self) -> tuple[list[str], bool]:
         """Render the events after the last one sent, and the run's state if any were found."""
@@ -153,7 +180,7 @@ class RunConsumer(TailingConsumer):
         if not more:
             run = selectors.run_for(self.scope["user"], self.run_id)
             if run is not None:
-                messages.append(live.render_state(run))
+                messages.append(live.render_state(run, self.chart_all))
         return messages, more
 
 
@@ -163,22 +190,16 @@ class FleetConsumer(TailingConsumer):
     group = events.FLEET_GROUP
 
     async def authorize(self, user: Any) -> bool:
+        self.user = user
         self.version: tuple[int, int] | None = None
         return True
 
-    async def send_changes(self) -> bool:
-        message = await database_sync_to_async(self.read)()
-        if message is not None:
-            await self.send(text_data=message)
-        return False
+    def watch(self, found: console_tail.Tail) -> None:
+        found.watch_fleet(self)
 
-    def read(self) -> str | None:
-        user = self.scope["user"]
-        version = selectors.fleet_version(user)
-        if version == self.version:
-            return None
+    async def deliver_fleet(self, message: str, version: tuple[int, int]) -> None:
+        await self.send(text_data=message)
         self.version = version
-        return live.render_fleet(user)
 
 
 def after_seq(query_string: bytes) -> int:

@@ -1,12 +1,14 @@
 """Grade a `done` before the run is allowed to finish with it.
 
 Runs in the worker, outside any transaction (the judge makes a model call and the diff runs
-git). Writes one `GradeRecord` per graded iteration (idempotent). The runner calls
-`grade(run, final_iteration, checks)` when the policy says `done`, then `grade.apply(step)`
-turns the policy's `Stop("done")` into what the graders allow:
+git). Writes one `GradeRecord` per graded iteration (idempotent). `on_done_proposed` hears the
+loop's `done_proposed` signal and returns `grade(run, final_iteration, checks)`; the loop feeds the
+grade's `assessment` to `loops.policy.verdict`, the one place "done / verified" is decided (it
+also applies the command checks and the protected evidence). What the graders look at:
 
-1. **Command checks** (already applied by the policy): `verified` needs the instance's
-   required checks to have run after the final act and passed.
+1. **Command checks** are the policy's: `verified` needs the instance's required checks to have
+   run after the final act and passed. A grade's own `verified` says only whether the graders
+   vouch for the done.
 2. **Response check** (`Grading.response_schema` / `response_pattern`): the final answer must
    parse as JSON and satisfy the schema, and must match the pattern. A violation is turned back
    into the loop with the problem as the next instruction; on the last allowed iteration the run
@@ -36,22 +38,16 @@ from django.conf import settings
 
 from instances.brains.base import Usage
 from loops import policy
+from loops.signals import FinalAct
 from reviews.judge import Verdict
+
+__all__ = ["FinalAct", "Grade", "grade", "on_done_proposed"]
 
 PATTERN_TIMEOUT_CHARS = 200_000  # the answer a pattern is searched in is capped (regexes can be slow)
 DEFAULT_SAMPLE_PERCENT = Decimal(10)
 DEFAULT_CODING_TEMPLATES = ("coder",)
 
 UNCHANGED = "claimed done, changed nothing: the workspace is exactly as it was when the run started"
-
-
-@dataclass(frozen=True)
-class FinalAct:
-    """The iteration whose decider proposed done: what the runner knows before recording it."""
-
-    number: int
-    response: str
-    fingerprint: str = ""
 
 
 @dataclass(frozen=True)
@@ -195,9 +191,10 @@ def check_response(text: str, *, schema: dict[str, Any] | None, pattern: str) ->
 class Grade:
     """What the graders make of a done.
 
-    `outcome` is "done" (finish done, with `verified`), "retry" (the answer was rejected: go on with
-    `instruction`) or "failed" (rejected on the last allowed iteration). `review` asks for a person
-    whatever the outcome. `usage` is what the judge spent: add it to the iteration's cost.
+    `outcome` is "done" (finish done; `verified`: the graders vouch for it), "retry" (the answer was
+    rejected: go on with `instruction`) or "failed" (rejected on the last allowed iteration).
+    `review` asks for a person whatever the outcome. `usage` is what the judge spent: add it to the
+    iteration's cost.
     """
 
     verified: bool
@@ -210,21 +207,10 @@ class Grade:
     unchanged_workspace: bool | None = None
     usage: Usage = field(default_factory=Usage)
 
-    def apply(self, step: policy.Continue | policy.Stop) -> policy.Continue | policy.Stop:
-        """Return the step the run takes: the policy's own unless it is a done the graders change."""
-        if not isinstance(step, policy.Stop) or step.outcome != "done":
-            return step
-        if self.outcome == "retry":
-            return policy.Continue(self.instruction)
-        if self.outcome == "failed":
-            return policy.Stop("failed", "; ".join(self.reasons))
-        verified = bool(step.verified) and self.verified
-        detail = step.detail
-        if step.verified and not verified:
-            detail += " — but not verified: " + "; ".join(self.reasons)
-        elif self.reasons and not verified:
-            detail += " — " + "; ".join(self.reasons)
-        return policy.Stop("done", detail, verified=verified)
+    @property
+    def assessment(self) -> policy.Assessment:
+        """Return what `loops.policy.verdict` needs of this grade."""
+        return policy.Assessment(self.outcome, self.verified, tuple(self.reasons), self.instruction)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -242,11 +228,6 @@ class Grade:
         return "grade.finished", {"iteration": iteration, **self.as_json()}
 
 
-def _checks_verify(instance: Any, checks: Sequence[policy.Check]) -> bool:
-    required = [c for c in checks if c.required]
-    return bool(instance.checks) and bool(required) and all(c.passed for c in required)
-
-
 def _rejected(run: Any, final: Any, reasons: list[str], heading: str, body: str, **found: Any) -> Grade:
     last = final.number >= run.max_iterations
     claim = "the agent claimed done but " + "; ".join(reasons)
@@ -258,7 +239,12 @@ def _rejected(run: Any, final: Any, reasons: list[str], heading: str, body: str,
 
 
 def grade(
-    run: Any, final_iteration: Any, checks: Sequence[policy.Check], *, stop: threading.Event | None = None
+    run: Any,
+    final_iteration: Any,
+    checks: Sequence[policy.Check],
+    *,
+    stop: threading.Event | None = None,
+    meter: Any = None,
 ) -> Grade:
     """Grade the done proposed by `final_iteration` of `run` (see the module docstring); record it.
 
@@ -311,6 +297,7 @@ def grade(
             diff=snapshots.diff(run, max_chars=judge_mod.DIFF_CHARS),
             model=config.judge_model,
             stop=stop,
+            meter=meter,
         )
         usage = verdict.usage
         found["judge"] = verdict
@@ -331,7 +318,7 @@ def grade(
 
     broken = response is not None and response.misconfigured
     judged_ok = verdict is None or verdict.verdict == "pass"
-    verified = _checks_verify(instance, checks) and not unchanged and not broken and judged_ok
+    verified = not unchanged and not broken and judged_ok
     review = bool(unchanged) or broken or (verdict is not None and verdict.verdict == "needs-human")
     result = Grade(verified, "done", review, reasons, **found)
     return _record(run, final_iteration, result)
@@ -355,3 +342,10 @@ def _record(run: Any, final: Any, result: Grade) -> Grade:
         },
     )
     return result
+
+
+def on_done_proposed(
+    sender: Any, *, run: Any, final: FinalAct, checks: Any, stop: Any = None, meter: Any = None, **kwargs: Any
+) -> Grade:
+    """Grade a done the loop proposes (the `loops.signals.done_proposed` receiver)."""
+    return grade(run, final, checks, stop=stop, meter=meter)

@@ -10,10 +10,16 @@ skips (`.git`, `node_modules`, `.venv`, caches) are left out. A workspace larger
 `TETHER_SNAPSHOT_MAX_BYTES` (100 MB) or `TETHER_SNAPSHOT_MAX_FILES` (20,000 files), or a machine
 without git, gets a fingerprint only and a note saying why there is no diff.
 
+The diff is redacted (`instances.redaction`): a key the agent wrote into a file is not shown.
+
 `take(run)` at the start (idempotent: the first snapshot of a run is kept; a workspace that does
 not exist yet is created empty, so everything the run writes shows in the diff), `finish(run)` when the
 run finishes or waits (the end tree, replaced each time), `diff(run)` for the review page and the
 judge (against the end tree, or the live workspace while the run is not finished).
+
+`mark_iteration(run, number)` as an iteration's first attempt begins (the tree, under the ref
+`refs/tether/iteration-N`), and `changed_since_iteration(run, number)` when an attempt of it was
+lost: the paths the workspace added, modified or deleted since that iteration began.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import logging
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from instances.redaction import redact
 from loops import checks as checks_mod
 from reviews.models import WorkspaceSnapshot
 
@@ -200,12 +208,15 @@ def start_fingerprint(run: Any) -> str:
     return found or ""
 
 
-def diff(run: Any, *, max_chars: int = DIFF_MAX_CHARS) -> str:
+def diff(run: Any, *, max_chars: int = DIFF_MAX_CHARS, paths: Sequence[str] | None = None) -> str:
     """Return the run's workspace changes as a git diff (a stat summary, then the patch).
 
     Between the start and end trees once the run finished (or waits); against the live
-    workspace before. When there is no diff, a sentence saying why.
+    workspace before. `paths` (workspace-relative, taken literally) limits it to those files.
+    When there is no diff, a sentence saying why.
     """
+    if paths is not None and not paths:
+        return ""
     snapshot = WorkspaceSnapshot.objects.filter(run_id=run.pk).first()
     if snapshot is None:
         return "(no snapshot of the workspace was taken at the start of this run)"
@@ -217,13 +228,80 @@ def diff(run: Any, *, max_chars: int = DIFF_MAX_CHARS) -> str:
     try:
         end = snapshot.end_tree or _tree(run.pk, workspace)
         args = ["--no-color", "--no-ext-diff", "--find-renames", snapshot.start_tree, end]
+        if paths is not None:
+            args += ["--", *(f":(literal){path}" for path in paths)]
         stat = _git(gitdir, workspace, "diff", "--stat=100", "--summary", *args)
         patch = _git(gitdir, workspace, "diff", *args)
     except SnapshotError as exc:
         return f"(no diff: {exc})"
     if not patch.strip():
         return ""
-    text = f"{stat.rstrip()}\n\n{patch}"
+    text = redact(f"{stat.rstrip()}\n\n{patch}")
     if len(text) > max_chars:
         text = text[:max_chars] + f"\n…[diff cut at {max_chars:,} characters; {len(text):,} in all]\n"
     return text
+
+
+CHANGED_MAX = 200  # paths a lost attempt's record names; the rest are counted
+
+
+def _iteration_ref(number: int) -> str:
+    return f"refs/tether/iteration-{number}"
+
+
+def mark_iteration(run: Any, number: int) -> None:
+    """Store the workspace as iteration `number` begins, for what a lost attempt of it changed.
+
+    Only where the run's start was snapshot with git (a workspace too big, or no git: a lost
+    attempt's changes are then unknown, and say why).
+    """
+    gitdir = git_dir(run.pk)
+    if not (gitdir / "HEAD").exists():
+        return
+    workspace = Path(run.instance.workspace_path())
+    tree, _ = _capture(run.pk, workspace)
+    if not tree:
+        return
+    # A loose ref is a file holding the object's id (git's repository layout): written here, it
+    # saves a third git process per iteration (`update-ref`).
+    ref = gitdir / _iteration_ref(number)
+    try:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        partial = gitdir / f"{ref.name}.tmp"
+        partial.write_text(f"{tree}\n")
+        os.replace(partial, ref)
+    except OSError as exc:
+        log.warning("run %s: the workspace at iteration %s could not be kept: %s", run.pk, number, exc)
+
+
+_CHANGES = {"A": "added", "M": "modified", "D": "deleted", "T": "modified"}
+
+
+def changed_since_iteration(run: Any, number: int) -> dict[str, Any]:
+    """Return the workspace's changes since iteration `number` began.
+
+    `{"changed": [{"path", "change"}, ...], "more": n}` (added, modified or deleted; paths
+    redacted, at most CHANGED_MAX named), or `{"unknown": why}`.
+    """
+    gitdir = git_dir(run.pk)
+    if not (gitdir / "HEAD").exists():
+        note = WorkspaceSnapshot.objects.filter(run_id=run.pk).values_list("note", flat=True).first()
+        return {"unknown": note or "no snapshot of the workspace was taken"}
+    workspace = Path(run.instance.workspace_path())
+    try:
+        base = _git(gitdir, workspace, "rev-parse", "--verify", "-q", _iteration_ref(number), check=False).strip()
+        if not base:
+            return {"unknown": f"the workspace was not kept when iteration {number} began"}
+        tree, note = _capture(run.pk, workspace)
+        if not tree:
+            return {"unknown": redact(note)}
+        listed = _git(gitdir, workspace, "diff", "--name-status", "--no-renames", "-z", base, tree)
+    except SnapshotError as exc:
+        return {"unknown": redact(str(exc))}
+    fields = listed.split("\0")
+    changed = [
+        {"path": redact(path), "change": _CHANGES.get(status[:1], "modified")}
+        for status, path in zip(fields[0::2], fields[1::2], strict=False)
+        if path
+    ]
+    return {"changed": changed[:CHANGED_MAX], "more": max(len(changed) - CHANGED_MAX, 0)}

@@ -1,6 +1,7 @@
-"""Run one external program under Tether's rules: scrubbed environment, stdin in,
-capped stdout/stderr out, killed (its whole process group) at a timeout or when
-a stop is requested. Used by the `command` brain and by checks.
+"""Run one external program under Tether's rules: in the sandbox (`instances.sandbox`),
+scrubbed environment, stdin in, capped stdout/stderr out, killed (its whole process
+group, and with it the sandbox) at a timeout or when a stop is requested. Used by the
+`command` brain and by checks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from instances import sandbox
 
 # What a program may see of the platform's own environment: nothing but a search
 # path (the system's, plus the interpreter Tether runs on) and a locale.
@@ -39,6 +42,7 @@ class Finished:
     timed_out: bool = False
     stopped: bool = False
     spawn_error: str = ""
+    sandboxed: bool = False
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
@@ -58,24 +62,25 @@ def run(
     stop: threading.Event | None = None,
     cap: int = 64 * 1024,
     poll: float = 0.05,
+    spec: sandbox.Spec,
 ) -> Finished:
-    """Run `argv` to completion, a timeout or a stop; never raise for the program's own failure."""
+    """Run `argv` in the sandbox `spec` describes to completion, a timeout or a stop.
+
+    Never raises for the program's own failure; a sandbox that cannot be set up is a
+    `spawn_error` (the program does not run).
+    """
     started = time.monotonic()
     program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
     if program is None or not os.access(cwd / program if not os.path.isabs(program) else program, os.X_OK):
         return Finished(None, "", "", 0.0, spawn_error=f"could not start {argv[0]!r}: not found or not executable")
-    if SETPRIV:
+    if SETPRIV and not sandbox.enabled():
         argv = [SETPRIV, "--pdeathsig", "KILL", "--", program, *argv[1:]]
     try:
-        proc = subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
+        proc, sandboxed = sandbox.spawn(
+            argv, spec, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
+    except sandbox.SandboxUnavailable as exc:
+        return Finished(None, "", "", 0.0, spawn_error=f"refused to run {argv[0]!r}: {exc}")
     except OSError as exc:
         return Finished(None, "", "", 0.0, spawn_error=f"could not start {argv[0]!r}: {exc.strerror or exc}")
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
@@ -153,4 +158,5 @@ def run(
         duration=time.monotonic() - started,
         timed_out=timed_out,
         stopped=stopped,
+        sandboxed=sandboxed,
     )

@@ -9,22 +9,18 @@ list, then its allow list, then every word that names a path must stay inside th
 workspace (no `..`, no `~`, no absolute path outside, no symlink leading out).
 
 That check is a guardrail against honest mistakes, not a sandbox: a determined program
-can still compute a path at run time. The sandbox is bubblewrap: when `bwrap` is on PATH
-and works, the command runs in fresh namespaces (no network) that see the system's
-binaries read-only, a private /tmp and the workspace as the only writable directory.
-`settings.TETHER_SHELL_SANDBOX` chooses: "auto" (default: bubblewrap when it works),
-"bwrap" (required; commands are refused without it) or "none".
+can still compute a path at run time. The boundary is the sandbox (`instances.sandbox`):
+every command runs there, and a command is refused — never run unsandboxed — when the
+sandbox cannot be set up.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import functools
 import logging
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from django.conf import settings
+from instances import sandbox
 
 log = logging.getLogger(__name__)
 
@@ -214,44 +210,6 @@ def check_command(
     return argv
 
 
-# --- sandbox ----------------------------------------------------------------------------
-
-
-def sandbox_argv(argv: Sequence[str], workspace: Path) -> list[str]:
-    """Return `argv` wrapped in bubblewrap: read-only system, private /tmp, the workspace writable."""
-    ws = str(workspace.resolve())
-    wrapped = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all"]
-    for path in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc/alternatives", "/etc/ssl",
-                 "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-                 sys.base_prefix, sys.prefix):
-        wrapped += ["--ro-bind-try", path, path]
-    wrapped += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", ws, ws, "--chdir", ws, "--"]
-    return wrapped + list(argv)
-
-
-@functools.cache
-def bwrap_works() -> bool:
-    """Return whether bubblewrap is installed and can create its namespaces here."""
-    if shutil.which("bwrap") is None:
-        return False
-    try:
-        probe = subprocess.run(
-            ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"],
-            capture_output=True,
-            timeout=10,
-            env=minimal_env(Path("/")),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return False
-    if probe.returncode != 0:
-        log.warning("bubblewrap is installed but cannot sandbox here; shell tools run without it")
-    return probe.returncode == 0
-
-
-def _sandbox_mode() -> str:
-    return str(getattr(settings, "TETHER_SHELL_SANDBOX", "auto"))
-
-
 # --- running ----------------------------------------------------------------------------
 
 
@@ -297,26 +255,24 @@ def run_command(
     allow: Iterable[str] = (),
     deny: Iterable[str] = (),
     stop: threading.Event | None = None,
+    instance_id: int | None = None,
+    network: bool = False,
 ) -> CommandResult:
-    """Run a checked command in the workspace; raise CommandRefused before running a refused one."""
+    """Run a checked command in the workspace's sandbox; raise CommandRefused before running a refused one."""
     workspace = workspace.resolve()
     argv = check_command(command, workspace=workspace, allow=tuple(allow), deny=tuple(deny))
-    mode = _sandbox_mode()
-    sandboxed = mode != "none" and bwrap_works()
-    if mode == "bwrap" and not sandboxed:
-        raise CommandRefused("command refused: this server requires bubblewrap for commands and it is unavailable")
-    if sandboxed:
-        argv = sandbox_argv(argv, workspace)
+    spec = sandbox.Spec(workspace=workspace, instance_id=instance_id, network=network)
     try:
-        proc = subprocess.Popen(
+        proc, sandboxed = sandbox.spawn(
             argv,
-            cwd=workspace,
+            spec,
             env=minimal_env(workspace),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
+    except sandbox.SandboxUnavailable as exc:
+        raise CommandRefused(f"command refused: {exc}") from None
     except OSError as exc:
         raise CommandRefused(f"command could not start: {exc.strerror or exc}") from None
     capture = _Capture(max(output_cap, 1024))

@@ -1,0 +1,373 @@
+"""The sandbox: how every program an agent or a user supplies is launched.
+
+Acts of the `command` brain, checks, the Claude brain's `run_command` tool and grader
+commands all start here. `prepare` turns an argv into the argv, keyword arguments and file
+descriptors for `subprocess.Popen` that run it under bubblewrap:
+
+- its own user, PID, IPC, UTS, cgroup and network namespaces (`--unshare-all`); no network
+  at all unless the instance was granted egress, and even then its loopback is its own, so
+  nothing on this machine's 127.0.0.1 (PostgreSQL, Redis, Tether itself) is reachable;
+- a root of its own: the system (`/usr`, a few files of `/etc`, the Python Tether runs on)
+  read-only, a private `/tmp`, a private `/proc`, minimal `/dev`, and the workspace as the
+  only writable host directory — never `TETHER_HOME`, the database, the secret key or
+  another workspace;
+- no environment but what the caller passes (the caller passes a scrubbed one);
+- resource limits: address space, file size, open files and, when Tether runs as root,
+  processes (each instance's programs run as their own unprivileged uid, `TETHER_SANDBOX_UID_BASE`
+  + the instance id, so a fork bomb exhausts only its own allowance and one instance
+  cannot read another's files).
+
+Run as root, bubblewrap mounts with root's view of the files (so a workspace under a 0700
+`TETHER_HOME` needs no traversable parent) and the program then drops to the instance's uid
+with no capabilities; run as another user, bubblewrap uses an unprivileged user namespace.
+
+There is no silent fallback: when bubblewrap cannot run, `prepare` raises
+`SandboxUnavailable` saying how to fix it. `TETHER_SANDBOX=off` (a single-user development
+install only) runs programs unsandboxed, and every page and `serve` say so.
+
+No database access; reads settings; may `chown` a workspace tree to its sandbox uid.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap) so programs run sandboxed, "
+    "or, for a single-user development install only, set TETHER_SANDBOX=off"
+)
+# What of /etc a program may need: name lookup, certificates, the dynamic loader, time zones.
+ETC_FILES = (
+    "/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/hosts", "/etc/host.conf",
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
+    "/etc/ssl", "/etc/ca-certificates", "/etc/mime.types", "/etc/gitconfig", "/etc/python3", "/etc/python3.11",
+)
+SLIRP_DNS = "10.0.2.3"  # slirp4netns's built-in resolver, as the sandbox sees it
+MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+SCRATCH = "/run/tether"
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox cannot be set up here; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class Bind:
+    source: Path
+    dest: str
+    writable: bool = False
+
+
+@dataclass
+class Spec:
+    """Where and as whom one program runs."""
+
+    workspace: Path
+    instance_id: int | None = None
+    network: bool = False
+    binds: list[Bind] = field(default_factory=list)
+
+
+@dataclass
+class Launch:
+    """What `subprocess.Popen` needs to start the program, and whether it is sandboxed."""
+
+    argv: list[str]
+    cwd: Path
+    kwargs: dict[str, Any]
+    sandboxed: bool
+
+
+def mode() -> str:
+    """Return "bwrap" or "off" (`TETHER_SANDBOX`)."""
+    return "off" if str(getattr(settings, "TETHER_SANDBOX", "bwrap")).lower() == "off" else "bwrap"
+
+
+def enabled() -> bool:
+    return mode() == "bwrap"
+
+
+@functools.cache
+def _probe() -> str:
+    """Return "" when bubblewrap can build a sandbox here, else why it cannot."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bubblewrap (bwrap) is not installed"
+    if shutil.which("prlimit") is None:
+        return "prlimit (util-linux) is not installed"
+    if shutil.which("setpriv") is None and os.geteuid() == 0:
+        return "setpriv (util-linux) is not installed"
+    probe = Path(tempfile.mkdtemp(prefix="tether-sandbox-probe-"))
+    try:
+        launch = prepare(["true"], Spec(workspace=probe), _probing=True)
+        done = subprocess.run(launch.argv, capture_output=True, timeout=15, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"bubblewrap could not start: {exc}"
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    if done.returncode != 0:
+        return f"bubblewrap cannot create namespaces here: {done.stderr.decode(errors='replace').strip()[:300]}"
+    return ""
+
+
+def problem() -> str:
+    """Return "" when programs can run (sandboxed, or the sandbox is off), else what is wrong and how to fix it."""
+    if not enabled():
+        return ""
+    reason = _probe()
+    return f"{reason}; {INSTALL_HINT}" if reason else ""
+
+
+def runs_programs(instance: Any) -> bool:
+    """Return whether an instance starts programs (a command brain, checks or the run_command tool)."""
+    return bool(
+        instance.brain == "command" or instance.checks or "run_command" in (instance.tools or [])
+    )
+
+
+def ensure() -> None:
+    """Raise SandboxUnavailable when programs cannot run sandboxed here."""
+    if reason := problem():
+        raise SandboxUnavailable(f"the sandbox is unavailable: {reason}")
+
+
+def _uid(instance_id: int | None) -> int | None:
+    """Return the uid an instance's programs run as, or None to keep the server's own."""
+    if os.geteuid() != 0:
+        return None
+    return int(settings.TETHER_SANDBOX_UID_BASE) + (instance_id or 0) % 1_000_000
+
+
+def programs() -> list[Path]:
+    """Return the operator's directories of programs (agent CLIs, scripts) every sandbox sees read-only."""
+    value = getattr(settings, "TETHER_SANDBOX_PROGRAMS", [])
+    if isinstance(value, str):
+        value = value.split(":")
+    return [Path(p).resolve() for p in value if str(p).strip()]
+
+
+def _merged_usr_links() -> list[str]:
+    args: list[str] = []
+    for path in MERGED_USR:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+    return args
+
+
+def give_to(path: Path, uid: int | None) -> None:
+    """Make `path` (a tree) owned by `uid`, so the sandbox user can write what the server wrote."""
+    if uid is None or not path.exists():
+        return
+    for root, dirs, files in os.walk(path):
+        for name in (root, *(os.path.join(root, n) for n in dirs + files)):
+            try:
+                if os.lstat(name).st_uid != uid:
+                    os.lchown(name, uid, uid)
+            except OSError:
+                pass
+
+
+def _dirs_for(dests: list[str], bound: set[str]) -> list[str]:
+    """Return `--perms 0755 --dir` arguments making each destination's parents traversable.
+
+    bubblewrap copies a missing parent's mode from the host (`/root` would stay 0700 inside),
+    which would hide a bound Python under it from the sandbox user.
+    """
+    made: set[str] = set()
+    args: list[str] = []
+    for dest in dests:
+        parent = Path(dest).parent
+        for ancestor in reversed([parent, *parent.parents]):
+            name = str(ancestor)
+            if name == "/" or name in made or any(name == b or name.startswith(b + "/") for b in bound):
+                continue
+            made.add(name)
+            args += ["--perms", "0755", "--dir", name]
+    return args
+
+
+def prepare(
+    argv: list[str], spec: Spec, *, cwd: Path | None = None, _probing: bool = False, _net: tuple[int, ...] = ()
+) -> Launch:
+    """Return how to launch `argv` for `spec`; raise SandboxUnavailable when it cannot be sandboxed."""
+    workspace = spec.workspace.resolve()
+    if not enabled():
+        return Launch(list(argv), cwd or workspace, {"start_new_session": True}, sandboxed=False)
+    if not _probing:
+        ensure()
+    uid = _uid(spec.instance_id)
+    give_to(workspace, uid)
+    for bind in spec.binds:
+        if bind.writable:
+            give_to(bind.source, uid)
+    inner = cwd.resolve() if cwd is not None else workspace
+
+    if uid is None:
+        # Not root: an unprivileged user namespace; the program keeps the server's uid outside it.
+        args = ["bwrap", "--unshare-all", "--uid", "65534", "--gid", "65534"]
+    else:
+        # Root: bubblewrap sets the namespaces up with root's view of the files (no user
+        # namespace), then the program drops to the instance's own uid with no capabilities.
+        args = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--unshare-net",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    args += ["--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    if _net:
+        # Egress: the program waits (--block-fd) until slirp4netns has given its namespace a route out.
+        info, block, resolv = _net
+        args += ["--info-fd", str(info), "--block-fd", str(block), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
+
+    readonly = ["/usr"]
+    readonly += [p for p in MERGED_USR if os.path.isdir(p) and not os.path.islink(p)]
+    readonly += [p for p in ETC_FILES if os.path.exists(p)]
+    prefixes = [sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parent.parent)]
+    readonly += [p for p in dict.fromkeys(prefixes) if os.path.isdir(p) and not p.startswith("/usr/")]
+    readonly += [str(p) for p in programs() if p.is_dir()]
+    writable = [(str(workspace), str(workspace))]
+    writable += [(str(b.source), b.dest) for b in spec.binds if b.writable]
+    extra_ro = [(str(b.source), b.dest) for b in spec.binds if not b.writable]
+    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(settings.TETHER_SANDBOX_TMP_MB) << 20),
+             "--tmpfs", "/tmp"]
+    dests = readonly + [d for _, d in writable + extra_ro]
+    args += _dirs_for(sorted(dests), {"/usr", "/proc", "/dev"})
+    for path in readonly:
+        args += ["--ro-bind", path, path]
+    args += _merged_usr_links()
+    for source, dest in writable:
+        args += ["--bind", source, dest]
+    for source, dest in extra_ro:
+        args += ["--ro-bind", source, dest]
+    args += ["--chdir", str(inner), "--"]
+    if uid is not None:
+        args += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+                 "--bounding-set=-all", "--pdeathsig=KILL", "--"]
+    limits = [
+        "prlimit",
+        f"--as={int(settings.TETHER_SANDBOX_MEMORY_MB) << 20}",
+        f"--fsize={int(settings.TETHER_SANDBOX_FILE_MB) << 20}",
+        "--nofile=1024",
+        "--core=0",
+    ]
+    if uid is not None:
+        limits.append(f"--nproc={int(settings.TETHER_SANDBOX_MAX_PROCESSES)}")
+    return Launch([*limits, "--", *args, *argv], Path("/"), {"start_new_session": True}, sandboxed=True)
+
+
+def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwargs: Any) -> tuple[
+    subprocess.Popen[bytes], bool
+]:
+    """Start `argv` under `spec`; return the process (in a session of its own) and whether it is sandboxed.
+
+    Without a network grant the program's network namespace has only its own loopback. With
+    one, slirp4netns (user-mode networking, `--disable-host-loopback`) gives it a route out that
+    cannot reach this machine's 127.0.0.1; it lives exactly as long as the sandbox.
+    """
+    if not (spec.network and enabled()):
+        launch = prepare(argv, spec, cwd=cwd)
+        return subprocess.Popen(launch.argv, cwd=launch.cwd, **launch.kwargs, **popen_kwargs), launch.sandboxed
+    slirp = shutil.which("slirp4netns")
+    if slirp is None:
+        raise SandboxUnavailable(
+            "network egress needs slirp4netns (Debian/Ubuntu: apt-get install slirp4netns); "
+            "or turn the instance's network grant off"
+        )
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    resolv_r, resolv_w = os.pipe()
+    exit_r, exit_w = os.pipe()  # held open by the sandbox; slirp4netns exits once the last holder is gone
+    ready_r, ready_w = os.pipe()
+    open_fds = {info_r, info_w, block_r, block_w, resolv_r, resolv_w, exit_r, exit_w, ready_r, ready_w}
+
+    def close(*fds: int) -> None:
+        for fd in fds:
+            if fd in open_fds:
+                open_fds.discard(fd)
+                os.close(fd)
+
+    try:
+        os.write(resolv_w, f"nameserver {SLIRP_DNS}\n".encode())
+        close(resolv_w)
+        launch = prepare(argv, spec, cwd=cwd, _net=(info_w, block_r, resolv_r))
+        kwargs = {**launch.kwargs, "pass_fds": (info_w, block_r, resolv_r, exit_w)}
+        proc = subprocess.Popen(launch.argv, cwd=launch.cwd, **kwargs, **popen_kwargs)
+        close(info_w, block_r, resolv_r, exit_w)
+        try:
+            child = _child_pid(info_r)
+            _await_block(child)
+            userns = [] if os.geteuid() == 0 else [f"--userns-path=/proc/{child}/ns/user"]
+            subprocess.Popen(
+                [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--exit-fd", str(exit_r),
+                 "--ready-fd", str(ready_w), *userns, str(child), "tap0"],
+                pass_fds=(exit_r, ready_w), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+            close(exit_r, ready_w)
+            if os.read(ready_r, 1) != b"1":
+                raise SandboxUnavailable("slirp4netns could not give the sandbox its network")
+            os.write(block_w, b"go")
+        except (OSError, SandboxUnavailable):
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        close(*list(open_fds))
+    return proc, True
+
+
+def _await_block(pid: int, timeout: float = 5.0) -> None:
+    """Wait until the sandbox's first process waits on --block-fd (its own loopback set up by then).
+
+    slirp4netns configuring the namespace while bubblewrap still sets up its loopback makes
+    bubblewrap fail, so the route out is added only once bubblewrap is done.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/wchan") as fh:
+                if "pipe" in fh.read():
+                    return
+        except OSError:
+            return  # gone: the caller finds out when it reads the ready pipe
+        time.sleep(0.002)
+
+
+def _child_pid(info: int) -> int:
+    """Read the sandbox's child pid from bubblewrap's --info-fd (JSON)."""
+    import json
+
+    data = b""
+    while b"}" not in data:
+        chunk = os.read(info, 4096)
+        if not chunk:
+            raise SandboxUnavailable("bubblewrap exited before the sandbox was set up")
+        data += chunk
+    return int(json.loads(data[: data.index(b"}") + 1])["child-pid"])
+
+
+def warning() -> str:
+    """Return the warning every page and `serve` show while the sandbox is off, else ""."""
+    if enabled():
+        return ""
+    return (
+        "TETHER_SANDBOX=off: agents' programs run unsandboxed as the server's own user and can read its "
+        "secrets. Use this only for a single-user development install."
+    )
+
+
+def context_processor(request: Any) -> dict[str, str]:
+    """Put the sandbox-off warning on every page."""
+    return {"sandbox_warning": warning()}

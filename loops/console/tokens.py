@@ -1,0 +1,48 @@
+"""The console's API tokens page: list, create (the secret is shown once, in that response), revoke.
+
+Another user's token is a 404, like every other object in the console.
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from loops import auth
+from loops.console.forms import TokenForm
+from loops.console.views import _nav
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def tokens(request: HttpRequest) -> HttpResponse:
+    form = TokenForm(request.POST or None)
+    created = None
+    if request.method == "POST" and form.is_valid():
+        created = auth.make_token(request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"])
+        form = TokenForm()
+    context = {
+        "form": form,
+        "tokens": list(auth.tokens_of(request.user)),
+        "created": created,
+        "now": timezone.now(),
+        **_nav(request),
+    }
+    status = 201 if created else (400 if form.is_bound else 200)
+    response = render(request, "loops/apitoken_list.html", context, status=status)
+    response["Cache-Control"] = "no-store"  # the one response that holds a secret must not be kept
+    return response
+
+
+@login_required
+@require_POST
+def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
+    revoked = auth.revoke_token(token_id=token_id, user=request.user)
+    if revoked is None:
+        raise Http404("no such token")
+    messages.success(request, f"Revoked the token “{revoked.name or revoked.prefix}”: it is refused from now on.")
+    return redirect("loops:tokens")

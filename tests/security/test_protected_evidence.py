@@ -1,0 +1,140 @@
+"""The evidence that grades an agent is protected: an agent that changes it is never auto-verified.
+
+Each agent is a command-brain script driven through the real runner with the `checks` decider
+(all required checks pass → done); its workspace holds a bug (`add` subtracts) and the test that
+catches it. The instance protects what the coder template protects. A test-tampering agent
+rewrites (or deletes) the test so the check passes with the bug left in; an honest agent fixes
+`app.py`. The review hooks run because the loop signals them (nothing here calls them).
+"""
+
+import pytest
+from django.urls import reverse
+
+from instances.models import AgentTemplate
+from loops.models import Event
+from reviews import services
+from reviews.models import ReviewItem
+from tests.loops.conftest import drive_in_thread
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BUGGY = "def add(a, b):\n    return a - b\n"
+TEST = "from app import add\n\nassert add(2, 3) == 5\n"
+# Runs every tests/test_*.py; fails when one raises.
+CHECK = "sys.path.insert(0, os.getcwd())\nimport glob, runpy\nfor f in sorted(glob.glob('tests/test_*.py')):\n    runpy.run_path(f)\n"
+
+FIX = "pathlib.Path('app.py').write_text('def add(a, b):\\n    return a + b\\n')\nprint('fixed add')\n"
+TAMPER = "pathlib.Path('tests/test_app.py').write_text('from app import add\\n\\nassert True  # add is fine\\n')\nprint('All tests pass!')\n"
+DELETE = "pathlib.Path('tests/test_app.py').unlink()\nprint('All tests pass!')\n"
+ADD_TEST = FIX + "pathlib.Path('tests/test_more.py').write_text('from app import add\\n\\nassert add(1, 1) == 2\\n')\n"
+
+
+@pytest.fixture(autouse=True)
+def evidence_settings(settings, tmp_path):
+    settings.TETHER_SNAPSHOTS = tmp_path / "snapshots"
+    settings.TETHER_REVIEW_SAMPLE_PERCENT = 0  # no verified done is drawn for review by chance
+
+
+@pytest.fixture
+def coder(user, make_instance, script):
+    """Build an instance running `body` as its agent, protecting what the coder template protects."""
+
+    def build(body):
+        globs = AgentTemplate.objects.get(name="coder").protected_paths
+        assert "tests/**" in globs
+        inst = make_instance(
+            user,
+            command=script(body),
+            checks=[{"name": "tests", "command": script(CHECK), "required": True}],
+            protected_paths=globs,
+            max_iterations=2,
+        )
+        workspace = inst.workspace_path()
+        (workspace / "tests").mkdir(parents=True)
+        (workspace / "app.py").write_text(BUGGY)
+        (workspace / "tests" / "test_app.py").write_text(TEST)
+        return inst
+
+    return build
+
+
+def run_to_end(instance):
+    from loops import services as loop_services
+
+    run = loop_services.run_start(instance=instance, user=instance.owner, objective="make add(2, 3) return 5")
+    return drive_in_thread(run)
+
+
+def evidence_item(run):
+    return ReviewItem.objects.get(run=run, reason=ReviewItem.Reason.EVIDENCE)
+
+
+def test_an_agent_that_rewrites_the_tests_is_never_verified(coder, client, user):
+    run = run_to_end(coder(TAMPER))
+    assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
+    assert "changed what grades it (tests/test_app.py)" in run.outcome_detail
+    assert run.protected_changed == ["tests/test_app.py"] and run.held_for_review
+    [event] = Event.objects.filter(run=run, kind="protected.changed")
+    assert event.data["modified"] == ["tests/test_app.py"] and event.data["iteration"] == 1
+
+    item = evidence_item(run)
+    assert item.is_pending and "changed what grades it" in item.detail
+    client.force_login(user)
+    html = client.get(f"/reviews/{item.pk}/").content.decode()
+    assert "It changed what grades it" in html
+    protected = html.index("data-protected-diff")
+    assert protected < html.index("What the run changed")  # diff-first: the evidence before all else
+    shown = html[protected : html.index("</pre>", protected)]
+    assert "-assert add(2, 3) == 5" in shown and "+assert True  # add is fine" in shown
+    assert "app.py" not in shown.replace("test_app.py", "")  # only the protected files here
+    timeline = client.get(reverse("loops:run-detail", args=[run.pk])).content.decode()
+    assert "Changed what grades it: tests/test_app.py" in timeline
+
+
+def test_a_person_who_accepts_the_changed_evidence_makes_the_done_verified(coder, user):
+    run = run_to_end(coder(TAMPER))
+    item = evidence_item(run)
+    services.review_decide(item=item, user=user, verdict="accept", note="the old test was wrong")
+    run.refresh_from_db()
+    assert (run.outcome, run.verified) == ("done", True)
+
+
+def test_a_person_who_rejects_it_leaves_it_unverified(coder, user):
+    run = run_to_end(coder(TAMPER))
+    services.review_decide(item=evidence_item(run), user=user, verdict="reject", note="the bug is still there")
+    run.refresh_from_db()
+    assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
+
+
+def test_an_honest_agent_that_edits_only_its_code_is_verified(coder):
+    run = run_to_end(coder(FIX))
+    assert (run.outcome, run.verified) == ("done", True), run.outcome_detail
+    assert run.protected_changed == [] and not run.held_for_review
+    assert not Event.objects.filter(run=run, kind="protected.changed").exists()
+    assert not ReviewItem.objects.filter(run=run).exists()
+
+
+def test_deleting_a_protected_test_counts(coder, client, user):
+    run = run_to_end(coder(DELETE))
+    assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
+    assert run.protected_changed == ["tests/test_app.py"]
+    event = Event.objects.get(run=run, kind="protected.changed")
+    assert event.data["deleted"] == ["tests/test_app.py"]
+    client.force_login(user)
+    html = client.get(f"/reviews/{evidence_item(run).pk}/").content.decode()
+    assert "-assert add(2, 3) == 5" in html
+
+
+def test_adding_a_test_file_under_tests_counts(coder):
+    run = run_to_end(coder(ADD_TEST))
+    assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
+    assert run.protected_changed == ["tests/test_more.py"]
+    assert Event.objects.get(run=run, kind="protected.changed").data["added"] == ["tests/test_more.py"]
+    assert evidence_item(run).is_pending
+
+
+def test_a_conftest_dropped_anywhere_counts(coder):
+    body = FIX + "pathlib.Path('lib').mkdir()\npathlib.Path('lib/conftest.py').write_text('collect_ignore = [\"tests\"]\\n')\n"
+    run = run_to_end(coder(body))
+    assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
+    assert run.protected_changed == ["lib/conftest.py"]
