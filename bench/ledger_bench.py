@@ -259,10 +259,20 @@ def _backend(env: dict[str, str | None], worker_counts: list[int], pairs: int, o
                 row[f"{key}_per_second"] = done / wall
                 row[f"{key}_ms"] = 1000 * sum(r.pair_seconds for r in results) / max(done, 1)
                 row.setdefault("retries", sum(r.retries for r in results))
+            row["over_admitted"] = _over_admitted()
             rows.append(row)
         out.put({"vendor": connection.vendor, "rows": rows})
     except BaseException:
         out.put({"error": traceback.format_exc()})
+
+
+def _over_admitted() -> int:
+    """Count pools whose books hold more than their limit (spent + reserved > limit): must be 0."""
+    from django.db.models import F
+
+    from budgets.models import Pool
+
+    return Pool.objects.filter(limit__isnull=False, spent__gt=F("limit") - F("reserved")).count()
 
 
 def _measure(label: str, env: dict[str, str | None], worker_counts: list[int], pairs: int) -> dict[str, Any]:
@@ -292,6 +302,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=2000, help="reserve+settle pairs per configuration")
     parser.add_argument("--workers", default="1,4,16", help="comma-separated worker process counts")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON line per backend and worker count: backend, workers, pairs_per_s, over_admitted",
+    )
     args = parser.parse_args(argv or [])
     counts = [int(n) for n in args.workers.split(",") if n]
     reports = []
@@ -316,6 +331,20 @@ def main(argv: list[str] | None = None) -> None:
                 )
             finally:
                 _postgres_admin(url, [f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)'])
+    if args.json:
+        import json
+
+        for report in reports:
+            backend = "postgres" if report["vendor"] == "postgresql" else report["vendor"]
+            for row in report["rows"]:
+                line = {
+                    "backend": backend,
+                    "workers": row["workers"],
+                    "pairs_per_s": round(row["ledger_per_second"], 1),
+                    "over_admitted": row["over_admitted"],
+                }
+                print(json.dumps(line))
+        return
     print(
         f"ledger: reserve + settle pairs on one shared root pool (chains of 4 pools), {args.pairs} pairs per row;\n"
         "bare: the same number of pairs of one-row write transactions on each worker's own run (no ledger)"

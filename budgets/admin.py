@@ -17,9 +17,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from budgets import ledger, selectors, services
+from budgets import ledger, selectors, services, spending
 from budgets.models import LedgerEntry, Pool, Price, Reservation
-from budgets.pricing import format_usd, micros_to_usd, usd_to_micros
+from budgets.money import format_usd, micros_to_decimal, usd_to_micros
 
 LEDGER_ROWS = 50
 USD = {"max_digits": 16, "decimal_places": 6, "min_value": Decimal(0)}
@@ -38,7 +38,7 @@ class PoolForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if self.instance.pk and self.instance.limit is not None:
-            self.fields["limit_usd"].initial = micros_to_usd(self.instance.limit)
+            self.fields["limit_usd"].initial = micros_to_decimal(self.instance.limit)
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
@@ -225,20 +225,74 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
         return format_usd(entry.amount)
 
 
+class OverdrawnFilter(admin.SimpleListFilter):
+    title = "overdraft"
+    parameter_name = "overdrawn"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "overdrawn (settled beyond its reservation)"), ("no", "within its reservation")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
+        if self.value() == "yes":
+            return queryset.filter(overdraft__gt=0)
+        if self.value() == "no":
+            return queryset.filter(overdraft=0)
+        return queryset
+
+
+class MeteredFilter(admin.SimpleListFilter):
+    title = "kind"
+    parameter_name = "kind"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("metered", "metered model calls"), ("reported", "an iteration's reported spend (call 0)")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
+        if self.value() == "metered":
+            return queryset.filter(call__gt=0)
+        if self.value() == "reported":
+            return queryset.filter(call=0)
+        return queryset
+
+
 @admin.register(Reservation)
 class ReservationAdmin(ReadOnlyAdmin):
+    """Every reservation: one metered model call (call 1, 2, ...) or an iteration's reported spend (call 0)."""
+
     list_display = [
         "id",
         "run_id",
         "iteration",
+        "call",
+        "model",
+        "tokens",
         "status",
         "amount_usd",
         "actual_usd",
-        "overdraft",
+        "overdraft_usd",
         "created_at",
     ]
-    list_filter = ["status"]
-    search_fields = ["=run_id"]
+    list_filter = [OverdrawnFilter, MeteredFilter, "status"]
+    search_fields = ["=run_id", "model"]
+    fields = [
+        "run_id",
+        "iteration",
+        "call",
+        "model",
+        "tokens",
+        "status",
+        "amount_usd",
+        "actual_usd",
+        "overdraft_usd",
+        "overdraft_cause",
+        "paid_by",
+        "created_at",
+        "closed_at",
+    ]
+    readonly_fields = fields
+
+    class Media:
+        css = {"all": ["budgets/admin.css"]}
 
     @admin.display(description="amount")
     def amount_usd(self, reservation: Reservation) -> str:
@@ -247,6 +301,32 @@ class ReservationAdmin(ReadOnlyAdmin):
     @admin.display(description="actual")
     def actual_usd(self, reservation: Reservation) -> str:
         return "—" if reservation.actual is None else format_usd(reservation.actual)
+
+    @admin.display(description="overdraft", ordering="overdraft")
+    def overdraft_usd(self, reservation: Reservation) -> str:
+        if not reservation.overdraft:
+            return "—"
+        return format_html('<strong class="overdraft">{}</strong>', format_usd(reservation.overdraft))
+
+    @admin.display(description="overdraft cause")
+    def overdraft_cause(self, reservation: Reservation) -> str:
+        cause = spending.overdraft_cause(reservation)
+        return format_html('<span class="overdraft">{}</span>', cause) if cause else "—"
+
+    @admin.display(description="tokens (in / out / cache write / cache read)")
+    def tokens(self, reservation: Reservation) -> str:
+        if not reservation.usage:
+            return "—"
+        return " / ".join(f"{n:,}" for n in spending.tokens_of(reservation.usage).values())
+
+    @admin.display(description="paid by (root first)")
+    def paid_by(self, reservation: Reservation) -> str:
+        pools = Pool.objects.filter(pk__in=reservation.chain or []).order_by("path")
+        return format_html_join(
+            " › ",
+            '<a href="{}">{}</a>',
+            ((reverse("admin:budgets_pool_change", args=[p.pk]), p.name) for p in pools),
+        ) or "—"
 
 
 @admin.register(Price)

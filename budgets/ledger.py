@@ -14,6 +14,12 @@ can pass a limit) — after which that pool grants nothing until it is covered. 
 touched in the new period. A soft threshold is flagged once per period: `settle`
 returns the crossings and sends `budgets.signals.threshold_crossed` after commit.
 
+A child run's budget is carved (`carve`): its cap is reserved up its parent run's chain
+like any reservation, and becomes the limit of the child's pool, whose chain starts at
+itself — the child's calls lock and spend only its own pool, and can never spend what
+was not set aside for it. When the child finishes, `refund_carve` settles the carve at
+what the child's pool spent: the parent's chain books that as spent and has the rest back.
+
 `BudgetRefused` is raised after the work is done, so a caller that catches it inside
 its own `atomic()` block can carry on in the same transaction.
 """
@@ -34,7 +40,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from budgets.models import LedgerEntry, Pool, Reservation
-from budgets.pricing import format_usd
+from budgets.money import format_usd
 
 type Actor = AbstractBaseUser | str | None
 """Who made a change: a user, a label ("runner", "reaper", "admin"), or None for the default."""
@@ -170,8 +176,11 @@ def _chain_for_run(run: Any) -> list[int]:
     return [int(part) for part in path.strip("/").split("/") if part]
 
 
-def _refusal(pools: list[Pool], amount: int, run: Any, iteration: int) -> BudgetRefused | None:
-    """Return why the chain cannot hold `amount` more (naming the innermost pool), or None."""
+def _refusal(pools: list[Pool], amount: int, run: Any, iteration: int, what: str = "") -> BudgetRefused | None:
+    """Return why the chain cannot hold `amount` more (naming the innermost pool), or None.
+
+    `what` names what needs it, if not (iteration, run) or "the call".
+    """
     for pool in sorted(pools, key=lambda p: -len(p.path)):
         if pool.limit is None:
             continue
@@ -187,8 +196,9 @@ def _refusal(pools: list[Pool], amount: int, run: Any, iteration: int) -> Budget
             detail = (
                 f"pool {pool.name!r} has {format_usd(pool.limit - committed)} left of its "
                 f"{format_usd(pool.limit)} limit (spent {format_usd(pool.spent)}, reserved "
-                f"{format_usd(pool.reserved)}); iteration {iteration} of run {run.pk} needs up to "
-                f"{format_usd(amount)}"
+                f"{format_usd(pool.reserved)}); "
+                + (what or (f"iteration {iteration} of run {run.pk}" if run is not None else "the call"))
+                + f" needs up to {format_usd(amount)}"
             )
             return BudgetRefused(pool.name, detail, pool.pk)
     return None
@@ -204,48 +214,67 @@ def _check_amount(name: str, value: Any) -> int:
 
 
 def reserve(
-    *, run: Any, iteration: int, amount: int, actor: Actor = None, now: datetime | None = None
+    *,
+    run: Any,
+    iteration: int,
+    amount: int,
+    call: int = 0,
+    model: str = "",
+    actor: Actor = None,
+    now: datetime | None = None,
+    pool: Pool | None = None,
 ) -> int | None:
-    """Hold `amount` micro-dollars for (run, iteration) in every pool of its chain; return the reservation id.
+    """Hold `amount` micro-dollars for (run, iteration, call) in every pool of its chain; return the reservation id.
 
-    Idempotent: while a reservation for (run, iteration) is held, its id is returned again.
+    `call` 0 is the iteration's own reservation; 1, 2, ... are metered model calls.
+    Idempotent: while a reservation for (run, iteration, call) is held, its id is returned again.
     Opens the run's pools if they do not exist yet. Raises `BudgetRefused` naming the pool.
+    With `run=None`, holds it in `pool`'s chain instead (a model call made for no run, such as
+    a one-off decision asked through the API); such a reservation has no run and no key.
     """
     amount = _check_amount("amount", amount)
     now = now or timezone.now()
     who = _actor(actor, "runner")
-    try:
-        chain = _chain_for_run(run)
-    except InvalidBudget as error:
-        raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
+    if run is None:
+        if pool is None:
+            raise ValueError("a reservation needs a run or a pool")
+        chain = pool.chain_ids()
+    else:
+        try:
+            chain = _chain_for_run(run)
+        except InvalidBudget as error:
+            raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
+    run_id = None if run is None else run.pk
     with transaction.atomic(savepoint=False):
         pools = _lock(chain, now, who)
-        held = (
-            Reservation.objects.filter(run_id=run.pk, iteration=iteration, status=HELD)
-            .values_list("pk", flat=True)
-            .first()
-        )
-        if held is not None:
-            return int(held)
+        if run_id is not None:
+            held = (
+                Reservation.objects.filter(run_id=run_id, iteration=iteration, call=call, status=HELD)
+                .values_list("pk", flat=True)
+                .first()
+            )
+            if held is not None:
+                return int(held)
         refused = _refusal(pools, amount, run, iteration)
         if refused is None:
             reservation = Reservation.objects.create(
-                run_id=run.pk, iteration=iteration, amount=amount, chain=[p.pk for p in pools], created_at=now
+                run_id=run_id, iteration=iteration, call=call, model=model[:100], amount=amount,
+                chain=[p.pk for p in pools], created_at=now,
             )
             Pool.objects.filter(pk__in=reservation.chain).update(reserved=F("reserved") + amount)
             entries = []
-            for pool in pools:
-                pool.reserved += amount
+            for locked in pools:
+                locked.reserved += amount
                 entries.append(
                     _entry(
-                        pool,
+                        locked,
                         Kind.RESERVE,
                         who,
                         now,
                         amount=amount,
                         reserved_delta=amount,
                         reservation_id=reservation.pk,
-                        run_id=run.pk,
+                        run_id=run_id,
                         iteration=iteration,
                     )
                 )
@@ -275,6 +304,72 @@ def release(reservation_id: int | None, *, actor: Actor = None, now: datetime | 
     if reservation_id is None:
         return
     _close(reservation_id, 0, Kind.RELEASE, Reservation.Status.RELEASED, _actor(actor, "runner"), now)
+
+
+def carve(
+    *, parent: Any, pool: Pool, amount: int, actor: Actor = None, now: datetime | None = None
+) -> int:
+    """Hold `amount` in `parent` run's chain as the budget of `pool` (its child run's); return the carve's id.
+
+    The caller created `pool` with limit `amount` and a chain of its own (`services.open_run_pools`).
+    Raises `BudgetRefused` naming the pool of the parent's chain that has no room. Idempotent: a
+    pool already carved has its carve's id returned.
+    """
+    amount = _check_amount("amount", amount)
+    now = now or timezone.now()
+    who = _actor(actor, "runner")
+    with transaction.atomic(savepoint=False):
+        done = Reservation.objects.filter(carved=pool).values_list("pk", flat=True).first()
+        if done is not None:
+            return int(done)
+        pools = _lock(_chain_for_run(parent), now, who)
+        refused = _refusal(pools, amount, parent, 0, "the child run's budget")
+        if refused is None:
+            reservation = Reservation.objects.create(
+                iteration=0, amount=amount, carved=pool, chain=[p.pk for p in pools], created_at=now,
+            )
+            Pool.objects.filter(pk__in=reservation.chain).update(reserved=F("reserved") + amount)
+            entries = []
+            for locked in pools:
+                locked.reserved += amount
+                entries.append(
+                    _entry(
+                        locked, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount,
+                        reservation_id=reservation.pk, note=f"carved for {pool.name} from run {parent.pk}'s budget",
+                    )
+                )
+            LedgerEntry.objects.bulk_create(entries)
+            return int(reservation.pk)
+    raise refused
+
+
+def refund_carve(pool: Pool | int, *, actor: Actor = None, now: datetime | None = None) -> int | None:
+    """Settle `pool`'s carve (its run finished) at what the pool spent; return that, or None if none is held.
+
+    The parent's chain books the child's spend (its whole subtree's: grandchildren's carves
+    settle into it) and has the rest of the carve back. What the pool still holds counts as
+    spent (a call still out, a grandchild still running when a stop cascades): conservative,
+    never under the child's spend. Idempotent: a carve no longer held is left alone.
+    """
+    now = now or timezone.now()
+    who = _actor(actor, "runner")
+    with transaction.atomic(savepoint=False):
+        held = Reservation.objects.filter(carved=pool, status=HELD).values_list("pk", "chain").first()
+        if held is None:
+            return None
+        pk, chain = held
+        child_id = _pool_id(pool)
+        locked = {p.pk: p for p in _lock([*chain, child_id], now, who)}
+        reservation = Reservation.objects.select_for_update().get(pk=pk)
+        if reservation.status != HELD:
+            return None
+        child = locked[child_id]
+        actual = int(child.spent + child.reserved)
+        _apply_close(
+            reservation, [locked[p] for p in chain], actual, Kind.SETTLE, Reservation.Status.SETTLED, who, now,
+            note=f"refund of {child.name}'s carve: {format_usd(actual)} spent of {format_usd(reservation.amount)}",
+        )
+    return actual
 
 
 def close_abandoned(run: Any, *, actor: Actor = None, now: datetime | None = None) -> int:
@@ -333,6 +428,7 @@ def _apply_close(
     status: str,
     who: tuple[Any, str],
     now: datetime,
+    note: str = "",
 ) -> list[ThresholdCrossing]:
     """Move the reservation out of `reserved` and `actual` into `spent` on every (locked) pool."""
     amount = reservation.amount
@@ -349,11 +445,11 @@ def _apply_close(
     Reservation.objects.filter(pk=reservation.pk).update(
         status=status, actual=actual, overdraft=overdraft, closed_at=now
     )
-    note = ""
     if kind == Kind.ABANDONED:
         note = "its driver died; settled at the full reservation (conservative)"
     elif overdraft:
-        note = f"actual cost exceeded the reservation of {format_usd(amount)} by {format_usd(overdraft)}"
+        exceeded = f"actual cost exceeded the reservation of {format_usd(amount)} by {format_usd(overdraft)}"
+        note = f"{note}; {exceeded}" if note else exceeded
     entries = []
     crossings = []
     flagged = []
@@ -449,6 +545,7 @@ def top_up(pool: Pool | int, amount: int, actor: Actor, *, now: datetime | None 
     who = _actor(actor, "system")
     with transaction.atomic():
         (locked,) = _lock([_pool_id(pool)], now, who)
+        _refuse_carved(locked)
         if locked.limit is None:
             raise InvalidBudget(f"pool {locked.name!r} is unlimited; set a limit instead of topping it up")
         before = locked.limit
@@ -478,6 +575,7 @@ def set_limit(pool: Pool | int, limit: int | None, actor: Actor, *, now: datetim
     who = _actor(actor, "system")
     with transaction.atomic():
         (locked,) = _lock([_pool_id(pool)], now, who)
+        _refuse_carved(locked)
         if limit is not None and limit < locked.spent:
             raise InvalidBudget(
                 f"pool {locked.name!r} has already spent {format_usd(locked.spent)} this period; "
@@ -523,6 +621,15 @@ def reset_period(pool: Pool | int, actor: Actor, *, now: datetime | None = None)
             note=f"period reset by hand; {format_usd(cleared)} spent before it",
         ).save()
     return locked
+
+
+def _refuse_carved(pool: Pool) -> None:
+    # A carved pool's limit is the money its parent's chain holds for it: changing one alone
+    # would let the child spend what was never set aside (or strand what was).
+    if Reservation.objects.filter(carved=pool).exists():
+        raise InvalidBudget(
+            f"pool {pool.name!r} is a child run's budget, carved from its parent run's; its limit cannot change"
+        )
 
 
 def _refresh_threshold_flag(pool: Pool) -> None:

@@ -24,7 +24,10 @@ class Pool(models.Model):
     `limit` None means unlimited. `spent` counts the current period only (it starts
     again from zero at each period boundary, lazily, with a `period_reset` entry);
     `reserved` is the sum of the held reservations whose chain includes this pool.
-    `path` is the materialised chain "/root/.../self/" (ids), fixed at creation.
+    `path` is the materialised chain "/root/.../self/" (ids), fixed at creation: the pools a
+    reservation made here holds money in. A child run's pool is carved (`Reservation.carved`):
+    its limit is money held for it in its parent run's chain, so its own chain starts at itself
+    ("/self/") while `parent` still names the pool it was carved from.
     """
 
     class Kind(models.TextChoices):
@@ -99,7 +102,10 @@ class Pool(models.Model):
         return str(self.name)
 
     def chain_ids(self) -> list[int]:
-        """Return the ids of this pool and its ancestors, root first."""
+        """Return the ids of the pools a reservation here holds money in, outermost first.
+
+        This pool and its ancestors up to the root, or up to itself for a carved pool.
+        """
         return [int(part) for part in self.path.strip("/").split("/") if part]
 
     def clean(self) -> None:
@@ -114,7 +120,11 @@ class Pool(models.Model):
 
 
 class Reservation(models.Model):
-    """Money held for one iteration of one run across its pool chain, until settled."""
+    """Money held for one iteration of one run across its pool chain, until settled.
+
+    Or a carve (`carved` set, no run): a child run's budget, held in its parent run's chain
+    while the child runs, and settled at what the child's pool spent when the child finishes.
+    """
 
     class Status(models.TextChoices):
         HELD = "held"
@@ -123,14 +133,27 @@ class Reservation(models.Model):
         ABANDONED = "abandoned"
 
     # A plain id, not a foreign key: the money trail outlives a deleted run.
-    run_id = models.BigIntegerField(verbose_name="run")
+    # None: a metered call made for no run (a one-off decision through the API).
+    run_id = models.BigIntegerField(verbose_name="run", null=True, blank=True)
     iteration = models.PositiveIntegerField()
+    # 0: the iteration's own reservation (an act whose spend is reported, not metered);
+    # 1, 2, ...: one metered model call each, reserved just before it goes out.
+    call = models.PositiveIntegerField(default=0)
+    model = models.CharField(max_length=100, blank=True, help_text="the model a metered call used")
+    usage = models.JSONField(
+        default=dict, blank=True, help_text="a metered call's tokens as the provider reported them"
+    )
     amount = models.BigIntegerField(help_text="micro-dollars reserved")
     actual = models.BigIntegerField(null=True, blank=True, help_text="micro-dollars settled")
     overdraft = models.BigIntegerField(default=0, help_text="micro-dollars settled beyond the reservation")
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.HELD)
     # The pool ids the reservation holds money in, ascending (the lock order).
     chain = models.JSONField(default=list)
+    # A carve: the child run's pool whose limit this holds in its parent run's chain.
+    carved = models.OneToOneField(
+        "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="carve",
+        help_text="a carve: the child run's pool this holds the budget of",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
 
@@ -138,9 +161,9 @@ class Reservation(models.Model):
         ordering = ["-id"]
         constraints = [
             models.UniqueConstraint(
-                fields=["run_id", "iteration"],
+                fields=["run_id", "iteration", "call"],
                 condition=Q(status="held"),
-                name="reservation_one_held_per_iteration",
+                name="reservation_one_held_per_call",
             ),
             models.CheckConstraint(condition=Q(amount__gte=0), name="reservation_amount_not_negative"),
             models.CheckConstraint(
@@ -150,7 +173,10 @@ class Reservation(models.Model):
         indexes = [models.Index(fields=["run_id", "status"], name="reservation_run_status")]
 
     def __str__(self) -> str:
-        return f"reservation {self.pk} (run {self.run_id}, iteration {self.iteration}, {self.status})"
+        if self.carved_id is not None:
+            return f"reservation {self.pk} (carve of pool {self.carved_id}, {self.status})"
+        call = f", call {self.call}" if self.call else ""
+        return f"reservation {self.pk} (run {self.run_id}, iteration {self.iteration}{call}, {self.status})"
 
 
 class LedgerEntry(models.Model):

@@ -1,22 +1,16 @@
-"""Usage x price -> micro-dollars, and the worst case of one iteration.
+"""Usage x price -> micro-dollars, and the worst case of model calls.
 
-Pure: integer and Decimal arithmetic only, no Django, no clock, no I/O. Costs round
-up to the next micro-dollar (the platform never under-counts). Two entry points the
-runner calls, `estimate_iteration(run)` and `usage_cost(usage)`, need the price table
-and settings; they delegate to `budgets.selectors`, imported when called, so this module
-stays importable (and testable) without Django.
+Pure: integer and Decimal arithmetic only, no Django, no clock, no I/O, and no import of
+the price table (`budgets.selectors` looks prices up and calls in here). Costs round up to
+the next micro-dollar (the platform never under-counts); dollars convert through
+`budgets.money`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal, InvalidOperation
-from typing import Any, Protocol
-
-MICROS_PER_USD = 1_000_000
-# A conservative characters-per-token ratio for estimating prompt size before a call.
-CHARS_PER_TOKEN = 3
+from decimal import ROUND_CEILING, Decimal
+from typing import Protocol
 
 
 class UsageLike(Protocol):
@@ -49,42 +43,25 @@ class RatesLike(Protocol):
     def cache_read_usd_per_mtok(self) -> Decimal: ...
 
 
+class UnpricedModel(ValueError):
+    """A model with no row in the price table: Tether refuses to guess what its calls cost."""
+
+    def __init__(self, model: str, who: str = "") -> None:
+        self.model = model
+        what = f"{who} model {model!r}, which has no price" if who else f"Model {model!r} has no price"
+        super().__init__(
+            f"{what}, so Tether cannot cap what its calls cost. Add a price in the admin (/admin/ → Budgets "
+            "→ Prices → Add: the model name or a prefix of it, and its USD per million tokens), or choose a "
+            "priced model."
+        )
+
+
 @dataclass(frozen=True)
 class Rates:
     input_usd_per_mtok: Decimal
     output_usd_per_mtok: Decimal
     cache_write_usd_per_mtok: Decimal
     cache_read_usd_per_mtok: Decimal
-
-
-def usd_to_micros(value: Decimal | str | int | float) -> int:
-    """Return `value` dollars as micro-dollars, rounded half up; ValueError if not a finite number."""
-    if isinstance(value, bool):
-        raise ValueError(f"not an amount of money: {value!r}")
-    try:
-        dollars = Decimal(str(value).strip()) if not isinstance(value, Decimal) else value
-    except InvalidOperation:
-        raise ValueError(f"not an amount of money: {value!r}") from None
-    if not dollars.is_finite():
-        raise ValueError(f"not an amount of money: {value!r}")
-    return int((dollars * MICROS_PER_USD).to_integral_value(rounding=ROUND_HALF_UP))
-
-
-def micros_to_usd(micros: int) -> Decimal:
-    """Return micro-dollars as an exact Decimal amount of dollars."""
-    return Decimal(micros) / MICROS_PER_USD
-
-
-def format_usd(micros: int | None) -> str:
-    """Return "$1.25", "$0.000125" or "unlimited" for display; never rounds money away."""
-    if micros is None:
-        return "unlimited"
-    sign = "-" if micros < 0 else ""
-    whole, frac = divmod(abs(micros), MICROS_PER_USD)
-    digits = f"{frac:06d}".rstrip("0")
-    if len(digits) < 2:
-        digits = digits.ljust(2, "0")
-    return f"{sign}${whole:,}.{digits}"
 
 
 def _ceil_micros(total: Decimal) -> int:
@@ -108,7 +85,7 @@ def cost_micros(usage: UsageLike, price: RatesLike | None) -> int:
     if not any(counts):
         return 0
     if price is None:
-        raise ValueError(f"no price for model {usage.model!r}")
+        raise UnpricedModel(usage.model)
     total = (
         usage.input_tokens * Decimal(price.input_usd_per_mtok)
         + usage.output_tokens * Decimal(price.output_usd_per_mtok)
@@ -116,11 +93,6 @@ def cost_micros(usage: UsageLike, price: RatesLike | None) -> int:
         + usage.cache_read_tokens * Decimal(price.cache_read_usd_per_mtok)
     )
     return _ceil_micros(total)
-
-
-def tokens_for_chars(chars: int) -> int:
-    """Return a generous token count for a prompt of `chars` characters."""
-    return math.ceil(max(chars, 0) / CHARS_PER_TOKEN)
 
 
 def worst_case_call_micros(
@@ -138,16 +110,3 @@ def worst_case_call_micros(
     total = sent * input_rate + calls * max_output_tokens * Decimal(price.output_usd_per_mtok)
     return _ceil_micros(total)
 
-
-def estimate_iteration(run: Any) -> int:
-    """Return the micro-dollars to reserve for one iteration of `run` (its worst case)."""
-    from budgets import selectors
-
-    return selectors.estimate_iteration(run)
-
-
-def usage_cost(usage: UsageLike) -> int:
-    """Return what `usage` cost, priced from the price table (see `selectors.usage_cost`)."""
-    from budgets import selectors
-
-    return selectors.usage_cost(usage)

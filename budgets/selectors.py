@@ -18,13 +18,14 @@ from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from budgets import pricing
+from budgets import money, pricing
 from budgets.ledger import effective_spent
 from budgets.models import LedgerEntry, Pool, Price, Reservation
 
 log = logging.getLogger(__name__)
 
-# The dearest published rates (the claude-opus-4 family), used for a model with no price row.
+# The dearest published rates (the claude-opus-4 family): the floor of what settling an unpriced model's
+# tokens charges (see `usage_cost`); never used to reserve.
 FALLBACK_RATES = pricing.Rates(
     input_usd_per_mtok=Decimal("15"),
     output_usd_per_mtok=Decimal("75"),
@@ -68,7 +69,7 @@ class ChainHeadroom:
     def as_json(self) -> dict[str, Any]:
         return {
             "remaining_micros": self.remaining,
-            "remaining_usd": pricing.format_usd(self.remaining),
+            "remaining_usd": money.format_usd(self.remaining),
             "limiting_pool": self.limiting.id if self.limiting else None,
             "pools": [p.as_json() for p in self.pools],
         }
@@ -175,25 +176,39 @@ def pool_as_json(pool: Pool, now: datetime | None = None) -> dict[str, Any]:
 # --- prices and estimates ---------------------------------------------------------------
 
 
-def price_for_model(model: str, on: Any = None) -> pricing.RatesLike:
-    """Return the rates in force for `model`; an unknown model is priced at the dearest rates (logged)."""
+def price_for_model(model: str, on: Any = None) -> Price:
+    """Return the price in force for `model`; `pricing.UnpricedModel` if it has none (never a guess)."""
     price: Price | None = Price.objects.for_model(model or "", on)
-    if price is not None:
-        return price
-    log.warning("no price for model %r; pricing it at the dearest known rates", model)
-    dearest: Price | None = Price.objects.order_by("-output_usd_per_mtok", "-input_usd_per_mtok").first()
-    if dearest is None or dearest.output_usd_per_mtok < FALLBACK_RATES.output_usd_per_mtok:
-        return FALLBACK_RATES
-    return dearest
+    if price is None:
+        raise pricing.UnpricedModel(model)
+    return price
 
 
 def usage_cost(usage: pricing.UsageLike) -> int:
-    """Return what `usage` cost in micro-dollars: as reported, else its tokens x the model's price."""
+    """Return what `usage` cost in micro-dollars: as reported, else its tokens x the model's price.
+
+    Settlement cannot refuse: the tokens are already spent. Tokens of a model with no price
+    (a model deleted from the table mid-run, or a command agent naming a model it was never
+    priced for) are charged at the dearest rates known, and logged, so spend is never under-counted.
+    """
     if usage.cost_micros is not None:
         return pricing.cost_micros(usage, None)
     if not (usage.input_tokens or usage.output_tokens or usage.cache_write_tokens or usage.cache_read_tokens):
         return 0
-    return pricing.cost_micros(usage, price_for_model(usage.model))
+    try:
+        rates: pricing.RatesLike = price_for_model(usage.model)
+    except pricing.UnpricedModel:
+        log.warning("no price for model %r; charging its tokens at the dearest known rates", usage.model)
+        rates = dearest_rates()
+    return pricing.cost_micros(usage, rates)
+
+
+def dearest_rates() -> pricing.RatesLike:
+    """Return the dearest rates in the price table, and never below `FALLBACK_RATES`."""
+    dearest: Price | None = Price.objects.order_by("-output_usd_per_mtok", "-input_usd_per_mtok").first()
+    if dearest is None or dearest.output_usd_per_mtok < FALLBACK_RATES.output_usd_per_mtok:
+        return FALLBACK_RATES
+    return dearest
 
 
 def _setting(name: str, default: Any) -> Any:
@@ -201,63 +216,17 @@ def _setting(name: str, default: Any) -> Any:
 
 
 def estimate_iteration(run: Any) -> int:
-    """Return the worst-case micro-dollars of one iteration of `run` (act plus an llm decider's call).
+    """Return the micro-dollars to reserve up front for one iteration of `run`: what no meter covers.
 
-    `command` brain: the instance's `iteration_reserve_micros` if it has one, else
-    TETHER_COMMAND_ITERATION_RESERVE_USD (default 0.05). `anthropic` brain: up to
-    min(instance.max_tool_turns, TETHER_ANTHROPIC_RESERVE_TURNS (default 4)) model calls of
-    `max_output_tokens` each at the model's price, each re-sending the context and every
-    earlier output. An act that may run more turns than that can overdraw; the brain should
-    treat the reservation as its allowance for the act.
+    Every model call (the Claude brain's act turns, the `llm` decider, the judge) reserves its
+    own worst case just before it goes out (`budgets.metering`), so an `anthropic`-brain
+    iteration reserves nothing up front. A `command` brain reports its own spend after the
+    act; its iteration reserves TETHER_COMMAND_ITERATION_RESERVE_USD (default 0.05), and a
+    report above that ends the run.
     """
-    instance = run.instance
-    if instance.brain == "anthropic":
-        model = getattr(instance, "model", "") or _setting("TETHER_ANTHROPIC_MODEL", DEFAULT_ANTHROPIC_MODEL)
-        act = pricing.worst_case_call_micros(
-            price_for_model(model),
-            input_tokens=_context_tokens(run),
-            max_output_tokens=int(
-                getattr(instance, "max_output_tokens", 0)
-                or _setting("TETHER_ANTHROPIC_MAX_OUTPUT_TOKENS", 8192)
-            ),
-            calls=max(
-                1,
-                min(
-                    int(getattr(instance, "max_tool_turns", 1) or 1),
-                    int(_setting("TETHER_ANTHROPIC_RESERVE_TURNS", 4)),
-                ),
-            ),
-        )
-    else:
-        own = getattr(instance, "iteration_reserve_micros", None)
-        if own is not None:
-            act = int(own)
-        else:
-            act = pricing.usd_to_micros(_setting("TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05"))
-    if getattr(instance, "decider", "") == "llm":
-        model = (
-            getattr(instance, "decider_model", "")
-            or getattr(instance, "model", "")
-            or _setting("TETHER_ANTHROPIC_MODEL", DEFAULT_ANTHROPIC_MODEL)
-        )
-        act += pricing.worst_case_call_micros(
-            price_for_model(model),
-            input_tokens=_context_tokens(run),
-            max_output_tokens=int(_setting("TETHER_DECIDER_MAX_OUTPUT_TOKENS", 1024)),
-        )
-    return act
-
-
-def _context_tokens(run: Any) -> int:
-    """A generous size of one call's prompt: system prompt, objective, instruction, history, tool schemas."""
-    chars = (
-        len(getattr(run.instance, "system_prompt", "") or "")
-        + len(run.objective or "")
-        + len(run.next_instruction or "")
-        + len(str((run.history or {}).get("snapshot", "")))
-    )
-    overhead = int(_setting("TETHER_ANTHROPIC_PROMPT_OVERHEAD_TOKENS", 4000))
-    return pricing.tokens_for_chars(chars) + overhead
+    if run.instance.brain == "anthropic":
+        return 0
+    return money.usd_to_micros(_setting("TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05"))
 
 
 # --- audit -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ Every function runs in the caller's transaction (inside a savepoint, so an
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -16,7 +17,7 @@ from django.utils import timezone
 from budgets import ledger
 from budgets.ledger import InvalidBudget
 from budgets.models import Pool
-from budgets.pricing import format_usd
+from budgets.money import format_usd
 
 ROOT_NAME = "organisation"
 
@@ -33,8 +34,12 @@ def pool_create(
     period: str = Pool.Period.NONE,
     threshold_percent: int | None = 80,
     actor: ledger.Actor = None,
+    own_chain: bool = False,
 ) -> Pool:
-    """Create a pool under `parent`; a limit given here is logged as the pool's first limit change."""
+    """Create a pool under `parent`; a limit given here is logged as the pool's first limit change.
+
+    `own_chain`: a carved pool, whose chain starts at itself (see `open_run_pools`).
+    """
     if (kind == Pool.Kind.ROOT) != (parent is None):
         raise InvalidBudget("the root pool, and only it, has no parent")
     if kind not in Pool.Kind.values:
@@ -57,7 +62,7 @@ def pool_create(
             period_start=ledger.period_floor(period, now) or now,
             threshold_percent=threshold_percent,
         )
-        pool.path = f"{parent.path if parent else '/'}{pool.pk}/"
+        pool.path = f"{parent.path if parent and not own_chain else '/'}{pool.pk}/"
         Pool.objects.filter(pk=pool.pk).update(path=pool.path)
         if limit is not None:
             pool = ledger.set_limit(pool, limit, actor)
@@ -118,23 +123,36 @@ def _create_once(create: Callable[[], Pool], **lookup: Any) -> Pool:
         return winner
 
 
-def open_run_pools(run: Any) -> Pool:
+def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
     """Ensure the chain root -> user -> instance exists for `run`, plus a run pool if it has a cap.
+
+    A child run (started by a `delegate` call) always has a cap, carved from its parent run's
+    chain (`ledger.carve`): the cap is held there until the child finishes, and the child's
+    pool (under its parent run's pool, or the parent's instance pool when the parent has no
+    cap) is the root of the child's own chain, so the child can spend only what was set aside.
 
     Return the innermost pool (the run pool, or the instance pool). Called by `run_start` inside
     its transaction. Raises `InvalidBudget` (and changes nothing) for a negative cap or a cap
-    larger than the instance chain's remaining headroom.
+    larger than the instance chain's remaining headroom (a child's: its parent's chain's), with
+    periods as they stand at `now` (default: now).
     """
     with transaction.atomic():
         parent = instance_pool(run.instance)
+        child = bool(getattr(run, "parent_id", None))
+        if child:
+            parent = (
+                Pool.objects.filter(kind=Pool.Kind.RUN, run_id=run.parent_id).first()
+                or instance_pool(run.parent.instance)
+            )
         if run.max_cost_micros is None:
             return parent
         existing: Pool | None = Pool.objects.filter(kind=Pool.Kind.RUN, run=run).first()
         if existing:
             return existing
         cap = _check_cap(run.max_cost_micros)
-        _check_fits(parent, cap, f"run {run.pk}")
-        return pool_create(
+        if not child:
+            _check_fits(parent, cap, f"run {run.pk}", now=now)
+        pool = pool_create(
             kind=Pool.Kind.RUN,
             name=f"run {run.pk}",
             parent=parent,
@@ -142,7 +160,14 @@ def open_run_pools(run: Any) -> Pool:
             run=run,
             limit=cap,
             threshold_percent=None,
+            own_chain=child,
         )
+        if child:
+            try:
+                ledger.carve(parent=run.parent, pool=pool, amount=cap, now=now)
+            except ledger.BudgetRefused as refused:
+                raise InvalidBudget(f"a budget of {format_usd(cap)} does not fit: {refused.detail}") from None
+        return pool
 
 
 def run_set_cap(run: Any, cap: int | None, actor: ledger.Actor) -> Pool:
@@ -193,10 +218,12 @@ def _check_cap(cap: Any) -> int:
     return checked
 
 
-def _check_fits(parent: Pool, needed: int, label: str, cap: int | None = None) -> None:
+def _check_fits(
+    parent: Pool, needed: int, label: str, cap: int | None = None, now: datetime | None = None
+) -> None:
     from budgets.selectors import chain_headroom
 
-    remaining, tightest = chain_headroom(Pool.objects.filter(pk__in=parent.chain_ids()))
+    remaining, tightest = chain_headroom(Pool.objects.filter(pk__in=parent.chain_ids()), now)
     if remaining is not None and needed > remaining:
         assert tightest is not None
         raise InvalidBudget(

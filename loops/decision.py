@@ -31,6 +31,8 @@ MAX_INSTRUCTION_CHARS = 8_000
 # Check output fed back to the agent: the tail of each failing check, and a total budget.
 CHECK_OUTPUT_CHARS = 2_000
 CHECKS_OUTPUT_TOTAL_CHARS = 6_000
+# A failed act's detail fed back to the agent (its exit status and the tail of its stderr).
+ACT_DETAIL_CHARS = 2_000
 MAX_LISTED_CHECKS = 20
 # An instruction proposed this many times before is the agent going round in circles.
 REPEATS_BEFORE_FAILED = 2
@@ -426,6 +428,24 @@ def parse(text: str, *, recent_instructions: Sequence[str] = ()) -> Decision:
     return _repetition(decision, recent_instructions)
 
 
+# -- an agent asking a person -----------------------------------------------------------------
+
+# The command-brain protocol's way to ask a person: a line "TETHER_ESCALATE: question" on stderr
+# and a non-zero exit (a failed act's detail is "exit status N: <the tail of its stderr>").
+_ASKS = re.compile(
+    r"^(?:exit status -?\d+(?: \(SIG[A-Z0-9]+\))?:[ \t]*)?TETHER_ESCALATE:[ \t]*(.*?)[ \t]*$", re.MULTILINE
+)
+MAX_QUESTION_CHARS = 1_000
+
+
+def question(act_detail: str) -> str:
+    """Return the question a failed act asked a person (its last `TETHER_ESCALATE:` line); "" if none."""
+    asked = _ASKS.findall(act_detail)
+    if not asked:
+        return ""
+    return _cap(asked[-1], MAX_QUESTION_CHARS) or "the agent asked for a person without saying why"
+
+
 # -- the `checks` decider ----------------------------------------------------------------------
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -446,8 +466,8 @@ def scrub(output: str) -> str:
     return text
 
 
-def _tail(output: str, limit: int) -> str:
-    text = scrub(output).strip("\n").rstrip()
+def _tail(output: str, limit: int, *, clean: bool = True) -> str:
+    text = (scrub(output) if clean else output).strip("\n").rstrip()
     if not text.strip():
         return "(no output)"
     if len(text) <= limit:
@@ -496,9 +516,15 @@ def backpressure(checks: Sequence[Check]) -> str:
 
 
 def act_failure(act_detail: str) -> str:
-    """Return the instruction that tells the agent its last act failed."""
-    detail = _tail(act_detail, CHECK_OUTPUT_CHARS)
-    return f"The last attempt failed. Fix the problem, then continue with the objective.\n\n{detail}"
+    """Return the section of an instruction that tells the agent its last act failed, and how.
+
+    The act's own words (its exit status and the tail of its stderr, a timeout, a program that
+    could not start), capped; colour codes go, but not timings: "timed out after 30s" means
+    something here.
+    """
+    text = _ANSI.sub("", act_detail.replace("\r\n", "\n").replace("\r", "\n")).strip()
+    detail = _tail(text, ACT_DETAIL_CHARS, clean=False) if text else "(it said nothing about why)"
+    return f"Your last act failed. Fix what made it fail, then continue with the objective.\n\n## The act failed\n{detail}"
 
 
 def _names(checks: Sequence[Check]) -> str:
@@ -511,8 +537,13 @@ def from_checks(checks: Sequence[Check], *, act_ok: bool, act_detail: str) -> De
     """Return the `checks` decider's decision: done when every required check passes.
 
     With no required checks configured, the act's own success decides. Otherwise `continue`,
-    with the failing checks as the next instruction (see `backpressure`).
+    with the failing checks as the next instruction (see `backpressure`). A failed act is not
+    restated here: the policy puts it in front of every next instruction.
+
+    An act that failed asking a person (`question`) escalates with its question, whatever the checks say.
     """
+    if not act_ok and (asked := question(act_detail)):
+        return Decision("escalate", asked)
     required = [check for check in checks if check.required]
     failing_required = [check for check in required if not check.passed]
     if required and not failing_required:
@@ -529,7 +560,6 @@ def from_checks(checks: Sequence[Check], *, act_ok: bool, act_detail: str) -> De
         if failing:
             reason += f" (optional checks fail: {_names(failing)})"
         return Decision("done", _cap(reason, MAX_REASON_CHARS))
-    instruction = act_failure(act_detail)
-    if failing:
-        instruction += "\n\n" + backpressure(checks)
-    return Decision("continue", "the act failed and no required checks are configured", instruction)
+    said = " ".join(act_detail.split())
+    reason = "the act failed and no required checks are configured" + (f" ({_cap(said, 300)})" if said else "")
+    return Decision("continue", _cap(reason, MAX_REASON_CHARS), backpressure(checks))

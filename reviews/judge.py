@@ -136,6 +136,7 @@ def judge(
     diff: str,
     model: str = "",
     stop: threading.Event | None = None,
+    meter: Any = None,
 ) -> Verdict:
     """Ask the judge to grade a final result; never raises for a provider or key problem."""
     from instances.brains import anthropic as brain
@@ -147,6 +148,7 @@ def judge(
             stop=stop or threading.Event(),
             deadline=time.monotonic() + timeout,
             model=model or brain.model_for(instance),
+            meter=meter,
         )
     except BrainError as exc:
         return Verdict("needs-human", [], exc.usage, f"the judge could not run: {exc.detail}")

@@ -11,6 +11,15 @@ assistant's content is sent back exactly as received (the raw JSON blocks) befor
 tool results. A stop request is honoured between tool turns, during a tool and by
 abandoning the model call in flight (the call runs in a worker thread that is polled).
 
+With a journal (`request.journal`, loops.journal in a run) every tool call, built-in or MCP,
+and every approved call run at the start (turn 0) is recorded under an idempotency key (run,
+iteration, turn, call: "r12-i3-t2-c0") before it runs and again with its result. A re-run of
+the iteration after its worker died rebuilds the conversation from the journal: the model's
+journaled answers verbatim (it is not asked again), finished calls' recorded results, and for a
+call started but never finished an error result saying it was interrupted and its effect is
+unknown; calls of a journaled turn that never started run now, then the act goes on as usual.
+A call that cannot be journaled is not run: the act fails.
+
 `decide(instance, snapshot)` asks Claude for `{verdict, reason, next_instruction}` through an
 optional (`auto`) tool, and returns the raw answer text for `loops.decision.parse`.
 
@@ -32,10 +41,12 @@ TETHER_CONTEXT_BUDGET_TOKENS (2000: the history's share of the prompt), TETHER_C
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -43,11 +54,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+import httpx2
 from django.conf import settings
 
-from instances import credentials
-from instances.brains.base import ActRequest, CredentialError, ProviderError, Reply, Usage
+from instances import credentials, redaction
+from instances.brains.base import (
+    ActRequest,
+    BudgetExhausted,
+    CredentialError,
+    JournaledTurn,
+    JournalError,
+    Meter,
+    ProviderError,
+    Reply,
+    Usage,
+)
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
+from instances.tools.mcp import McpTools, is_mcp_name
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +89,10 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are an autonomous agent run by Tether. Each turn of the loop you receive an instruction; "
     "work toward the objective with the tools you have, inside your workspace, then reply with a "
     "short account of what you did and what remains."
+)
+INTERRUPTED = (
+    "interrupted: a previous attempt of this act started this call and was cut off before it finished; "
+    "its effect is unknown — check before repeating it"
 )
 DECIDER_PROMPT = """You are the judge of an autonomous agent loop run by Tether.
 After each iteration you see the objective, what the agent was told and answered, the results of the
@@ -311,8 +338,11 @@ def classify(exc: BaseException) -> tuple[str, str, float | None]:
 class Session:
     """One act's (or one decision's) client, usage tally, retry budget and stop/deadline watch."""
 
-    def __init__(self, instance: Any, *, stop: threading.Event, deadline: float, model: str) -> None:
+    def __init__(
+        self, instance: Any, *, stop: threading.Event, deadline: float, model: str, meter: Meter | None = None
+    ) -> None:
         self.instance = instance
+        self.meter = meter
         self.stop = stop
         self.deadline = deadline
         self.limits = limits()
@@ -327,36 +357,82 @@ class Session:
             raise CredentialError(credentials.missing_key_message(instance), self.usage)
         self.secrets = tuple(dict.fromkeys([key, *credentials.secrets_for(instance)]))
         self.base_url = credentials.resolve_base_url(instance)
+        self.sockets: list[socket.socket] = []  # every connection this session opened, for a stop to hang up
         self.client = anthropic.Anthropic(
             api_key=key,
             base_url=self.base_url,
             max_retries=0,
             timeout=self.limits.call_timeout,
+            http_client=anthropic.DefaultHttpxClient(event_hooks={"request": [self._watch]}),
         )
 
     def scrub(self, text: str) -> str:
-        return credentials.scrub(text, self.secrets)
+        return redaction.redact(text, self.secrets)
+
+    def _watch(self, request: httpx2.Request) -> None:
+        """Have the transport report the connection it opens for `request` (its `trace` extension)."""
+        request.extensions = {**request.extensions, "trace": self._opened}
+
+    def _opened(self, event: str, info: dict[str, Any]) -> None:
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            sock = info["return_value"].get_extra_info("socket")
+            if sock is not None:
+                self.sockets.append(sock)
+
+    def _hang_up(self) -> None:
+        """End every connection this session opened at once, whichever thread is reading it.
+
+        A socket is shut down, not merely closed: closing a socket that another thread is blocked
+        reading frees its descriptor but not the connection, which stays up until that read returns
+        — and the read may wait on whatever takes the freed descriptor next (on PostgreSQL, the
+        runner's next database connection), so the provider would go on streaming for the whole
+        call timeout. Shutting it down sends the provider the end of the connection and wakes the
+        reader.
+        """
+        for sock in self.sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed already (or, under TLS, the plain socket the TLS one took over)
 
     def close(self) -> None:
-        # Closing the pool also tears down a call abandoned in flight.
+        # Closing the pool also releases a call abandoned in flight (a stop has hung it up already).
         try:
             self.client.close()
         except Exception:  # noqa: BLE001 - closing must never mask the act's own result
             log.debug("closing the anthropic client failed", exc_info=False)
 
     def create(self, params: dict[str, Any]) -> dict[str, Any]:
-        """Send one Messages request, retrying transient failures; return the raw response body."""
+        """Send one Messages request, retrying transient failures; return the raw response body.
+
+        With a meter, every attempt reserves its worst case first (`max_tokens` may come back
+        clamped to what the headroom can pay) and is settled at its usage, even when it fails.
+        """
         while True:
             if self.stop.is_set():
                 raise _Stopped
             remaining = self.deadline - time.monotonic()
             if remaining <= 0:
                 raise _TimedOut
-            ok, value = self._send(params, min(self.limits.call_timeout, remaining))
+            grant = None
+            if self.meter is not None:
+                request_bytes = len(json.dumps(params, default=str).encode())
+                try:
+                    grant = self.meter.before(
+                        model=str(params["model"]), request_bytes=request_bytes, max_tokens=int(params["max_tokens"])
+                    )
+                except BudgetExhausted as exc:
+                    raise BudgetExhausted(exc.detail, self.usage) from None  # with what the act spent so far
+                params = {**params, "max_tokens": grant.max_tokens}
+            before = dataclasses.replace(self.usage)
+            try:
+                ok, value = self._send(params, min(self.limits.call_timeout, remaining))
+            finally:
+                if grant is not None and self.meter is not None:
+                    self.usage.metered_micros += self.meter.after(grant, _since(before, self.usage))
             self.usage.calls += 1
             if ok:
                 body: dict[str, Any] = value
-                self._count(body)
                 return body
             kind, detail, retry_after = classify(value)
             detail = self.scrub(detail)
@@ -383,13 +459,24 @@ class Session:
                 raise _Stopped
 
     def _send(self, params: dict[str, Any], timeout: float) -> tuple[bool, Any]:
+        """Stream one request in a worker thread; a stop closes its connection at once.
+
+        Streaming is what makes a stop stop spending: hanging up tears down the HTTP connection
+        (the provider stops generating), whether or not the answer has begun, and what arrived so
+        far — the input from `message_start` plus the output received — is what the call is
+        counted at.
+        """
         box: dict[str, Any] = {}
         done = threading.Event()
+        opened: list[Any] = []
 
         def call() -> None:
             try:
-                raw = self.client.messages.with_raw_response.create(**params, timeout=timeout)
-                box["body"] = json.loads(raw.http_response.read())
+                with self.client.messages.stream(**params, timeout=timeout) as stream:
+                    opened.append(stream)
+                    for _ in stream:
+                        pass
+                    box["body"] = stream.get_final_message().model_dump(mode="json", exclude_none=True)
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 box["error"] = exc
             finally:
@@ -399,17 +486,45 @@ class Session:
         worker.start()
         while not done.wait(self.limits.poll):
             if self.stop.is_set():
-                # Abandon the call. The provider may bill its input, so count it conservatively.
+                self._hang_up()
+                done.wait(self.limits.poll)  # the worker sees the end and closes its own stream
                 self.abandoned += 1
                 self.usage.calls += 1
-                self.usage.input_tokens += estimate_tokens(json.dumps(params, default=str))
+                self._count_partial(opened[0] if opened else None, params)
+                if opened:
+                    try:
+                        opened[0].close()
+                    except Exception:  # noqa: BLE001 - the stream may be closing under us already
+                        pass
                 raise _Stopped
         if "error" in box:
             return False, box["error"]
         body = box.get("body")
         if not isinstance(body, dict):
             return False, ValueError("the model endpoint returned something other than a message")
+        self._count(body)
         return True, body
+
+    def _count_partial(self, stream: Any, params: dict[str, Any]) -> None:
+        """Count a call stopped mid-stream: its input as the provider reported it, and the output so far.
+
+        Before `message_start` arrived the input is estimated from the request (generously).
+        """
+        snapshot = None
+        if stream is not None:
+            try:
+                snapshot = stream._current_snapshot_or_none()
+            except Exception:  # noqa: BLE001 - a snapshot half-built by the other thread
+                snapshot = None
+        if snapshot is None:
+            self.usage.input_tokens += estimate_tokens(json.dumps(params, default=str))
+            return
+        used = snapshot.usage
+        received = estimate_tokens(json.dumps([b.model_dump(mode="json") for b in snapshot.content], default=str))
+        self.usage.input_tokens += int(used.input_tokens or 0)
+        self.usage.cache_write_tokens += int(getattr(used, "cache_creation_input_tokens", 0) or 0)
+        self.usage.cache_read_tokens += int(getattr(used, "cache_read_input_tokens", 0) or 0)
+        self.usage.output_tokens += max(int(used.output_tokens or 0), received)
 
     def _count(self, body: Mapping[str, Any]) -> None:
         usage = body.get("usage") or {}
@@ -417,6 +532,17 @@ class Session:
         self.usage.output_tokens += int(usage.get("output_tokens") or 0)
         self.usage.cache_write_tokens += int(usage.get("cache_creation_input_tokens") or 0)
         self.usage.cache_read_tokens += int(usage.get("cache_read_input_tokens") or 0)
+
+
+def _since(before: Usage, after: Usage) -> Usage:
+    """Return the tokens `after` gained over `before`: one call's usage."""
+    return Usage(
+        model=after.model,
+        input_tokens=after.input_tokens - before.input_tokens,
+        output_tokens=after.output_tokens - before.output_tokens,
+        cache_write_tokens=after.cache_write_tokens - before.cache_write_tokens,
+        cache_read_tokens=after.cache_read_tokens - before.cache_read_tokens,
+    )
 
 
 def _with_cache_marker(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -469,6 +595,7 @@ class AnthropicBrain:
             stop=request.stop,
             deadline=time.monotonic() + max(float(request.timeout), 1.0),
             model=model_for(self.instance),
+            meter=request.meter,
         )
         try:
             return _Act(self.instance, request, session).run()
@@ -485,6 +612,9 @@ class _Act:
         self.texts: list[str] = []
         self.executed: list[dict[str, Any]] = []
         self.enabled = list(instance.tools or [])
+        self.journal = request.journal
+        self.replayed: dict[int, JournaledTurn] = {}  # what an earlier attempt of this iteration journaled
+        self.mcp = McpTools(instance, workspace=request.workspace, stop=request.stop, secrets=session.secrets)
         self.approved = {
             call_signature(c["name"], c.get("input", {}))
             for c in getattr(request, "approved_calls", None) or []
@@ -492,8 +622,21 @@ class _Act:
         }
 
     def run(self) -> Reply:
+        try:
+            return self._run()
+        finally:
+            self.mcp.close()
+
+    def _run(self) -> Reply:
         instance, request = self.instance, self.request
         request.workspace.mkdir(parents=True, exist_ok=True)
+        # The MCP servers the agent may use: connected for this act, their secrets redacted like its keys.
+        self.mcp.open()
+        self.session.secrets = self.mcp.secrets
+        for server, why in self.mcp.failures:
+            self.executed.append(
+                {"name": f"mcp__{server}", "input": {}, "is_error": True, "result": clip(f"could not connect: {why}", 300)}
+            )
         context = ToolContext(
             workspace=request.workspace,
             timeout=float(instance.tool_timeout_seconds),
@@ -502,9 +645,11 @@ class _Act:
             command_deny=tuple(instance.command_deny or ()),
             stop=request.stop,
             secrets=self.session.secrets,
+            instance_id=instance.pk,
+            network=bool(getattr(instance, "network", False)),
         )
         try:
-            tools = definitions(self.enabled)
+            tools = definitions(self.enabled) + self.mcp.definitions()
         except ValueError as exc:
             return self._reply(False, f"the instance's tools are misconfigured: {exc}")
         # Breakpoints: tools + system prompt (shared by every run of the instance), + the
@@ -519,6 +664,8 @@ class _Act:
             },
         ]
         try:
+            if self.journal is not None:
+                self.replayed = self.journal.replay()
             messages: list[dict[str, Any]] = [{"role": "user", "content": self._opening(context)}]
             turns = 0
             while True:
@@ -534,13 +681,18 @@ class _Act:
                 if tools:
                     params["tools"] = tools
                     params["tool_choice"] = {"type": "auto"}
-                body = self.session.create(params)
-                content = body.get("content") or []
+                content: list[dict[str, Any]]
+                kept = self.replayed.get(turns + 1)
+                if kept is not None and kept.content is not None:
+                    # An earlier attempt was given this answer and journaled its calls: not asked again.
+                    content, stop_reason = kept.content, "tool_use"
+                else:
+                    body = self.session.create(params)
+                    content, stop_reason = body.get("content") or [], str(body.get("stop_reason"))
                 messages.append({"role": "assistant", "content": content})
                 if said := _texts(content):
                     self.texts.append(said)
                 calls = [b for b in content if b.get("type") == "tool_use"]
-                stop_reason = body.get("stop_reason")
                 if stop_reason == "refusal":
                     return self._reply(False, "the model declined to continue (refusal)")
                 if stop_reason == "max_tokens":
@@ -551,7 +703,9 @@ class _Act:
                     return self._reply(True, f"the act stopped at its limit of {instance.max_tool_turns} tool turns")
                 if parked := self._needing_approval(calls):
                     return parked
-                messages.append({"role": "user", "content": self._run_tools(calls, context)})
+                if delegating := self._delegating(turns + 1, content, calls, context):
+                    return delegating
+                messages.append({"role": "user", "content": self._run_tools(turns + 1, content, calls, context)})
                 turns += 1
         except _Stopped:
             detail = "stopped during the act"
@@ -560,6 +714,8 @@ class _Act:
             return self._reply(False, detail, stopped=True)
         except _TimedOut:
             return self._reply(False, f"the act passed its {request.timeout:g}s time limit", timed_out=True)
+        except JournalError as exc:  # a call that cannot be journaled is not run
+            return self._reply(False, str(exc))
 
     def _opening(self, context: ToolContext) -> list[dict[str, Any]]:
         request = self.request
@@ -570,12 +726,13 @@ class _Act:
             blocks.append({"type": "text", "text": history})
         if checks := render_checks(request.checks):
             blocks.append({"type": "text", "text": checks})
+        if self.mcp.notes:
+            blocks.append({"type": "text", "text": self.session.scrub("\n".join(self.mcp.notes))})
         ran = []
-        for call in getattr(request, "approved_calls", None) or []:
+        for index, call in enumerate(getattr(request, "approved_calls", None) or []):
             if not isinstance(call, Mapping) or "name" not in call:
                 continue
-            result = run_tool(str(call["name"]), call.get("input", {}), context)
-            self._record(call, result)
+            result = self._journaled_call(0, index, call, None, context)
             state = "failed" if result.is_error else "ran"
             ran.append(f"- {call_signature(str(call['name']), call.get('input', {}))} {state}:\n{clip(result.content, 4000)}")
         if ran:
@@ -584,10 +741,11 @@ class _Act:
         return blocks
 
     def _needing_approval(self, calls: list[dict[str, Any]]) -> Reply | None:
-        gated = set(self.instance.approval_tools or ())
+        gated = {n for n in self.instance.approval_tools or () if not is_mcp_name(n)}  # MCP tools: self.mcp says
         pending = [
             c for c in calls
-            if c.get("name") in gated and call_signature(c["name"], c.get("input", {})) not in self.approved
+            if (c.get("name") in gated or self.mcp.needs_approval(str(c.get("name"))))
+            and call_signature(c["name"], c.get("input", {})) not in self.approved
         ]
         if not pending:
             return None
@@ -599,19 +757,43 @@ class _Act:
         ]
         return reply
 
-    def _run_tools(self, calls: list[dict[str, Any]], context: ToolContext) -> list[dict[str, Any]]:
+    def _delegating(
+        self, turn: int, content: list[dict[str, Any]], calls: list[dict[str, Any]], context: ToolContext
+    ) -> Reply | None:
+        """End the act with its `delegate` calls for the loop to start; run the turn's other calls first."""
+        if "delegate" not in self.enabled:
+            return None
+        delegated = [c for c in calls if c.get("name") == "delegate"]
+        if not delegated:
+            return None
+        self._run_tools(turn, content, calls, context, skipping="delegate")
+        reply = self._reply(True, f"delegated {len(delegated)} sub-objective(s); waiting for them")
+        reply.tool_calls = [
+            *reply.tool_calls,
+            *({"name": "delegate", "input": c.get("input", {}), "id": c.get("id", ""), "delegate": True}
+              for c in delegated),
+        ]
+        return reply
+
+    def _run_tools(
+        self,
+        turn: int,
+        content: list[dict[str, Any]],
+        calls: list[dict[str, Any]],
+        context: ToolContext,
+        *,
+        skipping: str = "",
+    ) -> list[dict[str, Any]]:
+        """Run the turn's calls in order (but those named `skipping`); return their tool_result blocks."""
         results = []
-        for call in calls:
+        for index, call in enumerate(calls):
+            if call.get("name") == skipping:
+                continue
             if self.request.stop.is_set():
                 raise _Stopped
             if time.monotonic() >= self.session.deadline:
                 raise _TimedOut
-            name = str(call.get("name"))
-            if name in self.enabled:
-                result = run_tool(name, call.get("input", {}), context)
-            else:
-                result = ToolResult(f"unknown tool {name!r}: this agent has {', '.join(self.enabled) or 'no tools'}", True)
-            self._record(call, result)
+            result = self._journaled_call(turn, index, call, content, context)
             block: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": call["id"],
@@ -622,15 +804,60 @@ class _Act:
             results.append(block)
         return results
 
-    def _record(self, call: Mapping[str, Any], result: Any) -> None:
-        self.executed.append(
-            {
-                "name": call.get("name"),
-                "input": _brief_input(call.get("input", {})),
-                "is_error": result.is_error,
-                "result": clip(result.content, 300),
-            }
-        )
+    def _journaled_call(
+        self,
+        turn: int,
+        index: int,
+        call: Mapping[str, Any],
+        content: list[dict[str, Any]] | None,
+        context: ToolContext,
+    ) -> ToolResult:
+        """Run one call under the journal (when the act has one) and record it in the reply.
+
+        A call an earlier attempt finished gives its journaled result again; one it started and
+        never finished is reported as interrupted; any other is journaled, run, then journaled
+        with its result.
+        """
+        name, arguments = str(call.get("name")), call.get("input", {})
+        if self.journal is None:
+            result = self._call_tool(name, arguments, context)
+            self._record(call, result)
+            return result
+        kept = self.replayed.get(turn)
+        done = kept.calls.get(index) if kept is not None else None
+        if done is not None:
+            result = ToolResult(done.result, done.is_error) if done.finished else ToolResult(INTERRUPTED, True)
+            self._record(call, result, key=done.key, replayed="result" if done.finished else "interrupted")
+            return result
+        key = self.journal.started(turn, index, {"id": call.get("id", ""), "name": name, "input": arguments}, content)
+        result = self._call_tool(name, arguments, context)
+        self.journal.finished(key, self.session.scrub(result.content), result.is_error)
+        self._record(call, result, key=key)
+        return result
+
+    def _call_tool(self, name: str, arguments: Any, context: ToolContext) -> ToolResult:
+        """Run one call: an MCP server's tool through its connection, a built-in tool if enabled."""
+        if is_mcp_name(name):
+            timeout = min(context.timeout, max(self.session.deadline - time.monotonic(), 1.0))
+            text, is_error = self.mcp.call(name, arguments, timeout=timeout, output_cap=context.output_cap)
+            return ToolResult(text, is_error)
+        if name in self.enabled:
+            return run_tool(name, arguments, context)
+        have = [n for n in self.enabled if not is_mcp_name(n)] + list(self.mcp.tools)
+        return ToolResult(f"unknown tool {name!r}: this agent has {', '.join(have) or 'no tools'}", True)
+
+    def _record(self, call: Mapping[str, Any], result: Any, *, key: str = "", replayed: str = "") -> None:
+        entry = {
+            "name": call.get("name"),
+            "input": _brief_input(call.get("input", {})),
+            "is_error": result.is_error,
+            "result": clip(result.content, 300),
+        }
+        if key:
+            entry["key"] = key  # the journal's idempotency key
+        if replayed:
+            entry["replayed"] = replayed  # from an earlier attempt's journal: "result" or "interrupted"
+        self.executed.append(entry)
         log.debug("run %s: tool %s %s", self.request.run_id, call.get("name"), "refused" if result.is_error else "ran")
 
     def _reply(self, ok: bool, detail: str, *, stopped: bool = False, timed_out: bool = False) -> Reply:
@@ -677,6 +904,7 @@ def decide(
     *,
     stop: threading.Event | None = None,
     timeout: float | None = None,
+    meter: Meter | None = None,
 ) -> tuple[str, Usage]:
     """Ask Claude to judge an iteration; return its raw answer text and the usage of the call(s)."""
     session = Session(
@@ -684,6 +912,7 @@ def decide(
         stop=stop or threading.Event(),
         deadline=time.monotonic() + (timeout or float(instance.act_timeout_seconds)),
         model=model_for(instance),
+        meter=meter,
     )
     lim = session.limits
     params = {

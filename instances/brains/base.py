@@ -25,6 +25,9 @@ class Usage:
     cache_read_tokens: int = 0
     cost_micros: int | None = None
     calls: int = 0
+    # What metered calls of these already cost: reserved before each went out and settled
+    # at its usage by the meter (never settled again).
+    metered_micros: int = 0
 
     def add(self, other: Usage) -> Usage:
         cost = None
@@ -38,6 +41,7 @@ class Usage:
             cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
             cost_micros=cost,
             calls=self.calls + other.calls,
+            metered_micros=self.metered_micros + other.metered_micros,
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -49,6 +53,7 @@ class Usage:
             "cache_read_tokens": self.cache_read_tokens,
             "cost_micros": self.cost_micros,
             "calls": self.calls,
+            "metered_micros": self.metered_micros,
         }
 
 
@@ -66,6 +71,10 @@ class ActRequest:
     checks: list[dict[str, Any]] = field(default_factory=list)
     # Tool calls a person approved after the previous act parked the run: run them first.
     approved_calls: list[dict[str, Any]] = field(default_factory=list)
+    # Meters every model call the act makes (see `Meter`); None: the calls are not metered.
+    meter: Meter | None = None
+    # Journals every tool call the act makes (see `Journal`); None: the calls are not journaled.
+    journal: Journal | None = None
 
 
 @dataclass
@@ -100,6 +109,73 @@ class ProviderError(BrainError):
     """The provider stayed unavailable past the retry bound."""
 
     outcome = "provider_error"
+
+
+class BudgetExhausted(BrainError):
+    """The run's headroom cannot pay for the next model call, so it was not made."""
+
+    outcome = "budget_exhausted"
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A metered call's allowance: the (possibly clamped) `max_tokens` it may ask for."""
+
+    max_tokens: int
+    handle: Any = None
+
+
+class Meter(Protocol):
+    """Reserve each model call's worst case before it goes out; settle it at its usage.
+
+    `before` raises `BudgetExhausted` when the headroom cannot pay for a useful call;
+    `after` settles the call (also one that failed or was abandoned) and returns its cost.
+    """
+
+    def before(self, *, model: str, request_bytes: int, max_tokens: int) -> Grant: ...
+
+    def after(self, grant: Grant, usage: Usage) -> int: ...
+
+
+@dataclass(frozen=True)
+class JournaledCall:
+    """A tool call an earlier attempt journaled: finished (with its result) or only started."""
+
+    key: str
+    finished: bool
+    result: str = ""
+    is_error: bool = False
+
+
+@dataclass
+class JournaledTurn:
+    """A tool turn an earlier attempt journaled: the model's answer verbatim and its calls by index."""
+
+    turn: int
+    content: list[dict[str, Any]] | None
+    calls: dict[int, JournaledCall] = field(default_factory=dict)
+
+
+class JournalError(Exception):
+    """The journal could not be written: the call it was to record must not run."""
+
+
+class Journal(Protocol):
+    """Record each tool call before it runs and again with its result, under an idempotency key.
+
+    `replay` returns what earlier attempts of the same iteration journaled, by turn (turn 0:
+    the approved calls run before the first model call); `started` commits a call (and, for a
+    turn's first call, the model's answer it came in) before the call runs and returns its key;
+    `finished` records its result. Both raise `JournalError` when the write failed for good.
+    """
+
+    def replay(self) -> dict[int, JournaledTurn]: ...
+
+    def started(
+        self, turn: int, index: int, call: dict[str, Any], turn_content: list[dict[str, Any]] | None
+    ) -> str: ...
+
+    def finished(self, key: str, result: str, is_error: bool) -> None: ...
 
 
 class Brain(Protocol):

@@ -5,6 +5,12 @@ Tree:  root ─┬─ user A ─┬─ instance A1 (daily) ─┬─ run 0 (capp
              │          │                       └─ run 1
              │          └─ instance A2 ─────────── run 2 (capped)
              └─ user B (monthly) ── instance B1 ── run 3
+
+plus child runs carved from any run as the machine goes (delegation): the child's cap is
+reserved in its parent's chain (the carve) and is the limit of the child's own pool, the
+root of the child's chain; the child spends there (never more than its carve, but for an
+overdraft), and when it finishes the carve settles at what the child's pool spent (and
+still holds), giving the rest back to the parent's chain.
 """
 
 from dataclasses import dataclass, field
@@ -45,6 +51,7 @@ class Shadow:
     reserved: int = 0
     period_start: datetime = START
     flagged: bool = False
+    carved: bool = False  # a child run's pool: its limit is its carve and cannot change
 
     def roll(self, now):
         start = ledger.period_floor(self.period, now)
@@ -79,6 +86,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.chains: list[list[int]] = []
         self.held: dict[int, Held] = {}
         self.iterations: dict[int, int] = {}
+        self.carves: dict[int, Held] = {}  # by the child's index in self.runs
+        self.finished: set[int] = set()  # children whose carve went back
         self.seen_entry = 0
 
     def teardown(self):
@@ -170,13 +179,16 @@ class LedgerMachine(RuleBasedStateMachine):
             if not pool.flagged and pool.over_threshold():
                 pool.flagged = True
                 crossed.append(pool.pk)
-        del self.held[held.pk]
+        self.held.pop(held.pk, None)
         return sorted(crossed)
 
     # --- moves -------------------------------------------------------------------------------
 
-    @rule(which=st.integers(0, 3), amount=AMOUNTS)
+    @rule(which=st.integers(0, 7), amount=AMOUNTS)
     def reserve(self, which, amount):
+        which %= len(self.runs)  # the four runs of the tree and any child runs carved since
+        if which in self.finished:
+            return  # a finished run reserves nothing more
         run = self.runs[which]
         self.iterations[run.pk] += 1
         iteration = self.iterations[run.pk]
@@ -201,7 +213,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for pool in Pool.objects.filter(pk__in=self.chains[which]):
             assert pool.limit is None or pool.spent + pool.reserved <= pool.limit
 
-    @rule(which=st.integers(0, 3), amount=st.integers(0, 150))
+    @rule(which=st.integers(0, 7), amount=st.integers(0, 150))
     def reserve_a_little(self, which, amount):
         self.reserve(which, amount)
 
@@ -241,17 +253,78 @@ class LedgerMachine(RuleBasedStateMachine):
         ledger.release(held.pk, now=self.now)
         self.close(held, 0)
 
-    @rule(which=st.integers(0, 3))
+    @rule(which=st.integers(0, 7))
     def abandon(self, which):
+        which %= len(self.runs)
         mine = [h for h in self.held.values() if h.run == which]
         assert ledger.close_abandoned(self.runs[which], now=self.now) == sum(h.amount for h in mine)
         for held in mine:
             self.close(held, held.amount)
 
+    @precondition(lambda self: len(self.runs) < 8)
+    @rule(parent=st.integers(0, 7), cap=st.integers(0, 2500))
+    def carve(self, parent, cap):
+        """Delegation: a child run whose cap is reserved in its parent's chain and is its own pool."""
+        from loops.models import Run
+
+        parent %= len(self.runs)
+        if parent in self.finished:
+            return  # a finished run delegates nothing
+        above = self.runs[parent]
+        child = Run.objects.create(
+            instance=above.instance, owner=above.owner, objective="child", max_iterations=10**6,
+            parent=above, depth=above.depth + 1, max_cost_micros=cap,
+        )
+        pools = self.shadows(self.chains[parent])
+        fits = all(
+            p.limit is None or (p.spent + p.reserved <= p.limit and p.spent + p.reserved + cap <= p.limit)
+            for p in pools
+        )
+        try:
+            pool = services.open_run_pools(child, now=self.now)  # the machine's clock, not the wall's
+        except InvalidBudget:
+            event("carve refused")
+            assert not fits, "a carve that fits the parent's headroom was refused"
+            assert not Pool.objects.filter(run=child).exists()  # nothing is left behind
+            return
+        event("carve granted")
+        assert fits, "carved more than the parent's chain had left"
+        assert [p.pk for p in selectors.run_chain(child)] == [pool.pk]  # the child's chain is its own pool
+        assert pool.limit == cap and pool.parent_id == (self.chains[parent][-1])
+        held = Reservation.objects.get(carved=pool)
+        assert (held.status, held.amount, held.run_id, held.chain) == ("held", cap, None, self.chains[parent])
+        for shadow in pools:
+            shadow.reserved += cap  # held for the child: the parent's chain cannot spend it meanwhile
+        self.pools[pool.pk] = Shadow(pool.pk, pool.name, pool.period, pool.limit, pool.threshold_percent,
+                                     period_start=pool.period_start, carved=True)
+        self.runs.append(child)
+        self.chains.append([pool.pk])
+        self.iterations[child.pk] = 0
+        self.carves[len(self.runs) - 1] = Held(held.pk, len(self.runs) - 1, 0, cap, self.chains[parent])
+
+    @precondition(lambda self: set(self.carves) - self.finished)
+    @rule(data=st.data())
+    def child_finishes(self, data):
+        """The child's finish settles its carve at what its pool spent and holds; the rest goes back."""
+        which = data.draw(st.sampled_from(sorted(set(self.carves) - self.finished)))
+        carve = self.carves[which]
+        (own,) = self.shadows(self.chains[which])
+        before = {p.pk: (p.spent, p.reserved) for p in self.shadows(carve.chain)}
+        actual = own.spent + own.reserved
+        assert ledger.refund_carve(own.pk, now=self.now) == actual
+        assert ledger.refund_carve(own.pk, now=self.now) is None  # exactly once
+        event("carve refunded" + (" with money still held" if own.reserved else ""))
+        self.close(carve, actual)
+        self.finished.add(which)
+        for pool in Pool.objects.filter(pk__in=carve.chain):
+            spent, reserved = before[pool.pk]
+            assert (pool.reserved, pool.spent) == (reserved - carve.amount, spent + actual), pool.name
+        assert Reservation.objects.get(pk=carve.pk).actual == actual
+
     @rule(data=st.data(), amount=st.integers(-5, 3000))
     def top_up(self, data, amount):
         shadow = self.pools[data.draw(st.sampled_from(sorted(self.pools)))]
-        if shadow.limit is None or amount <= 0:
+        if shadow.limit is None or amount <= 0 or shadow.carved:
             with pytest.raises(InvalidBudget):
                 ledger.top_up(shadow.pk, amount, "machine", now=self.now)
             return
@@ -265,7 +338,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def set_limit(self, data, limit):
         shadow = self.pools[data.draw(st.sampled_from(sorted(self.pools)))]
         shadow.roll(self.now)
-        if limit is not None and (limit < 0 or limit < shadow.spent):
+        if shadow.carved or (limit is not None and (limit < 0 or limit < shadow.spent)):
             with pytest.raises(InvalidBudget):
                 ledger.set_limit(shadow.pk, limit, "machine", now=self.now)
             return
@@ -306,7 +379,17 @@ class LedgerMachine(RuleBasedStateMachine):
                 shadow.limit,
             ), shadow.name
         held = Reservation.objects.filter(status="held")
-        assert sorted(held.values_list("pk", flat=True)) == sorted(self.held)
+        carves = [c.pk for i, c in self.carves.items() if i not in self.finished]
+        assert sorted(held.values_list("pk", flat=True)) == sorted([*self.held, *carves])
+
+    @invariant()
+    def a_child_spends_within_its_carve(self):
+        overdrawn = set(LedgerEntry.objects.filter(kind="overdraft").values_list("pool_id", flat=True))
+        for which, carve in self.carves.items():
+            (pk,) = self.chains[which]
+            pool = Pool.objects.get(pk=pk)
+            assert pool.limit == carve.amount  # the carve is the child's limit, and stays it
+            assert pk in overdrawn or pool.spent + pool.reserved <= carve.amount
 
     @invariant()
     def every_grant_kept_spent_plus_reserved_within_the_limit(self):
