@@ -4,7 +4,7 @@ An instance (or its template) enables tools by name in its `tools` field. `defin
 returns what the model is shown; `run_tool` executes one call inside the instance's
 workspace and guardrails and never raises for the agent's mistakes: every refusal or
 failure comes back as a `ToolResult` with `is_error` and a message fit for the model.
-Tool output is scrubbed of the instance's secrets before it leaves.
+Tool output is redacted (`instances.redaction`) before it leaves.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ class ToolContext:
     command_deny: tuple[str, ...] = ()
     stop: threading.Event | None = None
     secrets: tuple[str, ...] = field(default=(), repr=False)
+    instance_id: int | None = None  # whose sandbox uid commands run as
+    network: bool = False  # whether commands may reach the outside network
 
 
 @dataclass
@@ -121,8 +123,15 @@ def _run_command(ctx: ToolContext, arguments: dict[str, Any]) -> str:
         allow=ctx.command_allow,
         deny=ctx.command_deny,
         stop=ctx.stop,
+        instance_id=ctx.instance_id,
+        network=ctx.network,
     )
     return result.as_text()
+
+
+def _delegate(ctx: ToolContext, arguments: dict[str, Any]) -> str:
+    # The brain never runs this: a delegate call ends the act and the loop starts the children.
+    raise ToolInputError("delegate is handled by the loop, not inside an act")
 
 
 _PATH = {"type": "string", "description": "a path relative to the workspace root"}
@@ -205,27 +214,63 @@ TOOLS: dict[str, Tool] = {
             },
             _run_command,
         ),
+        Tool(
+            "delegate",
+            "Hand a sub-objective to another agent: an instance you own (by name or id) or a template "
+            "(e.g. coder). It runs as a child run with its own budget carved from yours; your act ends "
+            "here and you continue once every child you started in this act has finished, with their "
+            "outcomes, answers and costs. Call it several times in one turn to run children in parallel. "
+            "workspace: own (the child's own), copy (a copy of yours; its changes come back as a patch), "
+            "shared (yours; you wait while it works). Refusals (too deep, too many, over budget) come back "
+            "as errors you can read.",
+            {
+                "type": "object",
+                "properties": {
+                    "to": {"type": "string", "description": "an instance name or id you own, or a template name"},
+                    "objective": {"type": "string", "description": "what the child must achieve, self-contained"},
+                    "max_cost_usd": {"type": "number", "description": "the child's budget, carved from yours"},
+                    "max_iterations": {"type": "integer"},
+                    "workspace": {"type": "string", "enum": ["own", "copy", "shared"], "default": "own"},
+                },
+                "required": ["to", "objective", "max_cost_usd"],
+            },
+            _delegate,
+        ),
     ]
 }
 
 
 def check_names(names: Iterable[str]) -> list[str]:
-    """Return `names` as a list, or raise ValueError naming the unknown ones."""
+    """Return `names` as a list, or raise ValueError naming the unknown ones.
+
+    Besides built-in tools, a name may be an MCP server's tool or a glob of them
+    (`mcp__<server>__<tool>`, see `instances.tools.mcp`), checked for its shape only.
+    """
+    from instances.tools import mcp
+
     names = list(names)
-    unknown = [n for n in names if n not in TOOLS]
+    for name in names:
+        if mcp.is_mcp_name(name):
+            mcp.check_pattern(name)
+    unknown = [n for n in names if n not in TOOLS and not mcp.is_mcp_name(n)]
     if unknown:
-        raise ValueError(f"unknown tool(s): {', '.join(unknown)}; known: {', '.join(TOOLS)}")
+        raise ValueError(
+            f"unknown tool(s): {', '.join(unknown)}; known: {', '.join(TOOLS)}, "
+            "or an MCP server's tools as mcp__<server>__<tool>"
+        )
     return names
 
 
 def definitions(names: Sequence[str]) -> list[dict[str, Any]]:
-    """Return the Messages API tool definitions for the enabled tools, in a stable order."""
-    return [TOOLS[name].definition() for name in check_names(names)]
+    """Return the Messages API tool definitions for the enabled built-in tools, in a stable order."""
+    from instances.tools import mcp
+
+    return [TOOLS[name].definition() for name in check_names(names) if not mcp.is_mcp_name(name)]
 
 
 def run_tool(name: str, arguments: Any, context: ToolContext) -> ToolResult:
     """Execute one tool call; every refusal or failure is an error result, never an exception."""
-    from instances.credentials import scrub
+    from instances.redaction import redact
 
     tool = TOOLS.get(name)
     if tool is None:
@@ -238,4 +283,4 @@ def run_tool(name: str, arguments: Any, context: ToolContext) -> ToolResult:
         content, is_error = str(exc), True
     except OSError as exc:
         content, is_error = f"{name} failed: {exc.strerror or exc}", True
-    return ToolResult(scrub(content, context.secrets), is_error=is_error)
+    return ToolResult(redact(content, context.secrets), is_error=is_error)

@@ -1,0 +1,438 @@
+"""Delegation: the child runs a parent's `delegate` calls start, and the parent's return.
+
+An act that ends with `delegate` calls hands them here. Each call becomes a child run of the
+same owner (`services.run_start(parent=...)`): on an instance the owner has, or on a new
+instance made from a template (inheriting the parent's credential), with a cap carved from
+the parent's headroom (`budgets.ledger.carve`): the cap is held in the parent's chain while
+the child runs, and is the child's own pool, the only one its calls reserve in. When the
+child finishes, in that same transaction, `refund_carve` books what it spent in the parent's
+chain and gives the rest back; so the whole tree can never spend past the root run's cap.
+Bounds (`TETHER_DELEGATION_MAX_DEPTH`, `_MAX_CHILDREN`, `_MAX_RUNS`) and a cap that does not
+fit come back as errors the model reads, with no run created.
+
+The parent then waits (status `waiting`, "children running", no lease, no worker): when the
+last child started in that act finishes — on any worker, after any crash (the reaper checks
+too) — `resume_parent` folds each child's outcome, verified flag, detail, answer excerpt,
+spend and (for `copy`) the patch of its workspace into the parent's next instruction and
+schedules its next iteration.
+
+Writes runs, instances (template targets), workspaces (`copy`), events; called by the runner
+(after an act, outside its iteration transaction) and on every run's finish.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from loops import events, tasks
+from loops.models import Run
+
+EXCERPT = 1500
+PATCH_CHARS = 20_000
+MODES = ("own", "copy", "shared")
+
+
+class Refusal(Exception):
+    """A delegate call that cannot be honoured; the message is for the model."""
+
+
+def _limit(name: str, default: int) -> int:
+    return int(getattr(settings, name, default))
+
+
+def _tree(run: Run) -> tuple[Run, int]:
+    """Return the tree's root run and how many runs the tree has."""
+    root = run
+    while root.parent_id is not None:
+        root = Run.objects.get(pk=root.parent_id)
+    size, frontier = 1, [root.pk]
+    while frontier:
+        frontier = list(Run.objects.filter(parent_id__in=frontier).values_list("pk", flat=True))
+        size += len(frontier)
+    return root, size
+
+
+def _text(arguments: dict[str, Any], name: str) -> str:
+    value = arguments.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise Refusal(f"{name!r} must be a non-empty string")
+    return value.strip()
+
+
+def _budget(arguments: dict[str, Any]) -> Decimal:
+    raw = arguments.get("max_cost_usd")
+    try:
+        if isinstance(raw, bool):
+            raise InvalidOperation
+        dollars = Decimal(str(raw))
+    except (InvalidOperation, ValueError):
+        raise Refusal("'max_cost_usd' must be a number of dollars, e.g. 0.50") from None
+    if not dollars.is_finite() or dollars < Decimal("0.01"):
+        raise Refusal("'max_cost_usd' must be at least 0.01")
+    return dollars.quantize(Decimal("0.000001"))
+
+
+def _resolve(run: Run, to: str, mode: str) -> tuple[Any, Any]:
+    """Return what `to` names for `run`'s owner: (an instance, None) or (None, a template); create nothing."""
+    from instances.models import AgentTemplate, Instance
+
+    owner = run.owner
+    found = Instance.objects.filter(owner=owner, name=to).first()
+    if found is None and to.isdigit() and len(to) <= 18:
+        found = Instance.objects.filter(owner=owner, pk=int(to)).first()
+    if found is not None:
+        if mode != "own":
+            raise Refusal(
+                f"workspace {mode!r} needs a template target (a new instance); instance {found.name!r} "
+                "has its own workspace: use workspace 'own'"
+            )
+        return found, None
+    roles = (run.instance.template.roles or {}) if run.instance.template_id else {}
+    template = AgentTemplate.objects.filter(name=roles.get(to, to)).first()
+    if template is None:
+        names = ", ".join(Instance.objects.filter(owner=owner).values_list("name", flat=True)[:20]) or "none"
+        templates = ", ".join(AgentTemplate.objects.values_list("name", flat=True)) or "none"
+        raise Refusal(f"no instance or template named {to!r} (your instances: {names}; templates: {templates})")
+    return None, template
+
+
+def _target(run: Run, to: str, mode: str, number: int) -> Any:
+    """Return the instance the child runs on: one the owner has, or a new one from a template."""
+    from instances.templates_loader import TemplateError, create_instance
+
+    found, template = _resolve(run, to, mode)
+    if found is not None:
+        return found
+    overrides: dict[str, Any] = {}
+    if run.instance.credential_id:
+        overrides["credential_id"] = run.instance.credential_id
+    if mode == "shared":
+        overrides["workspace"] = str(run.instance.workspace_path())
+    try:
+        child = create_instance(
+            owner=run.owner, template=template, name=f"{run.instance.name} › {to} (run {run.pk}.{number})"[:100],
+            overrides=overrides,
+        )
+    except TemplateError as exc:
+        raise Refusal(str(exc)) from None
+    if mode == "copy":
+        source, target = run.instance.workspace_path(), child.workspace_path()
+        shutil.rmtree(target, ignore_errors=True)  # a new instance starts from the copy alone
+        if source.is_dir():
+            shutil.copytree(source, target, symlinks=True)
+    return child
+
+
+@dataclass(frozen=True)
+class Vetted:
+    """A delegate call that passed every bound: what its child run will be given."""
+
+    to: str
+    objective: str
+    mode: str
+    budget: Decimal
+    iterations: int | None
+
+
+def vet(run: Run, arguments: dict[str, Any], *, number: int, size: int, carved: Decimal) -> Vetted:
+    """Check one delegate call against the bounds, its arguments and the headroom; raise Refusal.
+
+    `number`: its place among this act's calls; `size`: how many runs the tree has (with the
+    children this act already asked for); `carved`: what this act's earlier calls carved
+    (and still not held: an act's calls are vetted before any child starts). The ledger has
+    the last word when the child's carve is reserved (`start_children`).
+    """
+    from budgets import money
+    from budgets import selectors as budget_selectors
+
+    if run.depth + 1 > _limit("TETHER_DELEGATION_MAX_DEPTH", 3):
+        raise Refusal(
+            f"delegation is {run.depth + 1} levels deep, past the limit of "
+            f"{_limit('TETHER_DELEGATION_MAX_DEPTH', 3)}: do this part yourself"
+        )
+    if number > _limit("TETHER_DELEGATION_MAX_CHILDREN", 4):
+        raise Refusal(f"at most {_limit('TETHER_DELEGATION_MAX_CHILDREN', 4)} children per act")
+    if size >= _limit("TETHER_DELEGATION_MAX_RUNS", 20):
+        raise Refusal(f"this tree of runs already has {size}, the limit")
+    to, objective = _text(arguments, "to"), _text(arguments, "objective")
+    mode = arguments.get("workspace") or "own"
+    if mode not in MODES:
+        raise Refusal(f"'workspace' must be one of {', '.join(MODES)}")
+    budget = _budget(arguments)
+    headroom = budget_selectors.headroom_for_run(run).remaining
+    if headroom is not None and money.usd_to_micros(carved + budget) > headroom:
+        left = max(headroom - money.usd_to_micros(carved), 0)
+        raise Refusal(
+            f"a {money.format_usd(money.usd_to_micros(budget))} budget does not fit: "
+            f"{money.format_usd(left)} of yours is left to carve"
+        )
+    iterations = arguments.get("max_iterations")
+    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)):
+        raise Refusal("'max_iterations' must be a whole number")
+    return Vetted(to, objective, mode, budget, iterations)
+
+
+def check_call(run: Run, arguments: dict[str, Any], earlier: list[dict[str, Any]]) -> Vetted:
+    """Vet a delegate call made during an act (through MCP), after the act's `earlier` accepted calls.
+
+    Nothing is created: the children start when the act ends (`start_pending`), where each
+    call is vetted again against the tree as it stands then.
+    """
+    carved = sum((_budget(call["input"]) for call in earlier), Decimal(0))
+    _, size = _tree(run)
+    vetted = vet(run, arguments, number=len(earlier) + 1, size=size + len(earlier), carved=carved)
+    _resolve(run, vetted.to, vetted.mode)
+    return vetted
+
+
+def start_children(run: Run, iteration: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Start a child run for each `delegate` call; return one result per call (`child` or `error`)."""
+    from loops import services
+
+    results: list[dict[str, Any]] = []
+    _, size = _tree(run)
+    started = 0
+    for number, call in enumerate(calls, start=1):
+        arguments = call.get("input") if isinstance(call.get("input"), dict) else {}
+        entry: dict[str, Any] = {"id": call.get("id", ""), "to": str(arguments.get("to", ""))[:100]}
+        try:
+            # The children started so far hold their carves already: the headroom shows them.
+            vetted = vet(run, arguments, number=number, size=size + started, carved=Decimal(0))
+            instance = _target(run, vetted.to, vetted.mode, number)
+            child = services.run_start(
+                instance=instance, user=run.owner, objective=vetted.objective, max_iterations=vetted.iterations,
+                max_cost_usd=str(vetted.budget), via="system", parent=run,
+                delegation={"call": entry["id"], "iteration": iteration, "workspace": vetted.mode},
+            )
+        except (Refusal, services.Refused) as exc:
+            entry["error"] = str(exc)
+        else:
+            entry["child"] = child.pk
+            started += 1
+        results.append(entry)
+    return results
+
+
+def refund_carve(run_id: int) -> None:
+    """Give a finished child run's carve back to its parent's chain, less what the child spent (once).
+
+    Called by `runner.after_finish` inside the transaction that finishes the run, whatever
+    the outcome (a stop's cascade included): the finish and the refund commit together or not
+    at all, and a finish retried after a cut finds the carve settled already.
+    """
+    from budgets import ledger
+    from budgets.models import Pool
+
+    pool = Pool.objects.filter(
+        kind=Pool.Kind.RUN, run_id=run_id, run__status=Run.Status.FINISHED, carve__status="held"
+    ).first()
+    if pool is not None:
+        ledger.refund_carve(pool)
+
+
+def waiting_for_children(run: Run) -> bool:
+    """Return whether `run` is parked on its children (starting them, or waiting for them)."""
+    return bool(run.status == Run.Status.WAITING and (run.delegation or {}).get("state") in ("starting", "waiting"))
+
+
+def start_pending(parent_id: int) -> None:
+    """Start the children a parked parent's act asked for (idempotent: a call already started is kept).
+
+    Called once the parent's iteration is recorded; the reaper calls it again for a parent
+    whose worker died in between.
+    """
+    with transaction.atomic():
+        parent = Run.objects.select_for_update().select_related("instance", "owner").filter(pk=parent_id).first()
+        if parent is None or parent.status != Run.Status.WAITING or parent.delegation.get("state") != "starting":
+            return
+        state = dict(parent.delegation)
+        already = {c.delegation.get("call"): c.pk for c in Run.objects.filter(parent=parent)
+                   if c.delegation.get("iteration") == state["iteration"]}
+        todo = [c for c in state["calls"] if c.get("id") not in already]
+        results = start_children(parent, int(state["iteration"]), todo) if todo else []
+        children = [*already.values(), *(r["child"] for r in results if "child" in r)]
+        refused = [r for r in results if "error" in r]
+        # What each child was asked, kept on the parent: a child that delegates in turn parks with
+        # its own state in its `delegation`, so the parent must not read its call from there.
+        modes = {c.get("id"): (c.get("input") or {}).get("workspace") or "own" for c in state["calls"]}
+        placed = {**{pk: call for call, pk in already.items()}, **{r["child"]: r["id"] for r in results if "child" in r}}
+        state.update(state="waiting", children=children, refused=refused, placed={
+            str(pk): {"call": call, "workspace": modes.get(call, "own")} for pk, call in placed.items()
+        })
+        detail = f"children running: runs {', '.join(map(str, children))}" if children else parent.outcome_detail
+        Run.objects.filter(pk=parent.pk).update(delegation=state, outcome_detail=detail)
+        events.append(parent.pk, "run.delegated", {
+            "iteration": state["iteration"], "children": children,
+            "refused": [{"to": r["to"], "error": r["error"][:300]} for r in refused],
+        })
+    if not children:
+        resume_parent(parent_id, parent_id=parent_id)  # every call was refused: the model reads why
+
+
+def _patch(parent: Run, child: Run) -> str:
+    """Return the unified diff of a `copy` child's workspace against its parent's (bounded)."""
+    ours, theirs = parent.instance.workspace_path(), child.instance.workspace_path()
+    names: set[str] = set()
+    for root in (ours, theirs):
+        if root.is_dir():
+            names |= {
+                str(p.relative_to(root)) for p in root.rglob("*")
+                if p.is_file() and not any(part in (".git", "__pycache__") for part in p.parts)
+            }
+    out: list[str] = []
+    for name in sorted(names):
+        a, b = _read(ours / name), _read(theirs / name)
+        if a != b:
+            out.extend(difflib.unified_diff(a, b, f"a/{name}", f"b/{name}"))
+        if sum(len(line) for line in out) > PATCH_CHARS:
+            out.append("\n… (patch cut)\n")
+            break
+    return "".join(out)[:PATCH_CHARS]
+
+
+def _read(path: Path) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines(keepends=True) if path.is_file() else []
+    except OSError:
+        return []
+
+
+def render_results(parent: Run, children: list[Run], refused: list[dict[str, Any]]) -> str:
+    """Return what the parent's next instruction says of its children (the delegate calls' results)."""
+    from budgets import money
+
+    lines = ["The runs you delegated have finished. Their results (one per delegate call):"]
+    for child in children:
+        asked = (parent.delegation.get("placed") or {}).get(str(child.pk)) or child.delegation
+        verified = " (verified)" if child.verified else (" (unverified)" if child.outcome == "done" else "")
+        answer = (child.iterations.order_by("-number").values_list("response", flat=True).first() or "")[-EXCERPT:]
+        lines.append(
+            f"\n## delegate call {asked.get('call', '')} → run {child.pk} on {child.instance.name}: "
+            f"{child.outcome}{verified}, spent {money.format_usd(child.spent_micros)}\n"
+            f"detail: {child.outcome_detail[:500]}\nfinal answer (excerpt):\n{answer}"
+        )
+        if asked.get("workspace") == "copy":
+            lines.append(f"patch of its copy of your workspace:\n{_patch(parent, child) or '(no changes)'}")
+    for entry in refused:
+        lines.append(f"\n## delegate call {entry['id']} to {entry['to']!r} was refused: {entry['error']}")
+    return "\n".join(lines)
+
+
+def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
+    """Resume the parent of a finished child once every child of that act has finished."""
+    if parent_id is None:
+        parent_id = Run.objects.filter(pk=child_id).values_list("parent_id", flat=True).first()
+        if parent_id is None:
+            return False
+    with transaction.atomic():
+        parent = Run.objects.select_for_update().get(pk=parent_id)
+        if parent.status != Run.Status.WAITING or parent.delegation.get("state") != "waiting":
+            return False
+        if parent.cancel_requested_at is not None:
+            return False
+        ids = list(parent.delegation.get("children", []))
+        kids = list(Run.objects.filter(pk__in=ids).select_related("instance").order_by("pk"))
+        if any(k.status != Run.Status.FINISHED for k in kids):
+            return False
+        text = render_results(parent, kids, parent.delegation.get("refused", []))
+        base = parent.delegation.get("instruction") or parent.objective
+        Run.objects.filter(pk=parent.pk).update(
+            next_instruction=f"{text}\n\nContinue with: {base}",
+            delegation={**parent.delegation, "state": "done"},
+            status=Run.Status.QUEUED, lease_token=None, lease_holder="", outcome_detail="",
+            lease_expires_at=tasks.pickup_deadline(), attempt=0,
+        )
+        events.append(parent.pk, "run.resumed", {"reason": "children finished", "children": ids})
+        tasks.schedule(parent.pk, parent.next_iteration)
+    return True
+
+
+class RoleCheck:
+    """A composition's grade of a proposed done: verified only when its verifying role's latest run passed."""
+
+    def __init__(self, passed: bool, reason: str) -> None:
+        from instances.brains.base import Usage
+        from loops.policy import Assessment
+
+        self.passed = passed
+        self.assessment = Assessment(outcome="done", verified=passed, reasons=() if passed else (reason,))
+        self.usage = Usage()
+        self.reason = reason
+
+    def as_event(self, iteration: int) -> tuple[str, dict[str, Any]]:
+        return ("grade.role", {"iteration": iteration, "passed": self.passed, "reason": self.reason})
+
+
+def on_done_proposed(sender: Any, *, run: Any, **kwargs: Any) -> RoleCheck | None:
+    """`signals.done_proposed` receiver: a composition's done needs its verifying role's pass."""
+    template = run.instance.template if run.instance.template_id else None
+    role = getattr(template, "verify_with_role", "") if template is not None else ""
+    if not role:
+        return None
+    name = (template.roles or {}).get(role, "")
+    latest = (
+        Run.objects.filter(parent=run, instance__template__name=name, status=Run.Status.FINISHED)
+        .order_by("-finished_at", "-pk")
+        .first()
+    )
+    if latest is None:
+        return RoleCheck(False, f"the {role} ({name}) never checked the work")
+    if latest.outcome != Run.Outcome.DONE:
+        return RoleCheck(False, f"the {role}'s last run (run {latest.pk}) ended {latest.outcome}: {latest.outcome_detail[:300]}")
+    return RoleCheck(True, f"the {role}'s last run (run {latest.pk}) passed")
+
+
+def on_run_starting(sender: Any, *, run: Any, **kwargs: Any) -> None:
+    """`signals.run_starting` receiver: a child's first act is told on its parent's timeline (once)."""
+    if run.parent_id is None:
+        return
+    with transaction.atomic():
+        parent = Run.objects.select_for_update().filter(pk=run.parent_id).first()  # one event per child
+        told = parent is None or parent.events.filter(kind="run.child_started", data__child=run.pk).exists()
+        if not told:
+            events.append(run.parent_id, "run.child_started", {"child": run.pk, "instance": run.instance.name[:100]})
+
+
+def on_run_finished(sender: Any, *, run_id: int, **kwargs: Any) -> None:
+    """`signals.run_finished` receiver: a child's end is told on its parent's timeline, and may resume it.
+
+    The parent's event redraws its page's tree at once (its viewers follow its events, not the child's).
+    """
+    from budgets import money
+
+    child = Run.objects.select_related("instance").filter(pk=run_id, parent__isnull=False).first()
+    if child is None:
+        return
+    if child.status == Run.Status.FINISHED:
+        with transaction.atomic():
+            events.append(child.parent_id, "run.child_finished", {
+                "child": child.pk, "instance": child.instance.name[:100], "outcome": child.outcome,
+                "verified": child.verified, "spent_usd": money.usd_string(child.spent_micros),
+            })
+    elif child.status == Run.Status.WAITING:  # it asks a person: the parent's page says so
+        with transaction.atomic():
+            events.append(child.parent_id, "run.child_waiting", {
+                "child": child.pk, "instance": child.instance.name[:100], "question": child.outcome_detail[:500],
+            })
+    resume_parent(run_id)
+
+
+def check_parked(limit: int = 100) -> int:
+    """For the reaper: start what a dead worker left unstarted, resume parents whose children all ended."""
+    moved = 0
+    parked = Run.objects.filter(status=Run.Status.WAITING, delegation__state__in=["starting", "waiting"])
+    for run_id, state in parked.values_list("pk", "delegation__state")[:limit]:
+        if state == "starting":
+            start_pending(run_id)
+            moved += 1
+        elif resume_parent(run_id, parent_id=run_id):
+            moved += 1
+    return moved

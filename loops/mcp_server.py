@@ -1,0 +1,337 @@
+"""Tether's run API as MCP tools: list, start, read, follow, interject, answer, stop and continue runs.
+
+The tools call the same selectors and services as the REST API (loops.api), with the same
+owner rules (another user's instance or run reads as not found) and every action audited
+with the interface `mcp`. Who the caller is comes from the transport: the bearer token of
+the HTTP request (loops.mcp_http) or the user the operator named to `manage.py mcp` (stdio).
+A refusal is a tool error whose text says what to do instead; nothing else of an error (a
+traceback, a query) reaches the client. Tools run in the loop's executor threads, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from django.contrib.auth import get_user_model
+from django.db import close_old_connections
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field, ValidationError
+
+from loops import events, selectors, services
+from loops.models import Run
+
+EVENTS_PAGE = 1000
+RUNS_PAGE = 200
+ID_MAX = 2**53  # ids past this overflow SQLite integers long before they could exist
+
+RunId = Annotated[int, Field(ge=1, le=ID_MAX, description="the run's id")]
+InstanceRef = Annotated[
+    int | str, Field(description="the instance's id, or its name when no other instance of yours has that name")
+]
+Dollars = Annotated[
+    str | float | int | None,
+    Field(description="the run's own cost cap in US dollars, like 2.50; omitted: only the pools above cap it"),
+]
+DELEGATE_IS_FOR_AGENTS = (
+    "delegate is an agent's tool: it makes a child run of the run whose act is calling it, and it takes only "
+    "the per-act token Tether gives a running agent (TETHER_TOKEN), never a person's API token. "
+    "To start a run yourself, use start_run."
+)
+INSTRUCTIONS = (
+    "Tether runs durable, governed agent loops. Each instance is an agent; a run pursues one objective "
+    "until it is done and verified, needs a person, or hits a bound. Start a run, then follow it with "
+    "run_events (pass the last seq you have as `after`); interject to steer it, answer a run that waits "
+    "for a person, cancel to stop it, continue_run to pick a finished run up again."
+)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls a tool and from where: the user's id and what the audit trail keeps of the device."""
+
+    user_id: int
+    user_agent: str = ""
+    address: str | None = None
+
+
+@dataclass
+class _Device:
+    """What reviews.audit reads from a request: the user agent and the address."""
+
+    META: dict[str, Any] = field(default_factory=dict)
+
+
+def stdio_caller(user_id: int) -> Callable[[Context], Caller]:
+    """Return an identify() for `manage.py mcp`: always the user the operator named."""
+    device = f"manage.py mcp (stdio) on {socket.gethostname()}"
+    return lambda ctx: Caller(user_id=user_id, user_agent=device)
+
+
+def http_caller(ctx: Context) -> Caller:
+    """Return the caller loops.mcp_http authenticated for the HTTP request carrying this call."""
+    request = getattr(ctx.request_context, "request", None)
+    scope = getattr(request, "scope", None) or {}
+    user_id = scope.get("tether.user_id")
+    if user_id is None:  # every request through loops.mcp_http has one; nothing else reaches here
+        raise ToolError("not authenticated")
+    client = scope.get("client") or (None, None)
+    agent = request.headers.get("user-agent", "") if request is not None else ""
+    return Caller(user_id=user_id, user_agent=agent, address=client[0])
+
+
+def _serve(ctx: Context, identify: Callable[[Context], Caller], work: Callable[[Any, _Device], Any]) -> Any:
+    """Run one tool body as the caller, with a fresh database connection and readable refusals."""
+    caller = identify(ctx)
+    close_old_connections()
+    try:
+        user = get_user_model().objects.filter(pk=caller.user_id, is_active=True).first()
+        if user is None:
+            raise ToolError("this account is not active; ask the operator")
+        device = _Device({"HTTP_USER_AGENT": caller.user_agent, "REMOTE_ADDR": caller.address})
+        return work(user, device)
+    except services.Refused as exc:
+        raise ToolError(exc.message) from None
+    finally:
+        close_old_connections()
+
+
+async def _call(ctx: Context, identify: Callable[[Context], Caller], work: Callable[[Any, _Device], Any]) -> Any:
+    # The loop's own executor, not anyio's worker threads: those live until the task that first
+    # used them ends, and the session manager's task never does, so they would keep daphne from
+    # exiting on SIGTERM.
+    return await asyncio.to_thread(_serve, ctx, identify, work)
+
+
+def _run(user: Any, run_id: int) -> Run:
+    run = selectors.run_for(user, run_id)
+    if run is None:
+        raise ToolError(f"run {run_id} not found; list_runs shows your runs")
+    return run
+
+
+def _instance(user: Any, ref: int | str):
+    from instances.models import Instance
+
+    mine = Instance.objects.filter(owner=user)  # archived ones too: run_start says why they cannot run
+    if isinstance(ref, int) or (ref.strip().isdigit() and len(ref.strip()) <= 20):
+        found = mine.filter(pk=int(ref)).first() if int(ref) <= ID_MAX else None
+    else:
+        named = list(mine.filter(name=ref.strip())[:2])
+        if len(named) > 1:
+            raise ToolError(f"more than one of your instances is named {ref!r}; give its id (see list_instances)")
+        found = named[0] if named else None
+    if found is None:
+        raise ToolError(f"instance {ref!r} not found; list_instances shows yours")
+    return found
+
+
+def _instance_json(instance: Any) -> dict[str, Any]:
+    return {
+        "id": instance.pk,
+        "name": instance.name,
+        "brain": instance.brain,
+        "model": instance.model or None,
+        "template": instance.template.name if instance.template_id else None,
+        "decider": instance.decider,
+        "max_iterations": instance.max_iterations,
+        "active_runs": instance.active_runs,
+        "waiting_runs": instance.waiting_runs,
+        "total_runs": instance.total_runs,
+    }
+
+
+def _run_json(run: Run) -> dict[str, Any]:
+    from loops.api import run_json
+
+    return run_json(run)
+
+
+class TetherMCPServer(MCPServer):
+    """MCPServer whose argument errors read as one line per field, without pydantic's links."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if not isinstance(exc.__cause__, ValidationError):
+                raise
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in exc.__cause__.errors(include_url=False)
+            )
+            raise ToolError(f"bad arguments for {name}: {problems}") from None
+
+
+def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
+    """Return Tether's MCP server; `identify` names the caller of each tool call."""
+    server = TetherMCPServer("tether", instructions=INSTRUCTIONS)
+
+    @server.tool()
+    async def list_instances(ctx: Context) -> dict[str, Any]:
+        """List your instances (agents) with their live, waiting and total run counts."""
+
+        def work(user, device):
+            return {"instances": [_instance_json(i) for i in selectors.instances_for(user).order_by("id")]}
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def start_run(
+        ctx: Context,
+        instance: InstanceRef,
+        objective: Annotated[str, Field(description="what the agent should achieve, and how to tell it is done")],
+        max_iterations: Annotated[int | None, Field(ge=1, le=10_000, description="at most this many turns")] = None,
+        max_cost_usd: Dollars = None,
+        max_minutes: Annotated[int | None, Field(ge=1, le=525_600, description="wall-clock limit")] = None,
+    ) -> dict[str, Any]:
+        """Start a run of one of your instances toward an objective; return the run (queued)."""
+
+        def work(user, device):
+            found = _instance(user, instance)
+            run = services.run_start(
+                instance=found, user=user, objective=objective, max_iterations=max_iterations,
+                max_cost_usd=max_cost_usd, max_minutes=max_minutes, via="mcp", request=device,
+            )
+            return _run_json(run)
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def get_run(ctx: Context, run_id: RunId) -> dict[str, Any]:
+        """Return one of your runs: status, outcome, iterations, spend and its budget's headroom."""
+
+        def work(user, device):
+            from budgets.selectors import headroom_for_run
+
+            run = _run(user, run_id)
+            return {**_run_json(run), "budget": headroom_for_run(run).as_json()}
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def list_runs(
+        ctx: Context,
+        instance: InstanceRef | None = None,
+        status: Literal["queued", "running", "waiting", "finished"] | None = None,
+        limit: Annotated[int, Field(ge=1, le=RUNS_PAGE)] = 20,
+    ) -> dict[str, Any]:
+        """List your runs, newest first (optionally of one instance, or in one status)."""
+
+        def work(user, device):
+            runs = selectors.runs_for(user)
+            if instance is not None:
+                runs = runs.filter(instance=_instance(user, instance))
+            if status is not None:
+                runs = runs.filter(status=status)
+            return {"runs": [_run_json(r) for r in runs.order_by("-id")[:limit]]}
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def run_events(
+        ctx: Context,
+        run_id: RunId,
+        after: Annotated[int, Field(ge=0, le=ID_MAX, description="the last seq you have; 0 for all")] = 0,
+        limit: Annotated[int, Field(ge=1, le=EVENTS_PAGE)] = 200,
+    ) -> dict[str, Any]:
+        """Return the run's events after seq `after`, oldest first; `more` says whether later ones remain."""
+
+        def work(user, device):
+            run = _run(user, run_id)
+            found = events.after(run, after, limit=limit)
+            last = found[-1].seq if found else after
+            return {"events": [e.as_json() for e in found], "last_seq": last, "more": last < run.last_seq}
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def interject(
+        ctx: Context,
+        run_id: RunId,
+        message: Annotated[str, Field(min_length=1, description="what the agent should hear at its next turn")],
+    ) -> dict[str, Any]:
+        """Queue a message into a live run; the agent reads it at its next iteration."""
+
+        def work(user, device):
+            run = _run(user, run_id)
+            queued = services.run_interject(run=run, user=user, text=message, via="mcp", request=device)
+            run.refresh_from_db()
+            return {"interjection": queued.pk, "run": _run_json(run)}
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def answer(
+        ctx: Context,
+        run_id: RunId,
+        message: Annotated[str, Field(description="your answer to the agent's question")] = "",
+        approve: Annotated[
+            bool | None, Field(description="for a run waiting on tool calls that need a person: run them or not")
+        ] = None,
+    ) -> dict[str, Any]:
+        """Answer a run that waits for a person (escalated, or asking to approve tool calls); it resumes."""
+
+        def work(user, device):
+            run = _run(user, run_id)
+            if run.status != Run.Status.WAITING:
+                raise ToolError(
+                    f"run {run.pk} is not waiting for an answer (it is {run.outcome or run.status}); "
+                    "interject adds a message to a live run"
+                )
+            if not message.strip() and approve is None:
+                raise ToolError("give a message, or approve true/false for the tool calls it asks about")
+            queued = services.run_interject(
+                run=run, user=user, text=message, approve=approve, via="mcp", request=device
+            )
+            run.refresh_from_db()
+            return {"interjection": queued.pk, "run": _run_json(run)}
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def cancel(ctx: Context, run_id: RunId) -> dict[str, Any]:
+        """Stop a run: at once when no worker holds it, else within about a second."""
+
+        def work(user, device):
+            run = services.run_cancel(run=_run(user, run_id), user=user, via="mcp", request=device)
+            return _run_json(run)
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def continue_run(
+        ctx: Context,
+        run_id: RunId,
+        message: Annotated[str, Field(description="what to do differently or next; folded into its first turn")] = "",
+        max_iterations: Annotated[int | None, Field(ge=1, le=10_000, description="default: the old run's")] = None,
+        max_cost_usd: Dollars = None,
+        max_minutes: Annotated[int | None, Field(ge=1, le=525_600, description="wall-clock limit")] = None,
+    ) -> dict[str, Any]:
+        """Start a new run that picks up where a finished run stopped (its memory, its workspace, your message)."""
+
+        def work(user, device):
+            new = services.run_continue(
+                run=_run(user, run_id), user=user, message=message, max_iterations=max_iterations,
+                max_cost_usd=max_cost_usd, max_minutes=max_minutes, via="mcp", request=device,
+            )
+            return _run_json(new)
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def delegate(
+        ctx: Context,
+        to: Annotated[str, Field(description="an instance, a template or a role the child runs on")] = "",
+        objective: Annotated[str, Field(description="what the child must achieve")] = "",
+        max_cost_usd: Dollars = None,
+    ) -> dict[str, Any]:
+        """An agent's tool: hand part of its act to a child run. It takes the per-act token a running agent gets
+        (TETHER_TOKEN); with your own API token it is refused, and start_run is how you start a run."""
+        raise ToolError(DELEGATE_IS_FOR_AGENTS)
+
+    return server
