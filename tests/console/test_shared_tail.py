@@ -1,0 +1,90 @@
+"""Many sockets, one tail: N viewers of a run cost the database and the renderer what one does, each
+gets every event exactly once, and a fleet socket hears only about its own user's runs."""
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+
+from loops.console import tail as console_tail
+from tests.console.conftest import ONE_ITERATION, record
+from tests.console.test_consumers import SEQ, receive_events, session_cookie, socket
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+VIEWERS = 25
+NEW = [
+    ("interjection.queued", {"id": 1, "text": "one", "by": "ada"}),
+    ("interjection.queued", {"id": 2, "text": "two", "by": "ada"}),
+    ("interjection.queued", {"id": 3, "text": "three", "by": "ada"}),
+]
+
+
+def test_many_viewers_share_one_read_and_one_render_per_event(
+    settings, user, other_user, make_instance, start_run
+):
+    settings.TETHER_CONSOLE_REFRESH_SECONDS = 3600  # no periodic summary in between
+    run = start_run(make_instance(user))
+    record(run, ONE_ITERATION)
+    run.refresh_from_db()
+    mine, theirs = session_cookie(user), session_cookie(other_user)
+
+    async def go():
+        viewers = [socket(f"/ws/runs/{run.pk}/?after={run.last_seq}", mine) for _ in range(VIEWERS)]
+        fleet = socket("/ws/fleet/", mine)
+        strangers = [socket("/ws/fleet/", theirs) for _ in range(3)]
+        for ws in [*viewers, fleet, *strangers]:
+            assert (await ws.connect(timeout=15))[0]
+        await fleet.receive_from(timeout=5)  # the fleet as it stands
+        for ws in strangers:
+            await ws.receive_from(timeout=5)
+        shared = console_tail.tail()
+        before = shared.stats.rendered_events, shared.stats.rendered_states, shared.stats.passes
+        await database_sync_to_async(record)(run, NEW)
+        got = [await receive_events(ws, len(NEW), timeout=10) for ws in viewers]
+        for ws in viewers:  # the state after the batch, then nothing more
+            state = await ws.receive_from(timeout=5)
+            assert SEQ.match(state) is None and f'id="run-{run.pk}-summary"' in state
+            assert await ws.receive_nothing(timeout=0.2)
+        fleet_update = await fleet.receive_from(timeout=5)
+        quiet = [await ws.receive_nothing(timeout=0.5) for ws in strangers]
+        after = shared.stats.rendered_events, shared.stats.rendered_states, shared.stats.passes
+        for ws in [*viewers, fleet, *strangers]:
+            await ws.disconnect()
+        return got, fleet_update, quiet, before, after
+
+    got, fleet_update, quiet, before, after = asyncio.run(go())
+    first = run.last_seq
+    for found, _ in got:
+        assert [seq for seq, _ in found] == [first + 1, first + 2, first + 3]
+    # Three events rendered three times in all (not once per viewer), the state once.
+    assert after[0] - before[0] == len(NEW) and after[1] - before[1] == 1
+    assert "fleet" in fleet_update and all(quiet)
+
+
+def test_a_viewer_that_joins_late_replays_by_itself_then_shares_the_tail(user, make_instance, start_run):
+    run = start_run(make_instance(user))
+    record(run, ONE_ITERATION)
+    run.refresh_from_db()
+    cookie = session_cookie(user)
+
+    async def go():
+        early = socket(f"/ws/runs/{run.pk}/?after={run.last_seq}", cookie)
+        assert (await early.connect(timeout=15))[0]
+        await database_sync_to_async(record)(run, NEW[:1])
+        one, _ = await receive_events(early, 1, timeout=10)
+        late = socket(f"/ws/runs/{run.pk}/?after=0", cookie)  # a fresh page: everything so far
+        assert (await late.connect(timeout=15))[0]
+        replay, _ = await receive_events(late, run.last_seq + 1, timeout=10)
+        await database_sync_to_async(record)(run, NEW[1:])
+        more_early, _ = await receive_events(early, 2, timeout=10)
+        more_late, _ = await receive_events(late, 2, timeout=10)
+        await early.disconnect()
+        await late.disconnect()
+        return one, replay, more_early, more_late
+
+    one, replay, more_early, more_late = asyncio.run(go())
+    last = run.last_seq
+    assert [s for s, _ in one] == [last + 1]
+    assert [s for s, _ in replay] == list(range(1, last + 2))
+    assert [s for s, _ in more_early] == [s for s, _ in more_late] == [last + 2, last + 3]
