@@ -3,10 +3,14 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 export TETHER_HOME ?= $(CURDIR)/var
+# `make test` never shares a home with `make run` in the same checkout (database, the workers'
+# status cache, workspaces, static files): the suite and its lint get their own.
+TETHER_TEST_HOME ?= $(TETHER_HOME)/test
 
-.PHONY: run test lint unit bench chaos chaos-ci load install clean
+.PHONY: run test lint unit bench chaos chaos-ci chaos-cuts load install clean
 
-$(STAMP): pyproject.toml scripts/requirements.py
+$(STAMP): pyproject.toml scripts/requirements.py scripts/system-packages.sh
+	@scripts/system-packages.sh
 	@test -x $(PY) || "$$(scripts/find-python.sh)" -m venv $(VENV)
 	@$(PY) -m pip install -q --upgrade pip >/dev/null
 	@$(PY) scripts/requirements.py test > $(VENV)/requirements.txt
@@ -23,6 +27,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+test: export TETHER_HOME := $(TETHER_TEST_HOME)
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
@@ -34,6 +39,9 @@ chaos: $(STAMP)
 
 chaos-ci: $(STAMP)
 	$(PY) -m bench.chaos --short
+
+chaos-cuts: $(STAMP)
+	$(PY) -m bench.chaos --cuts
 
 load: $(STAMP)
 	$(PY) -m bench.load

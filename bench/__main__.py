@@ -7,7 +7,9 @@ and noisy); none of this is a test.
 import importlib
 import sys
 
-SUITES = ["loop_bench", "ledger_bench", "context_bench", "console_bench"]
+SUITES = [
+    "loop_bench", "ledger_bench", "context_bench", "console_bench", "sandbox_bench", "metering_bench", "pickup_bench",
+]
 
 if __name__ == "__main__":
     chosen = sys.argv[1:] or SUITES

@@ -123,6 +123,23 @@ def role(module: str, env: dict[str, str], *args: str, timeout: float = 600) -> 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def migrated_backend(backend: str, home: str, pg_db: str) -> None:
+    """Point this process at a throwaway database (SQLite in `home`, or PostgreSQL `pg_db`), set Django up, migrate."""
+    os.environ["TETHER_HOME"] = home
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tether.settings")
+    if backend == "postgres":
+        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{pg_db}"
+    else:
+        os.environ.pop("DATABASE_URL", None)
+        os.environ["TETHER_SQLITE_PATH"] = str(Path(home) / "bench.sqlite3")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
 def django_setup() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.harness_settings")
     import django

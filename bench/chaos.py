@@ -25,10 +25,14 @@ dry (`budget_exhausted`, a few of them after an overdraft), a few are stopped by
 - nothing stayed active without a live lease or a pickup deadline the reaper would act on
   (sampled every half second throughout).
 
+It also reports the longest wait for pickup (from a run's last event to its next claim), overall
+and after a cut; with `--cuts`, also the attempts and spend lost to cuts. Goals: 0, $0, ≤ 1 s.
+
 Bounded: a fixed deadline for the whole run; everything started is stopped; loopback only.
 
 Run: python -m bench.chaos [--runs 50] [--seconds 60] [--seed N]
      python -m bench.chaos --short      (CI: 8 runs, one kill, one web restart, one cut; < 3 min)
+     python -m bench.chaos --cuts [--short]  (cut connections only: attempts and spend lost to cuts)
 """
 
 from __future__ import annotations
@@ -41,11 +45,13 @@ import shutil
 import sys
 import tempfile
 import time
-from datetime import timedelta
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bench import _harness as h
+from budgets import money
 
 USERNAME = "chaos"
 # Short enough for recovery within the run, long enough for a loaded 2-core machine.
@@ -89,7 +95,6 @@ def goal(act: float, share: float, seconds: float) -> int:
 def prepare(runs: int, seconds: float, home: str) -> dict[str, Any]:
     """Migrate; make the user (with a limited pool), a session, and the instances with their pools."""
     h.django_setup()
-    from decimal import Decimal
 
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
@@ -115,7 +120,7 @@ def prepare(runs: int, seconds: float, home: str) -> dict[str, Any]:
             act_timeout_seconds=60,
         )
         if limit is not None:
-            ledger.set_limit(budgets.instance_pool(instance), int(Decimal(limit) * 1_000_000), "chaos")
+            ledger.set_limit(budgets.instance_pool(instance), money.usd_to_micros(limit, exact=True), "chaos")
         instances.append(instance.pk)
     client = Client()
     client.force_login(user)
@@ -154,10 +159,38 @@ def cancel(run_id: str) -> dict[str, Any]:
     return {"run": run.pk, "status": run.status}
 
 
-def audit(runs_file: str, seen_file: str) -> dict[str, Any]:
+AFTERMATH = timedelta(seconds=10)
+
+
+def pickup_waits(
+    events: Iterable[tuple[int, str, datetime]], cuts: Sequence[tuple[datetime, datetime]]
+) -> dict[str, float]:
+    """Return the longest wait for pickup, overall and after a cut (seconds).
+
+    `events` are (run, kind, time) in each run's order. A run waits for pickup from its event
+    before a `run.claimed` (queued, handed back at a slice's end, or reaped) to that claim; a
+    wait is after a cut when it began while connections were being cut or within
+    `AFTERMATH` of the end (a queue that lost its connection stalls after the cut itself).
+    """
+    longest = after_cut = 0.0
+    previous: dict[int, datetime] = {}
+    for run_id, kind, at in events:
+        before = previous.get(run_id)
+        previous[run_id] = at
+        if kind != "run.claimed" or before is None:
+            continue
+        wait = (at - before).total_seconds()
+        longest = max(longest, wait)
+        if any(before <= ends + AFTERMATH and at >= starts for starts, ends in cuts):
+            after_cut = max(after_cut, wait)
+    return {"longest": longest, "after_cut": after_cut}
+
+
+def audit(runs_file: str, seen_file: str, cuts_file: str | None = None) -> dict[str, Any]:
     """Check the invariants against the database and the viewers' logs; return the findings."""
     h.django_setup()
     from django.db.models import Count, Sum
+    from django.db.models.functions import Coalesce
 
     from budgets.models import LedgerEntry, Pool, Reservation
     from loops.models import Event, Iteration, Run
@@ -209,6 +242,14 @@ def audit(runs_file: str, seen_file: str) -> dict[str, Any]:
         if run.spent_micros != settled + (closed.get(Reservation.Status.ABANDONED) or 0):
             failures.append(
                 f"run {run.pk}: spent {run.spent_micros} but settled {settled} + abandoned "
+                f"{closed.get(Reservation.Status.ABANDONED) or 0}"
+            )
+        # Every dead attempt is on its run's timeline: its `attempt.lost` says what was closed for it.
+        lost = Event.objects.filter(run=run, kind="attempt.lost").values_list("data", flat=True)
+        told = sum(money.usd_to_micros(str(d.get("closed_usd") or "0"), exact=True) for d in lost)
+        if told != (closed.get(Reservation.Status.ABANDONED) or 0):
+            failures.append(
+                f"run {run.pk}: its attempt.lost events closed {told} but its abandoned reservations "
                 f"{closed.get(Reservation.Status.ABANDONED) or 0}"
             )
 
@@ -283,10 +324,21 @@ def audit(runs_file: str, seen_file: str) -> dict[str, Any]:
         "reaped": Event.objects.filter(run_id__in=ids, kind="run.reaped").count(),
         "claims": Event.objects.filter(run_id__in=ids, kind="run.claimed").count(),
         "abandoned": Reservation.objects.filter(status=Reservation.Status.ABANDONED).count(),
+        "abandoned_micros": Reservation.objects.filter(status=Reservation.Status.ABANDONED).aggregate(
+            n=Coalesce(Sum("actual"), 0)
+        )["n"],
+        "crashed": Run.objects.filter(pk__in=ids, outcome=Run.Outcome.CRASHED).count(),
         "overdrafts": LedgerEntry.objects.filter(kind=LedgerEntry.Kind.OVERDRAFT).count(),
         "overdrawn_reservations": Reservation.objects.filter(overdraft__gt=0).count(),
         "pools": pools,
         "viewers": viewers,
+        "pickup": pickup_waits(
+            Event.objects.filter(run_id__in=ids).order_by("run_id", "seq").values_list("run_id", "kind", "created_at"),
+            [
+                (datetime.fromisoformat(a), datetime.fromisoformat(b))
+                for a, b in (json.loads(Path(cuts_file).read_text()) if cuts_file else [])
+            ],
+        ),
         "failures": failures,
     }
 
@@ -355,6 +407,7 @@ class Fleet:
         self.retired: list[h.Proc] = []
         self.serial = 0
         self.actions: list[str] = []
+        self.cuts: list[tuple[str, str]] = []  # when connections were being cut (UTC, ISO 8601)
         self.began = time.monotonic()
 
     def env(self, app: str, **more: str) -> dict[str, str]:
@@ -401,10 +454,11 @@ class Fleet:
 
     def cut_database(self, rng: random.Random, watch: Watch, seconds: float) -> None:
         name, _ = self.clusters[rng.randrange(len(self.clusters))]
-        ends, cut = time.monotonic() + seconds, 0
+        ends, cut, began = time.monotonic() + seconds, 0, datetime.now(UTC).isoformat()
         while time.monotonic() < ends:
             cut += watch.cut(name)
             time.sleep(0.2)
+        self.cuts.append((began, datetime.now(UTC).isoformat()))
         self.note(f"cut {name}'s database connections for {seconds:.0f}s ({cut} backends terminated)")
 
     def alive(self) -> list[int]:
@@ -481,6 +535,8 @@ def chaos(args: argparse.Namespace) -> int:
         faults = ["kill", "web", "cut"] * (1 if args.short else 3)
         if not args.short:
             faults += [rng.choice(["kill", "web", "cut"]) for _ in range(2)]
+        if args.cuts:  # nothing but cut connections: every attempt lost is lost to a cut
+            faults = ["cut"] * (3 if args.short else 8)
         rng.shuffle(faults)
         cancels = rng.sample(run_ids, k=min(len(run_ids), 1 if args.short else 3))
         step = args.seconds / (len(faults) + 1)
@@ -523,9 +579,11 @@ def chaos(args: argparse.Namespace) -> int:
             viewer.signal_group(15)
             viewer.proc.wait(timeout=15)
         fleet.stop()
+        (home / "cuts.json").write_text(json.dumps(fleet.cuts))
         findings = h.role(
-            "bench.chaos", fleet.env("chaos-audit"), "audit", str(home / "runs.json"), str(home / "seen.json")
-        )
+            "bench.chaos", fleet.env("chaos-audit"), "audit",
+            str(home / "runs.json"), str(home / "seen.json"), str(home / "cuts.json"),
+        )  # fmt: skip
         findings["failures"] += list(watch.stale.values())
         if finished < len(run_ids):
             findings["failures"].insert(
@@ -557,11 +615,22 @@ def report(args: argparse.Namespace, fleet: Fleet, findings: dict[str, Any], ela
         f"settled as abandoned, {findings['overdrawn_reservations']} settled above their reservation, "
         f"{findings['overdrafts']} pool overdrafts recorded"
     )
+    if args.cuts:
+        print(
+            f"  lost to cuts           {findings['reaped']} attempts re-scheduled by the reaper (goal 0), "
+            f"{money.format_usd(findings['abandoned_micros'])} settled as abandoned (goal $0), "
+            f"{findings['crashed']} runs crashed"
+        )
+    pickup = findings["pickup"]
+    print(
+        f"  pickup                 longest wait {pickup['longest']:.1f}s; while a cut was on "
+        f"{pickup['after_cut']:.1f}s" + (" (goal ≤ 1 s)" if args.cuts else "")
+    )
     print(f"  viewers                {v['count']}, {v['events']} events seen, {v['reconnects']} reconnects")
     limited = [p for p in findings["pools"] if p["limit"] is not None]
     print(
         "  limited pools          "
-        + ", ".join(f"{p['pool']}: {p['spent'] / 1e6:.2f}/{p['limit'] / 1e6:.2f} USD" for p in limited)
+        + ", ".join(f"{p['pool']}: {money.format_usd(p['spent'])}/{money.format_usd(p['limit'])}" for p in limited)
     )
     checks = [
         "every run finished with an outcome from the taxonomy",
@@ -589,6 +658,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="length of the fault window")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the throwaway database and the logs")
+    parser.add_argument("--cuts", action="store_true", help="cut connections only: attempts and spend lost to cuts")
     args = parser.parse_args()
     args.runs = args.runs or (8 if args.short else 50)
     args.seconds = args.seconds or (20.0 if args.short else 60.0)
@@ -601,7 +671,7 @@ ROLES = {
     "prepare": lambda a: prepare(int(a[0]), float(a[1]), a[2]),
     "start": lambda a: start(a[0]),
     "cancel": lambda a: cancel(a[0]),
-    "audit": lambda a: audit(a[0], a[1]),
+    "audit": lambda a: audit(*a[:3]),
     "viewers": lambda a: h.run_viewers(a[0], a[1]),
 }
 

@@ -9,7 +9,13 @@ For each backend, in a throwaway database, measured in the same run:
 - db floor: a bare insert + update + commit on the same database;
 - queue hop: a django-q2 task that enqueues the next (a real qcluster, ORM broker).
 
+- durable step: the baseline a DBOS-style durable step pays (read the workflow's state, write the
+  step's row, commit), so the loop's overhead reads as a multiple of it with no external package;
+- statements and commits per iteration, counted on the driver's connection.
+
 Run: python -m bench.loop_bench   (PostgreSQL column when 127.0.0.1:5432 answers)
+     python -m bench.loop_bench --json   (one line per backend: backend, overhead_ms, baseline_ms,
+                                          statements, commits)
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._harness import drop_database, fresh_database, pg_available
+from bench._harness import drop_database, fresh_database, migrated_backend, pg_available
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_DB = "tether_bench_loop"
@@ -30,19 +36,7 @@ ITERATIONS = 300
 
 
 def _setup(backend: str, home: str) -> None:
-    os.environ["TETHER_HOME"] = home
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tether.settings")
-    if backend == "postgres":
-        os.environ["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
-    else:
-        os.environ.pop("DATABASE_URL", None)
-        os.environ["TETHER_SQLITE_PATH"] = str(Path(home) / "bench.sqlite3")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    migrated_backend(backend, home, PG_DB)
 
 
 def hop(remaining: int, started: float, marker: str) -> None:
@@ -99,13 +93,16 @@ def measure(backend: str) -> dict[str, float]:
     )
     results: dict[str, float] = {}
 
-    # spawn floor
+    # spawn floor: the same two programs through the same launcher (the sandbox, when it is on)
+    from instances.sandbox import Spec
+
     env = process.base_env(workspace)
     env["TETHER_ITERATION"] = "1"
+    spec = Spec(workspace=workspace, instance_id=inst.pk)
     t0 = time.perf_counter()
     for _ in range(100):
-        process.run(act, cwd=workspace, env=env, timeout=10)
-        process.run(check, cwd=workspace, env=env, timeout=10)
+        process.run(act, cwd=workspace, env=env, timeout=10, spec=spec)
+        process.run(check, cwd=workspace, env=env, timeout=10, spec=spec)
     results["spawn_ms"] = (time.perf_counter() - t0) / 100 * 1000
 
     def drive(instance):
@@ -127,6 +124,30 @@ def measure(backend: str) -> dict[str, float]:
     )
     run, results["overhead_ms"] = drive(instant)
     results["iterations_per_s"] = 1000 / results["overhead_ms"]
+    # The same loop again, counting what it sends to the database (this thread's connection).
+    counted = Instance.objects.create(
+        owner=user, name="counted", brain="instant", workspace=str(Path(home) / "ws3"), max_iterations=50
+    )
+    tally = {"statements": 0, "commits": 0}
+
+    def count_statement(execute, sql, params, many, context):
+        tally["statements"] += 1
+        return execute(sql, params, many, context)
+
+    real_commit = connection.commit
+
+    def count_commit():
+        tally["commits"] += 1
+        return real_commit()
+
+    connection.commit = count_commit  # type: ignore[method-assign]
+    try:
+        with connection.execute_wrapper(count_statement):
+            counted_run, _ = drive(counted)
+    finally:
+        del connection.commit
+    results["statements"] = tally["statements"] / counted_run.iterations_done
+    results["commits"] = tally["commits"] / counted_run.iterations_done
     _, results["command_loop_ms"] = drive(inst)
 
     # db floor: insert + update + commit
@@ -138,6 +159,14 @@ def measure(backend: str) -> dict[str, float]:
             Event.objects.create(run=run, seq=100000 + i, kind="bench", data={}, created_at=timezone.now())
             Run.objects.filter(pk=run.pk).update(last_seq=100000 + i)
     results["db_floor_ms"] = (time.perf_counter() - t0) / 500 * 1000
+
+    # durable step (what a DBOS-style step costs): read the workflow's state, write the step's row, commit
+    t0 = time.perf_counter()
+    for i in range(500):
+        with transaction.atomic():
+            state = Run.objects.filter(pk=run.pk).values_list("status", "last_seq").get()
+            Event.objects.create(run=run, seq=200000 + i, kind="step", data={"state": state[0]}, created_at=timezone.now())
+    results["baseline_ms"] = (time.perf_counter() - t0) / 500 * 1000
 
     # queue hop
     connection.close()
@@ -168,10 +197,11 @@ def measure(backend: str) -> dict[str, float]:
         os.killpg(cluster.pid, 9)
         cluster.wait()
     results["overhead_vs_db_floor"] = results["overhead_ms"] / results["db_floor_ms"]
+    results["overhead_vs_baseline"] = results["overhead_ms"] / results["baseline_ms"]
     return results
 
 
-def main() -> None:
+def main(as_json: bool = False) -> None:
     backends = ["sqlite"] + (["postgres"] if pg_available() else [])
     table: dict[str, dict[str, float]] = {}
     for backend in backends:
@@ -194,6 +224,12 @@ def main() -> None:
         table[backend] = json.loads(out.stdout.strip().splitlines()[-1])
         if backend == "postgres":
             drop_database(PG_DB)
+    if as_json:
+        for backend in backends:
+            found = table[backend]
+            keys = ("overhead_ms", "baseline_ms", "statements", "commits")
+            print(json.dumps({"backend": backend, **{k: round(found[k], 3) for k in keys}}))
+        return
     rows = [
         ("iterations/s, act returns at once", "iterations_per_s", "{:.1f}"),
         ("platform overhead, ms per iteration", "overhead_ms", "{:.2f}"),
@@ -201,6 +237,10 @@ def main() -> None:
         ("  spawning those two processes alone, ms", "spawn_ms", "{:.2f}"),
         ("bare insert + update + commit, ms", "db_floor_ms", "{:.2f}"),
         ("overhead ÷ bare commit", "overhead_vs_db_floor", "{:.1f}×"),
+        ("durable step (read state, write step, commit), ms", "baseline_ms", "{:.2f}"),
+        ("overhead ÷ durable step", "overhead_vs_baseline", "{:.1f}×"),
+        ("statements per iteration (driver's connection)", "statements", "{:.1f}"),
+        ("commits per iteration (driver's connection)", "commits", "{:.1f}"),
         ("django-q2 chained no-op task hop, ms", "queue_hop_ms", "{:.1f}"),
     ]
     print(f"\nLoop overhead ({ITERATIONS} iterations per run)")
@@ -212,5 +252,7 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--one":
         print(json.dumps(measure(sys.argv[2])))
+    elif sys.argv[1:] in ([], ["--json"]):
+        main(as_json=sys.argv[1:] == ["--json"])
     else:
-        main()
+        raise SystemExit("usage: python -m bench.loop_bench [--json]")

@@ -1,7 +1,9 @@
 from django import forms
 from django.contrib import admin
 
-from instances.models import AgentTemplate, Credential, Instance
+from budgets.pricing import UnpricedModel
+from instances import capabilities, prices, validation
+from instances.models import AgentConfig, AgentTemplate, Credential, Instance, McpServer
 
 
 class CredentialForm(forms.ModelForm):
@@ -52,10 +54,40 @@ class AgentTemplateAdmin(admin.ModelAdmin):
     list_display = ["name", "brain", "model", "decider", "max_iterations", "source", "updated_at"]
     search_fields = ["name", "description"]
     readonly_fields = ["source", "updated_at"]
+    fieldsets = [
+        (None, {"fields": ["name", "description"]}),
+        ("What an instance made from it gets", {"fields": list(AgentConfig.config_fields())}),
+        ("Composition", {"fields": ["roles", "verify_with_role"]}),
+        (None, {"fields": ["source", "updated_at"]}),
+    ]
+
+
+class InstanceForm(forms.ModelForm):
+    """Refuses a model with no price for an instance that calls Claude (its cost could not be capped)."""
+
+    price_refused = False
+
+    class Meta:
+        model = Instance
+        fields = ["name", "brain", "decider", "model"]  # the admin adds the rest from its fieldsets
+
+    def clean(self):
+        cleaned = super().clean()
+        probe = Instance(
+            name=cleaned.get("name") or self.instance.name,
+            **{f: cleaned.get(f, getattr(self.instance, f)) for f in ("brain", "decider", "model")},
+        )
+        try:
+            prices.ensure_priced(probe)
+        except UnpricedModel as exc:
+            self.price_refused = True
+            self.add_error("model" if "model" in self.fields else None, str(exc))
+        return cleaned
 
 
 @admin.register(Instance)
 class InstanceAdmin(admin.ModelAdmin):
+    form = InstanceForm
     list_display = ["name", "owner", "brain", "template", "model", "decider", "max_iterations", "created_at"]
     list_filter = ["brain", "decider", "template"]
     search_fields = ["name", "owner__username"]
@@ -67,10 +99,156 @@ class InstanceAdmin(admin.ModelAdmin):
             "Guardrails",
             {
                 "fields": [
-                    "tools", "command_allow", "command_deny", "approval_tools", "max_tool_turns",
+                    "tools", "mcp_servers", "command_allow", "command_deny", "approval_tools", "max_tool_turns",
                     "max_output_tokens", "tool_timeout_seconds", "act_timeout_seconds", "objective_max_chars",
                 ]
             },
         ),
-        ("Command brain and checks", {"fields": ["command", "env", "checks"]}),
+        ("Command brain and checks", {"fields": ["command", "env", "checks", "protected_paths", "network"]}),
     ]
+    # Every setting is checked against the user's capabilities (the safe ones pass), so a new field
+    # needs run_programs until `capabilities.SAFE_OVERRIDES` says otherwise.
+    CHECKED = (*Instance.setting_fields(), "template")
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        """Return the instance form, checking the fields the user sets against their capabilities."""
+        base = super().get_form(request, obj, change=change, **kwargs)
+        user = request.user
+        checked = self.CHECKED
+
+        class CapabilityCheckedForm(base):  # type: ignore[misc, valid-type]
+            capability_refused = False
+
+            def clean(self):
+                cleaned = super().clean()
+                current = self.instance if self.instance.pk else Instance()
+                values = {
+                    f: cleaned[f] for f in checked
+                    if f in cleaned and (not self.instance.pk or f in self.changed_data)
+                    and cleaned[f] != getattr(current, f, None)
+                }
+                values = {f: v for f, v in values.items() if v not in ("", None, [], {}, False)
+                          or self.instance.pk}
+                template = cleaned.get("template") or getattr(self.instance, "template", None)
+                values.pop("template", None)
+                try:
+                    capabilities.check_instance(user, values, template=template)
+                except capabilities.CapabilityError as exc:
+                    self.capability_refused = True
+                    raise forms.ValidationError(str(exc)) from None
+                except validation.InvalidInstance as exc:  # e.g. mcp_servers that are not server names
+                    raise forms.ValidationError(exc.message) from None
+                return cleaned
+
+        return CapabilityCheckedForm
+
+    def render_change_form(self, request, context, *args, **kwargs):
+        response = super().render_change_form(request, context, *args, **kwargs)
+        form = context.get("adminform").form if context.get("adminform") else None
+        if getattr(form, "capability_refused", False):
+            response.status_code = 403  # refused, not merely invalid: nothing was saved
+        elif getattr(form, "price_refused", False):
+            response.status_code = 400  # a model with no price: nothing was saved
+        return response
+
+
+def _pairs(text: str, separator: str, what: str) -> dict[str, str]:
+    """Return the `NAME<separator>value` lines of `text` as a dict, or raise ValidationError."""
+    found: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        name, sep, value = line.partition(separator)
+        if not sep or not name.strip():
+            raise forms.ValidationError(f"line {number}: write {what}")
+        found[name.strip()] = value.strip()
+    return found
+
+
+class McpServerForm(forms.ModelForm):
+    """An MCP server's secrets are write-only: typed in, stored encrypted, only their names shown."""
+
+    secret_env = forms.CharField(
+        label="Environment (secret)", required=False, strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "autocomplete": "off"}),
+        help_text="stdio: NAME=value lines given to the server's program. Stored encrypted; never shown again. "
+        "Leave blank to keep what is stored.",
+    )
+    secret_headers = forms.CharField(
+        label="HTTP headers (secret)", required=False, strip=False,
+        widget=forms.Textarea(attrs={"rows": 2, "autocomplete": "off"}),
+        help_text="http: 'Name: value' lines sent with every request (e.g. Authorization: Bearer …). "
+        "Stored encrypted; leave blank to keep what is stored.",
+    )
+    clear_secrets = forms.BooleanField(required=False, help_text="forget the stored environment and headers")
+
+    class Meta:
+        model = McpServer
+        fields = [
+            "name", "description", "transport", "command", "url", "allow_private_url", "tool_allow", "tool_deny",
+            "approval_tools", "timeout_seconds", "enabled", "everyone", "users", "groups",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        transport = cleaned.get("transport")
+        for field in ("command", "tool_allow", "tool_deny", "approval_tools"):
+            value = cleaned.get(field)
+            if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) and v for v in value)):
+                self.add_error(field, "Enter a JSON list of non-empty strings.")
+        if transport == McpServer.Transport.STDIO and not cleaned.get("command"):
+            self.add_error("command", 'A stdio server needs its command: a JSON argv like ["/opt/mcp/notes", "--stdio"].')
+        if transport == McpServer.Transport.HTTP:
+            url = (cleaned.get("url") or "").strip()
+            try:
+                cleaned["url"] = capabilities.check_url(
+                    url, field="url", allow_private=bool(cleaned.get("allow_private_url"))
+                )
+            except capabilities.CapabilityError as exc:
+                self.add_error("url", str(exc))
+        try:
+            self.env = _pairs(cleaned.get("secret_env") or "", "=", "NAME=value")
+        except forms.ValidationError as exc:
+            self.add_error("secret_env", exc)
+        try:
+            self.headers = _pairs(cleaned.get("secret_headers") or "", ":", "Name: value")
+        except forms.ValidationError as exc:
+            self.add_error("secret_headers", exc)
+        return cleaned
+
+    def save(self, commit=True):
+        server = super().save(commit=False)
+        if self.cleaned_data.get("clear_secrets"):
+            server.set_secrets()
+        elif self.env or self.headers:
+            kept = server.secrets() if server.secrets_encrypted else {"env": {}, "headers": {}}
+            server.set_secrets(env=self.env or kept["env"], headers=self.headers or kept["headers"])
+        if commit:
+            server.save()
+            self.save_m2m()
+        return server
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    """The MCP servers agents may be given: registered by an operator, enabled per instance by its owner."""
+
+    form = McpServerForm
+    list_display = ["name", "transport", "enabled", "everyone", "stored_secrets", "updated_at"]
+    list_filter = ["transport", "enabled", "everyone"]
+    search_fields = ["name", "description"]
+    filter_horizontal = ["users", "groups"]
+    readonly_fields = ["stored_secrets", "updated_at"]
+    fieldsets = [
+        (None, {"fields": ["name", "description", "transport", "enabled"]}),
+        ("stdio (runs in the agent's sandbox)", {"fields": ["command", "secret_env"]}),
+        ("Streamable HTTP", {"fields": ["url", "allow_private_url", "secret_headers"]}),
+        ("Secrets", {"fields": ["stored_secrets", "clear_secrets"]}),
+        ("Guardrails", {"fields": ["tool_allow", "tool_deny", "approval_tools", "timeout_seconds"]}),
+        ("Who may enable it", {"fields": ["everyone", "users", "groups"]}),
+        (None, {"fields": ["updated_at"]}),
+    ]
+
+    @admin.display(description="stored secrets")
+    def stored_secrets(self, obj: McpServer) -> str:
+        return ", ".join(obj.secret_names) if obj.secret_names else "—"

@@ -3,3 +3,13 @@ from django.apps import AppConfig
 
 class InstancesConfig(AppConfig):
     name = "instances"
+
+    def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
+        from instances import redaction
+        from instances.models import Credential
+
+        # A key added, changed or removed is redacted (or no longer) from the next text on.
+        post_save.connect(redaction.credentials_changed, sender=Credential, dispatch_uid="redaction-credential-saved")
+        post_delete.connect(redaction.credentials_changed, sender=Credential, dispatch_uid="redaction-credential-deleted")

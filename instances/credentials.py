@@ -1,4 +1,4 @@
-"""Bring-your-own-key credentials: encryption at rest, resolution per instance, scrubbing.
+"""Bring-your-own-key credentials: encryption at rest, resolution per instance.
 
 Touches no network. Keys are stored as Fernet tokens whose key is derived from
 `settings.SECRET_KEY` with HKDF-SHA256, so the database alone never reveals a key.
@@ -8,15 +8,10 @@ install) → none, in which case `ensure_usable` refuses with a message saying h
 add one. The base URL goes: the instance's `base_url` → `ANTHROPIC_BASE_URL` → Anthropic's.
 
 Rotating the encryption key. Django's own rotation setting is honoured: decryption
-tries `SECRET_KEY` and then every key in `SECRET_KEY_FALLBACKS`; encryption always uses
-`SECRET_KEY`. To rotate:
-
-1. put the new secret in `TETHER_SECRET_KEY` (or `$TETHER_HOME/secret_key`) and the old
-   one in `settings.SECRET_KEY_FALLBACKS`;
-2. restart, then run
-   `python manage.py shell -c "from instances import credentials; print(credentials.rotate())"`
-   which re-encrypts every stored key under the new secret;
-3. drop the old secret from `SECRET_KEY_FALLBACKS`.
+tries `SECRET_KEY` and then every key in `SECRET_KEY_FALLBACKS` (set from
+`TETHER_SECRET_KEY_FALLBACKS` and `$TETHER_HOME/secret_key.fallbacks`); encryption always uses
+`SECRET_KEY`. `python manage.py rotate_keys` drives a rotation end to end (README: "Secrets and
+key rotation"); `rotate` re-encrypts every stored key under the current secret.
 
 A stored key that no configured secret can decrypt (the old secret was lost) is reported
 by `ensure_usable` as unusable: the user re-enters it.
@@ -26,7 +21,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
@@ -40,7 +35,6 @@ if TYPE_CHECKING:
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 ENV_KEY = "ANTHROPIC_API_KEY"
 ENV_BASE_URL = "ANTHROPIC_BASE_URL"
-REDACTED = "[redacted]"
 
 _SALT = b"tether.credentials"
 _INFO = b"tether credential encryption v1"
@@ -55,9 +49,11 @@ def _fernet_for(secret: str) -> Fernet:
     return Fernet(base64.urlsafe_b64encode(derived))
 
 
-def _fernet() -> MultiFernet:
-    secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
-    return MultiFernet([_fernet_for(s) for s in secrets])
+def _fernet(secret: str | None = None, fallbacks: Sequence[str] | None = None) -> MultiFernet:
+    secret = settings.SECRET_KEY if secret is None else secret
+    if fallbacks is None:
+        fallbacks = getattr(settings, "SECRET_KEY_FALLBACKS", [])
+    return MultiFernet([_fernet_for(s) for s in [secret, *fallbacks]])
 
 
 def encrypt(secret: str) -> str:
@@ -75,11 +71,15 @@ def decrypt(token: str) -> str:
         ) from None
 
 
-def rotate() -> int:
-    """Re-encrypt every stored credential under the current SECRET_KEY; return how many."""
-    from instances.models import Credential
+def rotate(secret: str | None = None, fallbacks: Sequence[str] | None = None) -> int:
+    """Re-encrypt every stored credential (and MCP server secret) under `secret` (default: SECRET_KEY); return how many.
 
-    fernet = _fernet()
+    A credential is opened with `secret` or any of `fallbacks` (default: SECRET_KEY_FALLBACKS);
+    one that none of them opens is left as it is (and stays unusable until re-entered).
+    """
+    from instances.models import Credential, McpServer
+
+    fernet = _fernet(secret, fallbacks)
     count = 0
     for credential in Credential.objects.all():
         try:
@@ -87,6 +87,13 @@ def rotate() -> int:
         except InvalidToken:
             continue
         Credential.objects.filter(pk=credential.pk).update(secret_encrypted=rotated)
+        count += 1
+    for server in McpServer.objects.exclude(secrets_encrypted=""):
+        try:
+            rotated = fernet.rotate(server.secrets_encrypted.encode()).decode()
+        except InvalidToken:
+            continue
+        McpServer.objects.filter(pk=server.pk).update(secrets_encrypted=rotated)
         count += 1
     return count
 
@@ -107,6 +114,8 @@ def resolve_api_key(instance: Instance) -> str | None:
     credential = _own_credential(instance)
     if credential is not None:
         return str(credential.reveal())
+    if instance.base_url:
+        return None  # the server's key goes only to the endpoint the operator chose, never an instance's own
     return os.environ.get(ENV_KEY) or None
 
 
@@ -120,7 +129,7 @@ def describe_source(instance: Instance) -> str:
     credential = _own_credential(instance)
     if credential is not None:
         return f"credential {credential.label!r} (…{credential.last4})"
-    if os.environ.get(ENV_KEY):
+    if os.environ.get(ENV_KEY) and not instance.base_url:
         return f"the server's {ENV_KEY}"
     return "none"
 
@@ -154,6 +163,12 @@ def missing_key_message(instance: Instance) -> str:
             f"Instance {instance.name!r} names a credential that belongs to someone else. "
             "Add your own Anthropic API key under Credentials (console or /admin/) and select it on the instance."
         )
+    if instance.base_url and os.environ.get(ENV_KEY):
+        return (
+            f"Instance {instance.name!r} sends its model calls to its own base_url ({instance.base_url}), and the "
+            f"server's {ENV_KEY} is only ever sent to the operator's endpoint. Add your own key under Credentials "
+            "and select it on the instance, or clear base_url."
+        )
     return (
         f"Instance {instance.name!r} has no Anthropic API key. Add one under Credentials "
         "(console or /admin/ → Credentials → Add), select it on the instance, and start the run again; "
@@ -162,7 +177,7 @@ def missing_key_message(instance: Instance) -> str:
 
 
 def secrets_for(instance: Instance) -> tuple[str, ...]:
-    """Return every secret the instance might carry, for scrubbing text before it leaves."""
+    """Return every key the instance might carry, for `instances.redaction` to keep out of texts."""
     found = []
     try:
         key = resolve_api_key(instance)
@@ -174,10 +189,3 @@ def secrets_for(instance: Instance) -> tuple[str, ...]:
         found.append(env_key)
     return tuple(dict.fromkeys(found))
 
-
-def scrub(text: str, secrets: Iterable[str]) -> str:
-    """Return `text` with every occurrence of each secret replaced by a marker."""
-    for secret in secrets:
-        if secret and len(secret) >= 4 and secret in text:
-            text = text.replace(secret, REDACTED)
-    return text

@@ -3,12 +3,15 @@ and build instances from a template plus overrides.
 
 Writes to the database (templates, instances); reads template files. A new template is a
 new data file — no code. Each file is one JSON object validated against `SCHEMA`:
-`name` (a slug), `description`, `brain` ("anthropic" or "command"), and optionally `model`,
-`system_prompt`, `tools` (names from `instances.tools.TOOLS`), `decider` ("llm" or
-"checks"), `max_iterations`, `checks` ([{name, command: [argv], required}]), `command`,
-`command_allow`, `command_deny`, `approval_tools`, `max_tool_turns`, `max_output_tokens`,
-`tool_timeout_seconds`, `act_timeout_seconds`. `python manage.py loadtemplates` upserts
-them; on a fresh (or test-flushed) database the migration `0003_load_agent_templates` and the
+`name` (a slug), `description`, `brain` ("anthropic" or "command"), and optionally any other
+field of an agent's configuration (`instances.models.AgentConfig`: `model`, `system_prompt`,
+`tools`, `decider`, `checks` ([{name, command: [argv], required}]), `command`, the guardrails
+and bounds, `protected_paths` — workspace-relative globs of the files that grade the agent —
+and `mcp_servers`, names of MCP servers an operator registered), and for a composition `roles`
+(role -> template name, reached with `delegate(to=ROLE)`) and `verify_with_role` (its done is
+verified only when that role's latest run passed). An instance made from a template copies
+its whole configuration (`AgentTemplate.instance_defaults`). `python manage.py loadtemplates`
+upserts them; on a fresh (or test-flushed) database the migration `0003_load_agent_templates` and the
 `ensure_templates` post_migrate receiver create the missing ones without touching edited rows.
 """
 
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+
+from instances.models import AgentConfig, AgentTemplate, Credential, Instance
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "agent_templates"
 
@@ -31,12 +36,13 @@ SCHEMA: dict[str, Any] = {
     "properties": {
         "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,49}$"},
         "description": {"type": "string"},
-        "brain": {"enum": ["anthropic", "command"]},
+        "brain": {"enum": list(AgentConfig.Brain.values)},
         "model": {"type": "string"},
         "system_prompt": {"type": "string"},
         "tools": _STRINGS,
-        "decider": {"enum": ["llm", "checks"]},
+        "decider": {"enum": list(AgentConfig.Decider.values)},
         "max_iterations": {"type": "integer", "minimum": 1, "maximum": 10000},
+        "objective_max_chars": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
         "checks": {
             "type": "array",
             "items": {
@@ -59,6 +65,10 @@ SCHEMA: dict[str, Any] = {
         "max_output_tokens": _COUNT,
         "tool_timeout_seconds": _COUNT,
         "act_timeout_seconds": _COUNT,
+        "protected_paths": _STRINGS,
+        "roles": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
+        "verify_with_role": {"type": "string"},
+        "mcp_servers": _STRINGS,
     },
 }
 
@@ -83,6 +93,11 @@ def validate(data: Any, *, source: str = "template") -> dict[str, Any]:
         raise TemplateError(f"{source}: {exc}") from None
     if data["brain"] == "command" and not data.get("command"):
         raise TemplateError(f"{source}: a command-brain template needs a command (an argv list)")
+    role = data.get("verify_with_role")
+    if role and role not in (data.get("roles") or {}):
+        raise TemplateError(f"{source}: verify_with_role {role!r} is not one of its roles")
+    if data.get("roles") and "delegate" not in (data.get("tools") or []):
+        raise TemplateError(f"{source}: a composition's agent needs the 'delegate' tool to reach its roles")
     checked: dict[str, Any] = data
     return checked
 
@@ -111,7 +126,7 @@ def load_templates(
     `model` may be a migration's historical model: only fields it has are written.
     """
     if model is None:
-        from instances.models import AgentTemplate as model
+        model = AgentTemplate
     known = {f.name for f in model._meta.get_fields() if getattr(f, "concrete", False)}
     results = []
     for data in read_templates(directory):
@@ -133,21 +148,14 @@ def ensure_templates(sender: Any = None, *, app_config: Any = None, using: str =
         return
     from django.db import connections
 
-    from instances.models import AgentTemplate
-
     if AgentTemplate._meta.db_table not in connections[using].introspection.table_names():
         return  # migrated backwards past the table
     load_templates(overwrite=False, using=using)
 
 
-OVERRIDABLE = frozenset(
-    {
-        "brain", "model", "system_prompt", "tools", "decider", "max_iterations", "checks", "command", "env",
-        "command_allow", "command_deny", "approval_tools", "max_tool_turns", "max_output_tokens",
-        "tool_timeout_seconds", "act_timeout_seconds", "objective_max_chars", "workspace", "base_url",
-        "credential", "credential_id",
-    }
-)
+# What an instance made from a template may set: every setting (its configuration and its own,
+# see `Instance.setting_fields`), the credential also by id as the API names it.
+OVERRIDABLE = frozenset({*Instance.setting_fields(), "credential_id"})
 
 
 def instance_values(template: Any, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -170,16 +178,21 @@ def instance_values(template: Any, overrides: dict[str, Any] | None = None) -> d
     return values
 
 
+def find(template: Any) -> AgentTemplate:
+    """Return `template` (an AgentTemplate or its name) as a row; raise TemplateError naming the ones there are."""
+    if not isinstance(template, str):
+        found: AgentTemplate = template
+        return found
+    row = AgentTemplate.objects.filter(name=template).first()
+    if row is None:
+        names = ", ".join(AgentTemplate.objects.values_list("name", flat=True)) or "none loaded"
+        raise TemplateError(f"unknown template {template!r}; available: {names}")
+    return row
+
+
 def create_instance(*, owner: Any, template: Any, name: str, overrides: dict[str, Any] | None = None) -> Any:
     """Create and return an instance of `owner` from `template` (an AgentTemplate or its name)."""
-    from instances.models import AgentTemplate, Credential, Instance
-
-    if isinstance(template, str):
-        found = AgentTemplate.objects.filter(name=template).first()
-        if found is None:
-            names = ", ".join(AgentTemplate.objects.values_list("name", flat=True)) or "none loaded"
-            raise TemplateError(f"unknown template {template!r}; available: {names}")
-        template = found
+    template = find(template)
     values = instance_values(template, overrides)
     credential = values.pop("credential", None)
     credential_id = values.pop("credential_id", None)

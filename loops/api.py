@@ -1,18 +1,31 @@
-"""REST: the loop routes. Every write goes through loops.services."""
+"""REST: the loop routes (a ninja Router mounted by loops.api_urls). Every write goes through loops.services.
+
+Bodies and query parameters are parsed by the schemas in `loops.schemas`, which also make
+their part of /v1/openapi.json; a refusal from a service keeps its status (`Refused.status`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.db.models import Prefetch
+from django.http import HttpRequest
+from ninja import Body, Query, Router, Status
 
+from budgets import money
 from instances.models import Instance
-from loops import events, services
-from loops.auth import BadRequest, api_view, error, json_body
+from loops import events, schemas, services
 from loops.models import Run
-from loops.runner import micros_to_usd
+from loops.rest import ApiError, Id, errors
 
 PAGE = 1000
+COST_CALLS = 2500  # a page of 10 iterations: every call of each, at 200 tool turns per act and then some
+
+router = Router(tags=["runs"])
+
+INSTANCE = "/instances/{id:instance_id}"
+RUN = INSTANCE + "/loop/{id:run_id}"
+NO_BODY = Body(None)  # an optional body: absent, or a JSON object of the schema's fields
 
 
 def run_json(run: Run) -> dict[str, Any]:
@@ -26,193 +39,313 @@ def run_json(run: Run) -> dict[str, Any]:
         "verified": run.verified,
         "iterations": run.iterations_done,
         "max_iterations": run.max_iterations,
-        "spent_usd": micros_to_usd(run.spent_micros),
-        "max_cost_usd": None if run.max_cost_micros is None else micros_to_usd(run.max_cost_micros),
+        "spent_usd": money.usd_string(run.spent_micros),
+        "max_cost_usd": None if run.max_cost_micros is None else money.usd_string(run.max_cost_micros),
         "stop_requested": run.cancel_requested_at is not None,
         "last_seq": run.last_seq,
         "created_at": run.created_at.isoformat(),
         "started_at": run.started_at.isoformat() if run.started_at else None,
         "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+        "continued_from": run.continued_from_id,
+        "continued_as": continued_as(run),
+        "parent": run.parent_id,
+        "children": child_ids(run),
     }
 
 
-def _instance(request: HttpRequest, instance_id: int) -> Instance | None:
-    return Instance.objects.filter(owner=request.user, pk=instance_id).first()
+def child_ids(run: Run) -> list[int]:
+    """Return the ids of the runs `run` delegated to, oldest first (one query unless prefetched)."""
+    cached = getattr(run, "_prefetched_objects_cache", {}).get("children")
+    if cached is not None:
+        return sorted(child.pk for child in cached)
+    return list(Run.objects.filter(parent_id=run.pk).order_by("pk").values_list("pk", flat=True))
 
 
-def _run(request: HttpRequest, instance_id: int, run_id: int) -> Run | None:
-    return Run.objects.filter(owner=request.user, instance_id=instance_id, pk=run_id).first()
+def continued_as(run: Run) -> int | None:
+    """Return the id of the run that continues `run`, or None (one query unless select_related)."""
+    later = getattr(run, "continuation", None)
+    return later.pk if later is not None else None
 
 
-def _not_found_run(instance_id: int, run_id: int) -> JsonResponse:
-    return error(f"run {run_id} of instance {instance_id} not found", 404)
+def _instance(request: HttpRequest, instance_id: int) -> Instance:
+    found = Instance.objects.filter(owner=request.user, pk=instance_id).first()
+    if found is None:
+        raise ApiError(f"instance {instance_id} not found", 404)
+    return found
 
 
-@api_view(("GET", "POST"))
-def loop(request: HttpRequest, instance_id: int) -> JsonResponse:
+def _run(request: HttpRequest, instance_id: int, run_id: int) -> Run:
+    found = Run.objects.filter(owner=request.user, instance_id=instance_id, pk=run_id).first()
+    if found is None:
+        raise ApiError(f"run {run_id} of instance {instance_id} not found", 404)
+    return found
+
+
+def _refused(exc: services.Refused) -> ApiError:
+    return ApiError(exc.message, exc.status)
+
+
+def _usd(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+@router.get(
+    INSTANCE + "/loop",
+    url_name="loop",
+    response={200: schemas.Runs, **errors()},
+    summary="List the instance's runs (newest first, at most 200)",
+)
+def loop_list(request: HttpRequest, instance_id: Id) -> Any:
     instance = _instance(request, instance_id)
-    if instance is None:
-        return error(f"instance {instance_id} not found", 404)
-    if request.method == "GET":
-        runs = Run.objects.filter(instance=instance, owner=request.user).order_by("-id")[:200]
-        return JsonResponse({"runs": [run_json(r) for r in runs]})
+    runs = (
+        Run.objects.filter(instance=instance, owner=request.user)
+        .select_related("continuation")
+        .prefetch_related(Prefetch("children", queryset=Run.objects.only("pk", "parent_id")))
+        .order_by("-id")[:200]
+    )
+    return {"runs": [run_json(r) for r in runs]}
+
+
+@router.post(
+    INSTANCE + "/loop", url_name="loop", response={201: schemas.Run, **errors()}, summary="Start a run"
+)
+def loop_start(request: HttpRequest, instance_id: Id, payload: schemas.RunIn) -> Any:
+    instance = _instance(request, instance_id)
     try:
-        data = json_body(
-            request,
-            {"objective": (str,), "max_iterations": (int,), "max_cost_usd": (int, float, str), "max_minutes": (int,)},
-            required=("objective",),
-        )
         run = services.run_start(
             instance=instance,
             user=request.user,
-            objective=data["objective"],
-            max_iterations=data.get("max_iterations"),
-            max_cost_usd=data.get("max_cost_usd"),
-            max_minutes=data.get("max_minutes"),
+            objective=payload.objective,
+            max_iterations=payload.max_iterations,
+            max_cost_usd=_usd(payload.max_cost_usd),
+            max_minutes=payload.max_minutes,
             request=request,
         )
-    except BadRequest as exc:
-        return error(exc.message)
     except services.Refused as exc:
-        return error(exc.message, exc.status)
-    return JsonResponse(run_json(run), status=201)
+        raise _refused(exc) from None
+    return Status(201, run_json(run))
 
 
-@api_view(("GET",))
-def run_detail(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
-    run = _run(request, instance_id, run_id)
-    if run is None:
-        return _not_found_run(instance_id, run_id)
+@router.get(RUN, url_name="run-detail", response={200: schemas.RunDetail, **errors()}, summary="Get a run")
+def run_detail(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
     from budgets.selectors import headroom_for_run
 
-    return JsonResponse({**run_json(run), "budget": headroom_for_run(run).as_json()})
-
-
-def _act(request: HttpRequest, instance_id: int, run_id: int, action: str) -> JsonResponse:
     run = _run(request, instance_id, run_id)
-    if run is None:
-        return _not_found_run(instance_id, run_id)
+    return {**run_json(run), "budget": headroom_for_run(run).as_json()}
+
+
+@router.post(
+    RUN + "/cancel", url_name="run-cancel", response={202: schemas.Run, **errors()}, summary="Stop a run"
+)
+def run_cancel(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Empty = NO_BODY) -> Any:
+    run = _run(request, instance_id, run_id)
     try:
-        if action == "interject":
-            data = json_body(request, {"message": (str,), "approve": (bool,)})
-            if not data.get("message") and data.get("approve") is None:
-                raise BadRequest("missing required field(s): message")
-            interjection = services.run_interject(
-                run=run, user=request.user, text=data.get("message", ""), approve=data.get("approve"), request=request
-            )
-            run.refresh_from_db()
-            return JsonResponse({"interjection": interjection.pk, "run": run_json(run)}, status=202)
-        if action == "resume":
-            data = json_body(request, {"max_cost_usd": (int, float, str)})
-            run = services.run_resume(
-                run=run, user=request.user, request=request, max_cost_usd=data.get("max_cost_usd")
-            )
-            return JsonResponse(run_json(run), status=202)
-        json_body(request, {})
-        if action == "cancel":
-            run = services.run_cancel(run=run, user=request.user, request=request)
-        else:
-            run = services.run_close(run=run, user=request.user, request=request)
-    except BadRequest as exc:
-        return error(exc.message)
+        run = services.run_cancel(run=run, user=request.user, request=request)
     except services.Refused as exc:
-        return error(exc.message, exc.status)
-    return JsonResponse(run_json(run), status=202)
+        raise _refused(exc) from None
+    return Status(202, run_json(run))
 
 
-@api_view(("POST",))
-def run_cancel(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
-    return _act(request, instance_id, run_id, "cancel")
+@router.post(
+    RUN + "/interject",
+    url_name="run-interject",
+    response={202: schemas.Interjected, **errors()},
+    summary="Queue a message for the next iteration (answers a waiting run)",
+)
+def run_interject(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Interjection) -> Any:
+    run = _run(request, instance_id, run_id)
+    try:
+        interjection = services.run_interject(
+            run=run, user=request.user, text=payload.message or "", approve=payload.approve, request=request
+        )
+    except services.Refused as exc:
+        raise _refused(exc) from None
+    run.refresh_from_db()
+    return Status(202, {"interjection": interjection.pk, "run": run_json(run)})
 
 
-@api_view(("POST",))
-def run_interject(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
-    return _act(request, instance_id, run_id, "interject")
+@router.post(
+    RUN + "/resume",
+    url_name="run-resume",
+    response={202: schemas.Run, **errors()},
+    summary="Resume a budget_exhausted run (optionally raising its cap first)",
+)
+def run_resume(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.ResumeIn = NO_BODY) -> Any:
+    run = _run(request, instance_id, run_id)
+    try:
+        run = services.run_resume(
+            run=run,
+            user=request.user,
+            request=request,
+            max_cost_usd=_usd(payload.max_cost_usd if payload else None),
+        )
+    except services.Refused as exc:
+        raise _refused(exc) from None
+    return Status(202, run_json(run))
 
 
-@api_view(("POST",))
-def run_resume(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
-    return _act(request, instance_id, run_id, "resume")
+@router.post(
+    RUN + "/continue",
+    url_name="run-continue",
+    response={201: schemas.Run, **errors()},
+    summary=(
+        "Continue a finished run (cancelled, max_iterations, no_progress, failed, timed_out or done unverified) "
+        "as a new run with its history, in its workspace, with your message; the old run is not changed. "
+        "A budget_exhausted run is resumed instead"
+    ),
+)
+def run_continue(
+    request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.RunContinueIn = NO_BODY
+) -> Any:
+    run = _run(request, instance_id, run_id)
+    payload = payload or schemas.RunContinueIn()
+    try:
+        new = services.run_continue(
+            run=run,
+            user=request.user,
+            max_iterations=payload.max_iterations,
+            max_cost_usd=_usd(payload.max_cost_usd),
+            max_minutes=payload.max_minutes,
+            message=payload.message,
+            request=request,
+        )
+    except services.Refused as exc:
+        raise _refused(exc) from None
+    return Status(201, run_json(new))
 
 
-@api_view(("POST",))
-def run_close(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
-    return _act(request, instance_id, run_id, "close")
+@router.post(
+    RUN + "/close",
+    url_name="run-close",
+    response={202: schemas.Run, **errors()},
+    summary="Close a waiting run as escalated",
+)
+def run_close(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Empty = NO_BODY) -> Any:
+    run = _run(request, instance_id, run_id)
+    try:
+        run = services.run_close(run=run, user=request.user, request=request)
+    except services.Refused as exc:
+        raise _refused(exc) from None
+    return Status(202, run_json(run))
 
 
-@api_view(("POST",))
-def loop_decide(request: HttpRequest, instance_id: int) -> JsonResponse:
-    """Run the instance's decider once on a given snapshot; no run, event or ledger entry is touched."""
-    from instances.brains.base import BrainError
+@router.post(
+    INSTANCE + "/loop-decide",
+    url_name="loop-decide",
+    response={200: schemas.Decision, **errors(502)},
+    summary=(
+        "Run the instance's decider once on a snapshot (no run or event is touched; an llm decider's call is "
+        "metered to your own pool)"
+    ),
+)
+def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn) -> Any:
+    """Run the instance's decider once on a given snapshot; no run or event is touched.
+
+    An `llm` decider's call is metered like any other and charged to the caller's own pool.
+    """
+    from budgets import metering
+    from budgets import services as budget_services
+    from instances.brains.base import BrainError, BudgetExhausted
     from loops import decision
     from loops.policy import Check
 
     instance = _instance(request, instance_id)
-    if instance is None:
-        return error(f"instance {instance_id} not found", 404)
-    fields = {
-        "objective": (str,), "response": (str,), "instruction": (str,), "act_ok": (bool,), "act_detail": (str,),
-        "checks": (list,), "history": (list,), "iteration": (int,), "max_iterations": (int,),
-        "recent_instructions": (list,),
-    }
-    try:
-        snapshot = json_body(request, fields, required=("objective",))
-        checks = []
-        for i, c in enumerate(snapshot.get("checks") or []):
-            if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("passed"), bool):
-                raise BadRequest(f"checks[{i}] must be an object with name (string) and passed (true/false)")
-            checks.append(Check(c["name"], bool(c.get("required", True)), c["passed"], str(c.get("output", ""))))
-        recent = [str(x) for x in snapshot.get("recent_instructions") or []]
-    except BadRequest as exc:
-        return error(exc.message)
+    checks = [Check(c.name, c.required, c.passed, c.output) for c in payload.checks or []]
+    recent = payload.recent_instructions or []
     usage = None
     if instance.decider == instance.Decider.LLM:
         from instances import credentials
         from instances.brains.anthropic import decide
 
+        snapshot = payload.model_dump(exclude_none=True)
+        snapshot.setdefault("iteration", 1)
+        snapshot.setdefault("max_iterations", instance.max_iterations)
+        snapshot["checks"] = [c.__dict__ for c in checks]
         try:
             credentials.ensure_usable(instance)
-            snapshot.setdefault("iteration", 1)
-            snapshot.setdefault("max_iterations", instance.max_iterations)
-            snapshot["checks"] = [c.__dict__ for c in checks]
-            answer, used = decide(instance, snapshot)
-        except ValueError as exc:
-            return error(str(exc))
+            # Charged to the caller's own pool: there is no run, but the call is still metered.
+            meter = metering.for_pool(budget_services.user_pool(request.user))
+            answer, used = decide(instance, snapshot, meter=meter)
+        except ValueError as exc:  # no usable key: the instance is not ready, the request is fine
+            raise ApiError(str(exc), 409) from None
+        except BudgetExhausted as exc:
+            raise ApiError(f"budget_exhausted: {exc.detail}", 402) from None
         except BrainError as exc:
-            return error(f"{exc.outcome}: {exc.detail}", 502)
+            raise ApiError(f"{exc.outcome}: {exc.detail}", 502) from None
         found = decision.parse(answer, recent_instructions=recent)
         usage = used.as_json()
     else:
         found = decision.from_checks(
-            checks, act_ok=snapshot.get("act_ok", True), act_detail=snapshot.get("act_detail", "")
+            checks, act_ok=payload.act_ok is not False, act_detail=payload.act_detail or ""
         )
-    return JsonResponse(
-        {"verdict": found.verdict, "reason": found.reason, "next_instruction": found.next_instruction,
-         "decider": instance.decider, "usage": usage}
-    )
+    return {
+        "verdict": found.verdict,
+        "reason": found.reason,
+        "next_instruction": found.next_instruction,
+        "decider": instance.decider,
+        "usage": usage,
+    }
 
 
-@api_view(("GET",))
-def pools(request: HttpRequest) -> JsonResponse:
+@router.get(
+    "/pools",
+    url_name="pools",
+    response={200: schemas.Pools, **errors()},
+    summary="Your budget pools: limit, spent, reserved, period",
+)
+def pools(request: HttpRequest) -> Any:
     from budgets.selectors import pool_as_json, pools_visible_to
 
-    return JsonResponse({"pools": [pool_as_json(p) for p in pools_visible_to(request.user)]})
+    return {"pools": [pool_as_json(p) for p in pools_visible_to(request.user)]}
 
 
-@api_view(("GET",))
-def run_events(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
+@router.get(
+    RUN + "/costs",
+    url_name="run-costs",
+    response={200: schemas.Costs, **errors()},
+    summary=(
+        "Where the run's money went: per iteration (newest first, 10 a page) and per call (model, tokens, reserved, "
+        "settled, overdraft and its cause, the pools that paid), and its pools' headroom"
+    ),
+)
+def run_costs(
+    request: HttpRequest,
+    instance_id: Id,
+    run_id: Id,
+    before: int | None = Query(
+        None, ge=1, le=2**31, description="iterations below this one (the previous page's `earlier`)"
+    ),
+) -> Any:
+    """Where the run's money went: per iteration (newest first) and per call, and its pools' headroom."""
+    from budgets.selectors import headroom_for_run
+    from budgets.spending import run_spending
+
     run = _run(request, instance_id, run_id)
-    if run is None:
-        return _not_found_run(instance_id, run_id)
-    raw = request.GET.get("after", "0")
-    try:
-        after = int(raw)
-        if after < 0:
-            raise ValueError
-    except ValueError:
-        return error(f"after must be a whole number ≥ 0 (the last seq you have); got {raw!r}")
+    chain = headroom_for_run(run)
+    found = run_spending(run.pk, before=before, chain=chain, calls=COST_CALLS)
+    return {
+        "run": run.pk,
+        "spent_usd": money.usd_string(run.spent_micros),
+        "spent_micros": run.spent_micros,
+        "iterations": [it.as_json() for it in found.iterations],
+        "earlier": found.earlier,
+        "budget": chain.as_json(),
+    }
+
+
+@router.get(
+    RUN + "/events",
+    url_name="run-events",
+    response={200: schemas.Events, **errors()},
+    summary="Events after a seq (at most 1000 a page)",
+)
+def run_events(
+    request: HttpRequest,
+    instance_id: Id,
+    run_id: Id,
+    after: int = Query(0, ge=0, le=2**63 - 1, description="the last seq you have"),
+) -> Any:
+    run = _run(request, instance_id, run_id)
     found = events.after(run, after, limit=PAGE)
     last = found[-1].seq if found else after
-    return JsonResponse(
-        {"events": [e.as_json() for e in found], "last_seq": last, "more": last < run.last_seq}
-    )
+    return {"events": [e.as_json() for e in found], "last_seq": last, "more": last < run.last_seq}

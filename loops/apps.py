@@ -1,4 +1,12 @@
+from typing import Any
+
 from django.apps import AppConfig
+
+
+def _act_mcp(*args: Any, **kwargs: Any) -> Any:
+    from loops import mcp_act  # the MCP SDK loads only in a process that serves an act's /mcp
+
+    return mcp_act.handle(*args, **kwargs)
 
 
 class LoopsConfig(AppConfig):
@@ -7,9 +15,17 @@ class LoopsConfig(AppConfig):
     def ready(self) -> None:
         from django_q.signals import post_spawn
 
-        from loops import driver
+        from instances import gateway
+        from loops import delegation, driver, signals
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
         # drive claimed runs, a heartbeat that renews their leases and watches for
         # stop requests, and the reaper.
         post_spawn.connect(driver.on_worker_spawn, dispatch_uid="tether-driver")
+        # A child run's start and end are told on its parent's timeline; its end may resume the parent.
+        signals.run_starting.connect(delegation.on_run_starting, dispatch_uid="tether-delegation-start")
+        signals.run_finished.connect(delegation.on_run_finished, dispatch_uid="tether-delegation")
+        # A composition's done is verified only with its verifying role's pass.
+        signals.done_proposed.connect(delegation.on_done_proposed, dispatch_uid="tether-composition")
+        # An act's MCP endpoint (how a command agent delegates) on every worker's gateway socket.
+        gateway.route("/mcp", _act_mcp)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from budgets.money import format_usd
+
 WIDTH = 360
 HEIGHT = 150
 LEFT = 54
@@ -59,13 +61,8 @@ def points(iterations: Iterable[Any]) -> list[Point]:
 
 
 def usd(micros: int) -> str:
-    """Return a short dollar label: $0, $0.0042, $1.25."""
-    if micros == 0:
-        return "$0"
-    dollars = micros / 1_000_000
-    if dollars >= 1:
-        return f"${dollars:,.2f}"
-    return f"${dollars:.4f}".rstrip("0").rstrip(".") if dollars >= 0.0001 else f"${dollars:.6f}"
+    """Return a dollar label: $0, $0.004213, $1.25 (exact, like every amount Tether shows)."""
+    return "$0" if micros == 0 else format_usd(micros)
 
 
 CHECK_WORDS = {

@@ -1,10 +1,16 @@
-"""The per-process driver: threads that drive claimed runs, a heartbeat, the reaper.
+"""The per-process driver: threads that drive claimed runs, pickup, a heartbeat, the reaper.
 
 One driver lives in each worker process. Acts are I/O-bound, so a thread per
 claimed run lets one process hold hundreds of live runs; every thread is fenced
-by its own lease. The heartbeat renews this process's leases, turns stop requests
-into stop signals for acts in flight (so a stop lands within a second even
-mid-act), and runs the reaper, which re-schedules runs whose driver died.
+by its own lease. A run reaches a driver two ways: its queue task (`tasks.drive`,
+one run), and the driver's pickup, which claims the runs waiting for a driver in
+batches while the process has room (`runner.claim_due`), so a flood of runs
+started at once does not wait for one queue task each. The heartbeat renews this
+process's leases, turns stop requests into stop signals for acts in flight (so a
+stop lands within a second even mid-act), beats (`loops.liveness`: a stop need not
+wait for a dead holder's lease), and runs the reaper, which re-schedules runs whose
+driver died. A transient database error in any of it is retried on the next tick
+with a fresh connection.
 """
 
 from __future__ import annotations
@@ -14,16 +20,20 @@ import os
 import socket
 import threading
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from loops import runner
-from tether import jsonlog
+from loops import liveness, runner
+from tether import dbfaults, jsonlog
 
 log = logging.getLogger(__name__)
+
+# Runs one pickup claims at most: a flood is shared among the processes that poll.
+PICKUP_BATCH = 100
 
 _driver: Driver | None = None
 _driver_lock = threading.Lock()
@@ -55,6 +65,8 @@ class Driver:
         self.lock = threading.Lock()
         self.heartbeat = threading.Thread(target=self._heartbeat, name="tether-heartbeat", daemon=True)
         self.heartbeat.start()
+        self.pickup = threading.Thread(target=self._pickup, name="tether-pickup", daemon=True)
+        self.pickup.start()
 
     # --- driving -----------------------------------------------------------------
 
@@ -65,23 +77,54 @@ class Driver:
                 log.warning("driver %s full (%s runs); run %s waits for the reaper", self.name, self.capacity, run_id)
                 return False
             self.pending += 1
-        threading.Thread(
-            target=self._drive, args=(run_id, iteration), name=f"tether-run-{run_id}", daemon=True
-        ).start()
+        self._start(run_id, iteration, None)
         return True
 
-    def _drive(self, run_id: int, iteration: int) -> None:
-        jsonlog.bind(run_id=run_id, iteration=iteration, worker=self.name)  # every line of this thread
-        lease = None
-        slot = self.connection_slots.acquire(blocking=False)
-        try:
+    def _pickup(self) -> None:
+        """Claim runs waiting for a driver, a batch at a time, while this process has room.
+
+        Between batches it sleeps a poll, so the other processes polling get their share of a
+        flood. A run's queue task that comes later finds it taken and exits. A database error
+        is retried on the next poll with a new connection.
+        """
+        while True:
+            time.sleep(settings.TETHER_PICKUP_POLL_SECONDS)
+            with self.lock:
+                room = min(PICKUP_BATCH, self.capacity - len(self.leases) - self.pending)
+                if room <= 0:
+                    continue
+                self.pending += room
+            claimed: list[tuple[runner.Lease, int]] = []
             try:
-                lease = runner.claim(run_id, iteration, self.name)
+                claimed = runner.claim_due(self.name, room)
+            except Exception as exc:
+                log.warning("driver %s: pickup failed (%s); retrying on a new connection", self.name, exc)
+                connection.close()
             finally:
                 with self.lock:
-                    self.pending -= 1
-                    if lease is not None:
-                        self.leases[run_id] = lease
+                    self.pending -= room
+                    self.leases.update((lease.run_id, lease) for lease, _ in claimed)
+            for lease, iteration in claimed:
+                self._start(lease.run_id, iteration, lease)
+
+    def _start(self, run_id: int, iteration: int, lease: runner.Lease | None) -> None:
+        threading.Thread(
+            target=self._drive, args=(run_id, iteration, lease), name=f"tether-run-{run_id}", daemon=True
+        ).start()
+
+    def _drive(self, run_id: int, iteration: int, lease: runner.Lease | None) -> None:
+        """Drive the run under `lease`, or (a queue task's run) claim it first."""
+        jsonlog.bind(run_id=run_id, iteration=iteration, worker=self.name)  # every line of this thread
+        slot = self.connection_slots.acquire(blocking=False)
+        try:
+            if lease is None:
+                try:
+                    lease = runner.claim(run_id, iteration, self.name)
+                finally:
+                    with self.lock:
+                        self.pending -= 1
+                        if lease is not None:
+                            self.leases[run_id] = lease
             if lease is not None:
                 lease.keeps_connection = slot
                 if not slot and connection.vendor == "postgresql":
@@ -99,15 +142,28 @@ class Driver:
 
     # --- heartbeat -----------------------------------------------------------------
 
+    def _beat(self) -> None:
+        try:
+            with self.lock:
+                runs = list(self.leases)
+            liveness.beat(self.name, runs)
+        except Exception:  # the cache is down: stops then wait for the lease, as they always could
+            log.warning("driver %s: cannot record its beat", self.name, exc_info=True)
+
     def _heartbeat(self) -> None:
-        last_renew = last_reap = time.monotonic()
+        last_renew = last_reap = last_beat = time.monotonic()
+        self._beat()
         while True:
             time.sleep(settings.TETHER_STOP_POLL_SECONDS)
+            if time.monotonic() - last_beat >= 1.0:
+                self._beat()
+                last_beat = time.monotonic()
             try:
                 close_old_connections()
                 now = time.monotonic()
                 with self.lock:
                     leases = dict(self.leases)
+                sweep_stops()
                 if leases:
                     self._signal_stops(leases)
                     if now - last_renew >= settings.TETHER_LEASE_SECONDS / 3:
@@ -116,8 +172,13 @@ class Driver:
                 if now - last_reap >= settings.TETHER_REAPER_SECONDS:
                     reap()
                     last_reap = now
-            except Exception:
-                log.warning("driver heartbeat failed; retrying", exc_info=True)
+            except Exception as exc:
+                # A cut connection heals on the next tick: close it, and renew and reap then
+                # (the lease outlives a few missed ticks; `last_renew` was not moved).
+                if dbfaults.is_transient(exc):
+                    log.warning("driver heartbeat: transient database error (%s); retrying on a new connection", exc)
+                else:
+                    log.warning("driver heartbeat failed; retrying", exc_info=True)
                 connection.close()
 
     def _signal_stops(self, leases: dict[int, runner.Lease]) -> None:
@@ -140,6 +201,25 @@ class Driver:
                 lease.stop.set()  # lost or finished: an act still in flight must end
 
 
+def sweep_stops() -> int:
+    """Finish the runs a person stopped whose driver died (a stop never waits for their leases).
+
+    `run_cancel` finishes such a run itself when it can tell the holder is dead; this catches
+    a holder that died just after (or was not yet known dead then). Return how many.
+    """
+    from loops.models import Run
+
+    stopped = list(
+        Run.objects.filter(status__in=runner.ACTIVE, cancel_requested_at__isnull=False, lease_token__isnull=False)
+        .values_list("pk", "lease_token", "lease_holder")[:200]
+    )
+    finished = 0
+    for run_id, token, holder in stopped:
+        if holder and liveness.holder_gone(holder):
+            finished += runner.finish_stopped(run_id, token, holder)
+    return finished
+
+
 def reap(limit: int = 200) -> int:
     """Re-schedule active runs whose lease or pickup deadline passed; return how many."""
     from loops import events, tasks
@@ -152,17 +232,24 @@ def reap(limit: int = 200) -> int:
         .values_list("pk", "lease_expires_at", "lease_holder", "next_iteration")[:limit]
     )
     reaped = 0
+    patience = timedelta(seconds=settings.TETHER_DB_RETRY_SECONDS)
     for run_id, expired, holder, iteration in stale:
+        if holder and expired is not None and now - expired < patience and liveness.still_driving(holder, run_id):
+            continue  # its driver lives and drives it: renewals lost to a cut connection, not a death
+        changes = runner.lost_changes(run_id) if holder else None  # git, before the transaction
         with transaction.atomic():
             taken = Run.objects.filter(pk=run_id, lease_expires_at=expired, status__in=runner.ACTIVE).update(
                 lease_token=None, lease_holder="", lease_expires_at=tasks.pickup_deadline()
             )
             if not taken:
                 continue
-            runner.charge_abandoned(Run.objects.get(pk=run_id))
+            runner.record_lost_attempt(Run.objects.get(pk=run_id), holder, changes)
             events.append(run_id, "run.reaped", {"iteration": iteration, "previous_worker": holder})
             tasks.schedule(run_id, iteration)
             reaped += 1
+    from loops import delegation
+
+    reaped += delegation.check_parked()
     if reaped:
         log.info("reaper re-scheduled %s run(s)", reaped)
     return reaped

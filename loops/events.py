@@ -1,7 +1,8 @@
 """Append events to a run's gap-free sequence; ring the doorbell after commit.
 
 Must be called inside a transaction: the run row's `last_seq` is bumped with a
-conditional update, which serialises appenders of one run. Viewers are woken
+conditional update, which serialises appenders of one run. Every string in an event's
+data is redacted (`instances.redaction`) before it is stored. Viewers are woken
 after the commit, never before, so they can always read what they are told about.
 """
 
@@ -17,6 +18,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from instances.redaction import redact_data
 from loops.models import Event, Run
 
 log = logging.getLogger(__name__)
@@ -41,11 +43,40 @@ def append_many(run_id: int, items: Iterable[tuple[str, dict[str, Any]]]) -> int
     first = last - len(items) + 1
     now = timezone.now()
     Event.objects.bulk_create(
-        Event(run_id=run_id, seq=first + i, kind=kind, data=data, created_at=now)
+        Event(run_id=run_id, seq=first + i, kind=kind, data=redact_data(data), created_at=now)
         for i, (kind, data) in enumerate(items)
     )
     transaction.on_commit(lambda: ring(run_id, last))
     return last
+
+
+def append_to_each(kind: str, data: dict[int, dict[str, Any]]) -> dict[int, int]:
+    """Append one event of `kind` to each run of `data` (run id → its data); return each run's seq.
+
+    Two statements however many runs (a driver's pickup claims dozens at once).
+    """
+    if not data:
+        return {}
+    ids = list(data)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Run._meta.db_table} SET last_seq = last_seq + 1 "
+            f"WHERE id IN ({', '.join(['%s'] * len(ids))}) RETURNING id, last_seq",
+            ids,
+        )
+        seqs = {int(run_id): int(seq) for run_id, seq in cursor.fetchall()}
+    now = timezone.now()
+    Event.objects.bulk_create(
+        Event(run_id=run_id, seq=seq, kind=kind, data=redact_data(data[run_id]), created_at=now)
+        for run_id, seq in seqs.items()
+    )
+
+    def ring_each() -> None:
+        for run_id, seq in seqs.items():
+            ring(run_id, seq)
+
+    transaction.on_commit(ring_each)
+    return seqs
 
 
 def group_name(run_id: int) -> str:

@@ -25,6 +25,15 @@ class Run(models.Model):
         CRASHED = "crashed"
 
     instance = models.ForeignKey("instances.Instance", on_delete=models.CASCADE, related_name="runs")
+    # Delegation: a child run was started by its parent's `delegate` call; its pool is carved
+    # from (nested under) the parent's, and the parent waits until its act's children finish.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    depth = models.PositiveSmallIntegerField(default=0, help_text="0 for a run a person started")
+    delegation = models.JSONField(
+        default=dict, blank=True, help_text="a child: the delegate call that started it; a parent: what it waits for"
+    )
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
     objective = models.TextField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
@@ -40,6 +49,18 @@ class Run(models.Model):
     next_instruction = models.TextField(blank=True)
     # Bookkeeping the no-progress rule reads: recent instructions and (fingerprint, checks) pairs.
     history = models.JSONField(default=dict, blank=True)
+    # Protected evidence (see loops.protected): the digests of the protected files as the run found
+    # them (null until taken, before the first act), every protected path an act has changed since
+    # (sticky), and whether a person's acceptance of the review makes the done verified (the checks
+    # and graders verified it; only the changed evidence held it back).
+    protected_baseline = models.JSONField(null=True, blank=True)
+    protected_changed = models.JSONField(default=list, blank=True)
+    held_for_review = models.BooleanField(default=False)
+    # The finished run this one continues (see loops.services.run_continue): it started from that
+    # run's memory, in the same workspace. A run is continued at most once ("continued as" is one run).
+    continued_from = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="continuation"
+    )
 
     # The lease: who drives the run, until when. A null token with an expiry means
     # "handed to the queue; if nobody claims it by then, the reaper re-schedules it".
@@ -141,13 +162,55 @@ class Interjection(models.Model):
 
 
 class ApiToken(models.Model):
-    """A bearer token for API clients; only its SHA-256 digest is stored."""
+    """A bearer token for API clients; only its SHA-256 digest is stored.
+
+    Revoking a token deletes it, so the next request that presents it is refused.
+    """
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, default="")
     digest = models.CharField(max_length=64, unique=True)
     prefix = models.CharField(max_length=8)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"token {self.prefix}… of {self.user_id}"
+
+
+class ToolCall(models.Model):
+    """One tool call of a Claude-brain act, journaled before it runs and again with its result.
+
+    Keyed by (run, iteration, turn, index): the act's tool turn (0: the calls a person approved,
+    run before the first model call) and the call's place among the turn's `tool_use` blocks. A
+    re-run of the iteration (after its worker died) replays finished calls instead of running
+    them again and reports a call started but never finished as interrupted (see loops.journal).
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="tool_calls")
+    iteration = models.PositiveIntegerField()
+    turn = models.PositiveIntegerField()
+    index = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField(default=1, help_text="the attempt of the iteration that started the call")
+    name = models.CharField(max_length=200)
+    call = models.JSONField(default=dict, help_text="the tool_use block: id, name, input")
+    # The model's whole answer for the turn, exactly as returned (kept on the turn's first journaled call).
+    turn_content = models.JSONField(null=True, blank=True)
+    result = models.TextField(blank=True)
+    is_error = models.BooleanField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "iteration", "turn", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "iteration", "turn", "index"], name="tool_call_once_per_key")
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+    @property
+    def key(self) -> str:
+        return f"r{self.run_id}-i{self.iteration}-t{self.turn}-c{self.index}"

@@ -3,7 +3,7 @@
 Read-only. `/readyz` answers 200 when the database answers, the task broker answers
 and at least one worker cluster reported in within the last few seconds (django-q2
 clusters publish their status through the shared cache named by Q_CLUSTER["cache"]);
-503 otherwise, naming what failed. `/healthz` (loops.health) stays the liveness probe:
+503 otherwise, with `down` listing what failed and `checks` saying how. `/healthz` (loops.health) stays the liveness probe:
 a load balancer should route on /readyz and restart on /healthz.
 
 `/metrics` speaks the Prometheus text exposition format (version 0.0.4). It is
@@ -26,6 +26,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+
+from budgets import money
+from tether import dbfaults
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +78,7 @@ def _check_workers() -> str:
 def readyz(request: HttpRequest) -> JsonResponse:
     """Return 200 when the database, the broker and some worker are there; 503 naming the failure."""
     checks: dict[str, str] = {}
-    ready = True
+    down: list[str] = []
     for name, check in (
         ("database", _check_database),
         ("broker", _check_broker),
@@ -84,11 +87,16 @@ def readyz(request: HttpRequest) -> JsonResponse:
         try:
             checks[name] = check()
         except Exception as exc:
-            ready = False
+            down.append(name)
             checks[name] = f"failed: {exc}"[:300]
             log.warning("readyz: %s check failed: %s", name, exc)
-    body = {"ready": ready, "checks": checks, "time": timezone.now().isoformat()}
-    return JsonResponse(body, status=200 if ready else 503)
+            if dbfaults.is_transient(exc):
+                dbfaults.reset()  # a cut connection: the next check (and probe) reconnects
+    body = {"ready": not down, "down": down, "checks": checks, "time": timezone.now().isoformat()}
+    response = JsonResponse(body, status=503 if down else 200)
+    if down:
+        response["Retry-After"] = "5"
+    return response
 
 
 # --- metrics -------------------------------------------------------------------------------------
@@ -150,7 +158,7 @@ class Exposition:
 
 
 def _usd(micros: int | None) -> float:
-    return (micros or 0) / 1_000_000
+    return float(money.micros_to_decimal(micros or 0))  # a Prometheus sample is a float
 
 
 def collect() -> str:
@@ -208,7 +216,9 @@ def collect() -> str:
         total.total_seconds(),
     )
 
-    closed = Reservation.objects.filter(
+    # A child run's carve is left out: the child's own reservations count what it spent.
+    calls = Reservation.objects.filter(carved__isnull=True)
+    closed = calls.filter(
         status__in=[Reservation.Status.SETTLED, Reservation.Status.ABANDONED]
     ).aggregate(spent=Sum("actual"))
     out.family(
@@ -217,7 +227,7 @@ def collect() -> str:
         "Money settled by iterations, including the conservative settlement of abandoned ones.",
         [({}, _usd(closed["spent"]))],
     )
-    held = Reservation.objects.filter(status=Reservation.Status.HELD).aggregate(
+    held = calls.filter(status=Reservation.Status.HELD).aggregate(
         n=Count("id"), amount=Sum("amount")
     )
     out.family(

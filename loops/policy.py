@@ -7,7 +7,13 @@ back to the agent, or the run fails on its last allowed iteration); `done` on th
 iteration is `done`, not `max_iterations`; a passed deadline stops a `continue` but never
 overrides a `done`, `failed` or `escalated`; a run whose next instruction repeats one of the last
 two, or whose workspace and check results stay unchanged for three iterations, stops with
-`no_progress`.
+`no_progress`. A failed act is said twice: to the agent, in front of its next instruction (its
+exit status and the tail of its stderr, beside the failing checks), and to the person, in the
+detail of a run that stops after it ("the act failed 3 times in a row: exit status 1: ...").
+
+`verdict` is the one place a `done` is judged: the checks, then what the graders made of it
+(`Assessment`s: retry, fail, or do not vouch), then the protected evidence — a run whose
+protected files changed ends done but never verified by the machine; a person's review decides.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ OUTCOMES = frozenset({"done", "escalated", "failed", "max_iterations", "no_progr
 # iterations an unchanged (workspace fingerprint, checks signature) pair means the loop is stuck.
 REPEAT_WINDOW = 2
 UNCHANGED_ITERATIONS = 3
+# How many recent instructions and (fingerprint, checks) pairs a run keeps: enough for both rules
+# (the repeat rule compares the newest with the REPEAT_WINDOW before it).
+KEPT = max(REPEAT_WINDOW + 1, UNCHANGED_ITERATIONS)
 
 # Given when the decider asks to continue without saying how. It carries nothing from the
 # decider, so its repetition is not evidence of a stuck loop and the repeat rule ignores it; an
@@ -49,6 +58,8 @@ class State:
     max_iterations: int
     act_ok: bool
     act_detail: str = ""
+    # Acts that failed in a row, this one included (0 when this act succeeded).
+    failed_acts: int = 0
     # Instructions given to earlier iterations and this one, oldest first, as given.
     recent_instructions: tuple[str, ...] = ()
     # (workspace fingerprint, checks signature) per iteration, oldest first, this one included.
@@ -71,6 +82,24 @@ class Stop:
     outcome: str  # one of OUTCOMES
     detail: str  # human-readable, never empty
     verified: bool | None = None  # for done: True iff required checks ran and passed
+    # For done: the checks and graders verified it, but it changed what grades it; a person's
+    # acceptance of the review makes it verified.
+    held_for_review: bool = False
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What a grader makes of a proposed done.
+
+    `outcome` is "done" (keep it; `verified` says whether the grader vouches for it), "retry"
+    (reject the answer and go on with `instruction`) or "failed" (rejected on the last allowed
+    iteration). `reasons` say why, in words a reviewer reads.
+    """
+
+    outcome: str = "done"
+    verified: bool = True
+    reasons: tuple[str, ...] = ()
+    instruction: str = ""
 
 
 def checks_signature(checks: Sequence[Check]) -> str:
@@ -101,12 +130,46 @@ def _no_progress(state: State, instruction: str) -> Stop | None:
     if len(recent) == UNCHANGED_ITERATIONS and len(set(recent)) == 1:
         rules.append(f"workspace and check results unchanged for {UNCHANGED_ITERATIONS} iterations")
     if rules:
+        failures = _act_failures(state)
+        if failures:
+            return Stop("no_progress", f"{failures} (and no progress: {'; '.join(rules)})")
         return Stop("no_progress", "no progress: " + "; ".join(rules))
     return None
 
 
+# How much of a failed act's detail a run's final detail quotes: its start (the exit status) and
+# its end (the last words of its stderr).
+ACT_SUMMARY_HEAD = 80
+ACT_SUMMARY_CHARS = 300
+
+
+def _act_failures(state: State) -> str:
+    """Return what the person reads about the failed acts that ended the run, or ""."""
+    if state.act_ok:
+        return ""
+    said = " ".join(state.act_detail.split()) or "it said nothing about why"
+    if len(said) > ACT_SUMMARY_CHARS:
+        said = f"{said[:ACT_SUMMARY_HEAD].rstrip()} … {said[-(ACT_SUMMARY_CHARS - ACT_SUMMARY_HEAD):].lstrip()}"
+    times = max(state.failed_acts, 1)
+    if times == 1:
+        return f"the last act failed: {said}"
+    return f"the act failed {times} times in a row: {said}"
+
+
+def _with_act_failure(state: State, instruction: str) -> str:
+    """Return `instruction` with the failed act in front of it, so the agent sees why."""
+    if state.act_ok:
+        return instruction
+    if instruction == GENERIC_INSTRUCTION:
+        return act_failure(state.act_detail)
+    return f"{act_failure(state.act_detail)}\n\n{instruction}"
+
+
 def _go_on(state: State, instruction: str, why: str = "") -> Continue | Stop:
     """Return the Continue a run may take, or the bound that stops it first."""
+    if failures := _act_failures(state):
+        why += f"; {failures}"
+    instruction = _with_act_failure(state, instruction)
     if state.deadline_passed:
         return Stop("timed_out", f"the wall-clock deadline passed after iteration {state.iteration}{why}")
     if state.iteration >= state.max_iterations:
@@ -117,7 +180,19 @@ def _go_on(state: State, instruction: str, why: str = "") -> Continue | Stop:
     return _no_progress(state, instruction) or Continue(instruction)
 
 
-def _done(state: State, decision: Decision, checks: Sequence[Check]) -> Continue | Stop:
+def verdict(
+    state: State,
+    decision: Decision,
+    checks: Sequence[Check],
+    grades: Sequence[Assessment] = (),
+    protected_changed: Sequence[str] = (),
+) -> Continue | Stop:
+    """Return what a proposed done becomes: the one place "done / verified" is decided.
+
+    Required checks that fail send the agent back (or fail the run on its last allowed iteration);
+    a grader's retry or failure wins next; otherwise the run is done, verified only when required
+    checks ran and passed, every grader vouches for it and no protected path changed.
+    """
     failing = [check for check in checks if check.required and not check.passed]
     if failing:
         claim = f"the agent claimed done but required checks fail: {_names(failing)}"
@@ -128,36 +203,61 @@ def _done(state: State, decision: Decision, checks: Sequence[Check]) -> Continue
             )
         instruction = "The objective is not done: required checks fail.\n\n" + backpressure(checks)
         return _go_on(state, instruction, f"; {claim}")
+    for grade in grades:
+        if grade.outcome == "retry":
+            return Continue(grade.instruction)
+    for grade in grades:
+        if grade.outcome == "failed":
+            return Stop("failed", "; ".join(grade.reasons) or "the graders rejected the result")
     ran_required = any(check.required for check in checks)
-    verified = state.has_checks and ran_required
+    by_checks = state.has_checks and ran_required
     detail = decision.reason.strip() or "the decider reported the objective done"
-    if verified:
+    if by_checks:
         detail += f" (verified: required checks passed: {_names([c for c in checks if c.required])})"
     elif not state.has_checks:
         detail += " (unverified: no checks configured)"
     else:
         detail += " (unverified: no required check ran)"
+    reasons = [reason for grade in grades for reason in grade.reasons]
+    verified = by_checks and all(grade.verified for grade in grades)
+    if by_checks and not verified:
+        detail += " — but not verified: " + "; ".join(reasons or ["a grader did not vouch for it"])
+    elif reasons and not verified:
+        detail += " — " + "; ".join(reasons)
+    if protected_changed:
+        shown = ", ".join(protected_changed[:10]) + (
+            f" and {len(protected_changed) - 10} more" if len(protected_changed) > 10 else ""
+        )
+        detail += f" — not verified: it changed what grades it ({shown}); a person must review the diff"
+        return Stop("done", detail, verified=False, held_for_review=verified)
     return Stop("done", detail, verified=verified)
 
 
-def _instruction(state: State, decision: Decision, checks: Sequence[Check]) -> str:
+def _instruction(decision: Decision, checks: Sequence[Check]) -> str:
     if decision.next_instruction.strip():
         return decision.next_instruction
     if any(not check.passed for check in checks):
         return backpressure(checks)
-    if not state.act_ok:
-        return act_failure(state.act_detail)
     return GENERIC_INSTRUCTION
 
 
-def next_step(state: State, decision: Decision, checks: Sequence[Check]) -> Continue | Stop:
-    """Return what the run does after the iteration described by `state`."""
+def next_step(
+    state: State,
+    decision: Decision,
+    checks: Sequence[Check],
+    grades: Sequence[Assessment] = (),
+    protected_changed: Sequence[str] = (),
+) -> Continue | Stop:
+    """Return what the run does after the iteration described by `state`.
+
+    A done is judged by `verdict`, with the graders' `grades` and the run's changed protected paths.
+    """
     reason = decision.reason.strip()
     if decision.verdict == "done":
-        return _done(state, decision, checks)
+        return verdict(state, decision, checks, grades, protected_changed)
     if decision.verdict == "failed":
         return Stop("failed", reason or "the agent gave up")
     if decision.verdict == "continue":
-        return _go_on(state, _instruction(state, decision, checks))
+        return _go_on(state, _instruction(decision, checks))
     # "escalate", and anything a decider should not have said: a human decides.
     return Stop("escalated", reason or "the decider asked for a human")

@@ -3,7 +3,10 @@
 Runs in a worker thread. Every write is fenced by the run's lease token and its
 `next_iteration`, so a stale or duplicate driver changes nothing. No transaction,
 row lock or (on PostgreSQL) database connection is held across the act or the
-checks: an iteration is two short transactions, `_begin` and `_record`.
+checks: an iteration is two short transactions, `_begin` and `_record`. A transient
+database error (a cut connection, a serialization failure, a lock timeout) in either,
+or in the claim, is retried on a fresh connection (`tether.dbfaults`); only a lost
+lease or a dead process ends an attempt.
 """
 
 from __future__ import annotations
@@ -13,24 +16,25 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
-from budgets import ledger, pricing
+from budgets import ledger, metering, money
+from budgets import selectors as budget_selectors
+from budgets.models import Reservation
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from loops import checks as checks_mod
 from loops import decision as decision_mod
-from loops import events, policy
-from loops.models import Interjection, Iteration, Run
-from reviews import graders, snapshots
-from reviews import services as review_services
-from tether import jsonlog
+from loops import delegation, events, journal, policy, protected, signals
+from loops.event_kinds import changed_names
+from loops.models import Event, Interjection, Iteration, Run
+from tether import dbfaults, jsonlog
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,8 @@ class Lease:
     # Shared by the process's runs that do not keep a connection: bounds their connections.
     gate: threading.BoundedSemaphore | None = None
     gate_held: bool = False
+    # The seq of this lease's `run.claimed` event: what this driver wrote comes after it.
+    claimed_seq: int = 0
 
 
 def _enter(lease: Lease) -> None:
@@ -78,6 +84,7 @@ class Begun:
     reservation: int | None
     started_at: Any
     approved_calls: list[dict[str, Any]] = field(default_factory=list)
+    attempt: int = 1  # 2 and up: an earlier attempt of this iteration was lost
 
 
 def lease_seconds() -> timedelta:
@@ -87,14 +94,113 @@ def lease_seconds() -> timedelta:
 # --- claim, hand back, finish --------------------------------------------------------
 
 
+def claim_due(holder: str, limit: int) -> list[tuple[Lease, int]]:
+    """Claim up to `limit` runs waiting for a driver, longest waiting first; return (lease, iteration) pairs.
+
+    A run waits for a driver when it is active and unleased: started, handed back, resumed or
+    reaped. (A run whose lease merely expired is the reaper's: it gives a live holder time to
+    reconnect and closes what a dead one reserved; then the run is unleased and waits here.)
+    One transaction takes them as `claim` takes one — a new token each, attempt + 1,
+    `run.claimed` — in a few statements however many they are; a run past
+    TETHER_MAX_ATTEMPTS goes through `claim`, which ends it `crashed`. On PostgreSQL the
+    rows are locked with SKIP LOCKED, so drivers claiming at once take different runs
+    without waiting; on SQLite the transaction is IMMEDIATE, so claims are serialised.
+    """
+    waiting = Run.objects.filter(status__in=ACTIVE, lease_token__isnull=True)
+    claimed: list[tuple[Lease, int]] = []
+
+    def once() -> list[tuple[Lease, int]]:
+        if claimed:  # the connection died; maybe after the claims had committed (all or none)
+            if Run.objects.filter(lease_token__in=[lease.token for lease, _ in claimed]).exists():
+                return list(claimed)
+            claimed.clear()
+        if not waiting.exists():  # nothing waits: a read, no write lock
+            return []
+        now = timezone.now()
+        with transaction.atomic():
+            due = list(
+                waiting.select_for_update(skip_locked=True)
+                .order_by("lease_expires_at", "pk")
+                .values_list("pk", "next_iteration", "attempt")[:limit]
+            )
+            for run_id, iteration, attempt in due:
+                if attempt >= settings.TETHER_MAX_ATTEMPTS:
+                    claim(run_id, iteration, holder)  # its last attempt is spent: this ends it crashed
+            fresh = {
+                run_id: (iteration, attempt + 1, secrets.token_hex(16))
+                for run_id, iteration, attempt in due
+                if attempt < settings.TETHER_MAX_ATTEMPTS
+            }
+            if not fresh:
+                return []
+            # The rows are this transaction's (locked, or SQLite's one writer): set-wise, not one by one.
+            Run.objects.filter(pk__in=list(fresh), status__in=ACTIVE, lease_token__isnull=True).update(
+                lease_token=Case(*(When(pk=run_id, then=Value(token)) for run_id, (_, _, token) in fresh.items())),
+                lease_holder=holder,
+                lease_expires_at=now + lease_seconds(),
+                attempt=F("attempt") + 1,
+                status=Run.Status.RUNNING,
+            )
+            Run.objects.filter(pk__in=list(fresh), started_at__isnull=True).update(started_at=now)
+            seqs = events.append_to_each(
+                "run.claimed",
+                {run_id: {"iteration": it, "worker": holder, "attempt": n} for run_id, (it, n, _) in fresh.items()},
+            )
+            claimed.extend(
+                (Lease(run_id, token, holder, claimed_seq=seqs[run_id]), iteration)
+                for run_id, (iteration, _, token) in fresh.items()
+            )
+        return list(claimed)
+
+    return dbfaults.retry(once, what="claim waiting runs")
+
+
 def claim(run_id: int, iteration: int, holder: str) -> Lease | None:
     """Take the run's lease for `iteration`; None when someone else has it or it moved on."""
     token = secrets.token_hex(16)
+    tries = 0
+
+    def once() -> Lease | None:
+        nonlocal tries
+        tries += 1
+        if tries > 1:  # the connection died; maybe after the claim had committed
+            seq = Run.objects.filter(pk=run_id, lease_token=token).values_list("last_seq", flat=True).first()
+            if seq is not None:
+                return Lease(run_id, token, holder, claimed_seq=seq)
+        return _claim(run_id, iteration, holder, token, _expired(run_id, iteration))
+
+    return dbfaults.retry(once, what=f"run {run_id}: claim")
+
+
+class _Expired(NamedTuple):
+    """A dead driver's lease a claim takes over, and what its lost attempt changed (asked before)."""
+
+    token: str
+    holder: str
+    changes: dict[str, Any] | None
+
+
+def _expired(run_id: int, iteration: int) -> _Expired | None:
+    """Return the expired lease a claim of `iteration` would take over (the reaper had not yet), else None."""
+    held = (
+        Run.objects.filter(pk=run_id, next_iteration=iteration, status__in=ACTIVE, lease_token__isnull=False)
+        .filter(lease_expires_at__lt=timezone.now())
+        .values_list("lease_token", "lease_holder")
+        .first()
+    )
+    if held is None:
+        return None
+    return _Expired(held[0], held[1], lost_changes(run_id))
+
+
+def _claim(run_id: int, iteration: int, holder: str, token: str, expired: _Expired | None) -> Lease | None:
     now = timezone.now()
+    # Free, or the expired lease looked at before (whose lost attempt is recorded here).
+    free = Q(lease_token=expired.token, lease_expires_at__lt=now) if expired else Q(lease_token__isnull=True)
     with transaction.atomic():
         taken = (
             Run.objects.filter(pk=run_id, next_iteration=iteration, status__in=ACTIVE)
-            .filter(Q(lease_token__isnull=True) | Q(lease_expires_at__lt=now))
+            .filter(free)
             .update(
                 lease_token=token,
                 lease_holder=holder,
@@ -108,10 +214,11 @@ def claim(run_id: int, iteration: int, holder: str) -> Lease | None:
         run = Run.objects.get(pk=run_id)
         if run.started_at is None:
             Run.objects.filter(pk=run_id).update(started_at=now)
-        events.append(run_id, "run.claimed", {"iteration": iteration, "worker": holder, "attempt": run.attempt})
-        lease = Lease(run_id, token, holder)
-        if run.attempt > settings.TETHER_MAX_ATTEMPTS:
-            charge_abandoned(run)
+        if expired is not None:
+            record_lost_attempt(run, expired.holder, expired.changes)  # before this claim's event
+        seq = events.append(run_id, "run.claimed", {"iteration": iteration, "worker": holder, "attempt": run.attempt})
+        lease = Lease(run_id, token, holder, claimed_seq=seq)
+        if run.attempt > settings.TETHER_MAX_ATTEMPTS:  # what the last one left was closed with its loss
             detail = (
                 f"iteration {iteration} was started {run.attempt - 1} times and never finished "
                 f"(its worker died each time); giving up after {settings.TETHER_MAX_ATTEMPTS} attempts"
@@ -121,11 +228,111 @@ def claim(run_id: int, iteration: int, holder: str) -> Lease | None:
     return lease
 
 
-def charge_abandoned(run: Run) -> int:
-    """Close what a dead attempt left reserved (settled at the reserved amount) and charge the run."""
+def finish_unheld(
+    run: Run, detail: str, now: datetime | None = None, changes: dict[str, Any] | None = None
+) -> None:
+    """Finish `run` cancelled where no live driver holds it (queued, waiting, or its driver died).
+
+    Inside the caller's transaction, with `run` locked: its lease is fenced out, a lost attempt
+    recorded (its open reservation closed as abandoned; `changes` from `lost_changes`, asked
+    before the transaction), and its end recorded, as `_finish` does for a driver.
+    """
+    Run.objects.filter(pk=run.pk, lease_token=run.lease_token).update(
+        status=Run.Status.FINISHED,
+        outcome=Run.Outcome.CANCELLED,
+        outcome_detail=detail,
+        finished_at=now or timezone.now(),
+        lease_token=None,
+        lease_holder="",
+        lease_expires_at=None,
+    )
+    record_lost_attempt(run, run.lease_holder, changes)
+    run.refresh_from_db()
+    events.append(run.pk, "run.finished", finished_data(run))
+    after_finish(run.pk)
+
+
+def finish_stopped(run_id: int, token: str, holder: str) -> int:
+    """Finish a stopped run whose driver (`holder`, with lease `token`) died; return 1, or 0 if it moved on."""
+    changes = lost_changes(run_id)  # git, before the transaction
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id, lease_token=token, status__in=ACTIVE).first()
+        if run is None or run.cancel_requested_at is None:
+            return 0
+        asked = run.events.filter(kind="run.stop_requested").order_by("-seq").values_list("data", flat=True).first()
+        who = (asked or {}).get("by") or "a person"
+        finish_unheld(run, f"stopped by {who} in iteration {run.next_iteration}, whose worker had died", changes=changes)
+    log.info("run %s: stopped; its driver %s had died", run_id, holder)
+    return 1
+
+
+def _lost_attempt(run_id: int, number: int) -> tuple[dict[str, Any], datetime] | None:
+    """Return the start (data, time) of iteration `number` by the run's last claim, if it was neither
+    recorded nor recorded lost since: an attempt its dead driver lost. Else None."""
+    claimed = Event.objects.filter(run_id=run_id, kind="run.claimed").order_by("-seq").values_list("seq", flat=True)
+    last = claimed.first()
+    if last is None:
+        return None
+    since = Event.objects.filter(run_id=run_id, seq__gt=last)
+    started = since.filter(kind="iteration.started", data__iteration=number).values_list("data", "created_at").first()
+    if started is None or since.filter(kind="attempt.lost").exists():
+        return None
+    return started
+
+
+def lost_changes(run_id: int) -> dict[str, Any] | None:
+    """Ask what the run's lost attempt changed in the workspace since its iteration began (None: none was lost).
+
+    Outside any transaction (a receiver of `signals.attempt_lost` runs git); its answer goes to
+    `record_lost_attempt`.
+    """
+    run = Run.objects.select_related("instance").filter(pk=run_id).first()
+    if run is None or _lost_attempt(run_id, run.next_iteration) is None:
+        return None
+    for _, answer in signals.attempt_lost.send(sender=Run, run=run, iteration=run.next_iteration):
+        if answer is not None:
+            return dict(answer)
+    return {"unknown": "no snapshots of the workspace are kept"}
+
+
+def record_lost_attempt(run: Run, worker: str, changes: dict[str, Any] | None) -> int:
+    """Close what a dead driver left reserved and record the attempt it lost; return the micros closed.
+
+    Inside the caller's transaction (the reaper, a claim taking over an expired lease, a stop of a
+    run whose driver died). The reservations still held are settled at their reserved amount (the
+    act may have spent it all) and charged to the run. If the driver had begun an iteration it
+    never recorded, `attempt.lost` says so once: the worker, when, the reservations and the amount
+    closed, what the workspace changed since the iteration began (`changes`, from `lost_changes`)
+    and the tool calls the iteration journaled.
+    """
+    from loops import journal
+
+    held = list(Reservation.objects.filter(run_id=run.pk, status=Reservation.Status.HELD).values_list("pk", flat=True))
     closed = ledger.close_abandoned(run)
     if closed:
         Run.objects.filter(pk=run.pk).update(spent_micros=F("spent_micros") + closed)
+    number = run.next_iteration
+    lost = _lost_attempt(run.pk, number)
+    if lost is None:
+        return closed
+    started, began_at = lost
+    changes = changes or {"unknown": "it was not looked at"}
+    data: dict[str, Any] = {
+        "iteration": number,
+        "attempt": started.get("attempt") or 1,
+        "worker": worker,
+        "began_at": began_at.isoformat(),
+        "lost_at": timezone.now().isoformat(),
+        "reservations": held,
+        "closed_usd": money.usd_string(closed),
+    }
+    if "unknown" in changes:
+        data["changes_unknown"] = str(changes["unknown"])[:500]
+    else:
+        data.update(changed=changes.get("changed") or [], more=changes.get("more") or 0)
+    data["tool_calls"] = journal.calls_of(run.pk, number)[:50]
+    events.append(run.pk, "attempt.lost", data)
+    log.warning("run %s: attempt %s of iteration %s was lost (worker %s)", run.pk, data["attempt"], number, worker)
     return closed
 
 
@@ -133,14 +340,17 @@ def hand_back(lease: Lease) -> None:
     """Release the run to the queue at its next iteration (a slice ended)."""
     from loops import tasks
 
-    with transaction.atomic():
-        run = Run.objects.filter(pk=lease.run_id, lease_token=lease.token).first()
-        if run is None:
-            return
-        Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
-            lease_token=None, lease_holder="", lease_expires_at=timezone.now() + lease_seconds(), attempt=0
-        )
-        tasks.schedule(run.pk, run.next_iteration)
+    def once() -> None:
+        with transaction.atomic():
+            run = Run.objects.filter(pk=lease.run_id, lease_token=lease.token).first()
+            if run is None:
+                return  # not ours any more (or this hand-back committed before the connection died)
+            Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
+                lease_token=None, lease_holder="", lease_expires_at=timezone.now() + lease_seconds(), attempt=0
+            )
+            tasks.schedule(run.pk, run.next_iteration)
+
+    dbfaults.retry(once, what=f"run {lease.run_id}: hand back")
 
 
 def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = None, **extra: Any) -> None:
@@ -165,8 +375,12 @@ def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = Non
 
 
 def after_finish(run_id: int) -> None:
-    """Once the transaction that finished the run (or parked it) commits: receipt, review, notify."""
-    transaction.on_commit(lambda: review_services.on_run_finished(run_id))
+    """Once the transaction that finished the run (or parked it) commits, say so (receipt, review, notify).
+
+    A finished child run's carve goes back to its parent first, inside that transaction.
+    """
+    delegation.refund_carve(run_id)
+    transaction.on_commit(lambda: signals.run_finished.send(sender=Run, run_id=run_id))
 
 
 def finished_data(run: Run) -> dict[str, Any]:
@@ -175,12 +389,8 @@ def finished_data(run: Run) -> dict[str, Any]:
         "detail": run.outcome_detail,
         "verified": run.verified,
         "iterations": run.iterations_done,
-        "spent_usd": micros_to_usd(run.spent_micros),
+        "spent_usd": money.usd_string(run.spent_micros),
     }
-
-
-def micros_to_usd(micros: int) -> str:
-    return f"{micros / 1_000_000:.6f}"
 
 
 # --- one iteration ----------------------------------------------------------------------
@@ -192,6 +402,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
     ends = time.monotonic() + slice_seconds
     logged = jsonlog.bind(run_id=lease.run_id)  # log lines say which run (and iteration, see _begin)
     try:
+        _enter(lease)  # the first begin too: a flood of claimed runs stays within the process's connections
         while iterate(lease):
             if time.monotonic() >= ends:
                 hand_back(lease)
@@ -210,11 +421,15 @@ def iterate(lease: Lease) -> bool:
         return False
     run, instance = begun.run, begun.run.instance
     if begun.number == 1:
-        snapshots.take(run)  # the workspace as the run found it: the review's diff starts here
+        signals.run_starting.send(sender=Run, run=run)  # e.g. the review's diff starts here
+        _take_protected_baseline(lease, run)
+    if begun.attempt == 1:  # e.g. the workspace a lost attempt's changes are measured from
+        signals.iteration_starting.send(sender=Run, run=run, number=begun.number)
     if not lease.keeps_connection and connection.vendor == "postgresql":
         _leave(lease)
         connection.close()  # the act may be long; don't sit on one of the server's connections
 
+    meter = metering.RunMeter(run, begun.number)  # every model call of this iteration goes through it
     request = ActRequest(
         run_id=run.pk,
         iteration=begun.number,
@@ -225,6 +440,8 @@ def iterate(lease: Lease) -> bool:
         timeout=float(instance.act_timeout_seconds),
         snapshot=list((run.history or {}).get("snapshot", [])),
         approved_calls=begun.approved_calls,
+        meter=meter,
+        journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
     )
     checks: list[policy.Check] = []
     decider_usage = Usage()
@@ -235,14 +452,31 @@ def iterate(lease: Lease) -> bool:
         step: policy.Continue | policy.Stop = policy.Stop(exc.outcome, exc.detail)
         decision = decision_mod.Decision("failed", exc.detail)
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+    # A connection kept across the act may have been cut meanwhile: find out now, not mid-write.
+    dbfaults.ensure_usable(what=f"run {run.pk}: after the act")
 
     if reply.stopped:
         _enter(lease)
-        if not Run.objects.filter(pk=run.pk, cancel_requested_at__isnull=False).exists():
+        if not _stop_requested(run.pk):
             raise LeaseLost  # stopped because this driver lost the run or is shutting down
         step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {begun.number}")
         decision = decision_mod.Decision("failed", "stopped mid-act")
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+
+    if overdraft := _reported_beyond_reservation(run, reply):
+        # Only metered spend is hard-capped: an agent's own report above what its iteration
+        # reserved ends the run at once; the ledger records the overdraft, and a pool it
+        # overdrew grants nothing more until a person covers it.
+        step = policy.Stop(Run.Outcome.BUDGET_EXHAUSTED, overdraft)
+        decision = decision_mod.Decision("failed", overdraft)
+        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+
+    if delegated := [call for call in reply.tool_calls if call.get("delegate")]:
+        # Park until the children this act asked for have finished (loops.delegation starts them
+        # once this iteration is recorded, and resumes the run when the last one ends).
+        step = policy.Stop(Run.Outcome.ESCALATED, f"children running: {len(delegated)} delegated in iteration {begun.number}")
+        decision = decision_mod.Decision("continue", step.detail)
+        return _record(lease, begun, reply, checks, decision, step, "", decider_usage, delegated=delegated)
 
     if any(call.get("needs_approval") for call in reply.tool_calls):
         # Park the run for a person before spending anything on checks or a decider.
@@ -251,44 +485,114 @@ def iterate(lease: Lease) -> bool:
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
 
     workspace = instance.workspace_path()
-    checks = checks_mod.run_checks(list(instance.checks or []), workspace, lease.stop)
+    changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
+    checks = checks_mod.run_checks(list(instance.checks or []), workspace, lease.stop, instance=instance)
     fingerprint = checks_mod.fingerprint(workspace)
     history = run.history or {}
-    recent = [*history.get("instructions", []), begun.base_instruction][-3:]
+    recent = [*history.get("instructions", []), begun.base_instruction][-policy.KEPT :]
     if instance.decider == instance.Decider.LLM:
         from instances.brains.anthropic import decide  # type: ignore[import-not-found]
 
         try:
-            answer, decider_usage = decide(instance, _decider_snapshot(run, begun, reply, checks))
+            answer, decider_usage = decide(
+                instance, _decider_snapshot(run, begun, reply, checks), stop=lease.stop, meter=meter
+            )
             decision = decision_mod.parse(answer, recent_instructions=recent)
         except BrainError as exc:
             decider_usage = exc.usage
             step = policy.Stop(exc.outcome, exc.detail)
-            decision = decision_mod.Decision("failed", exc.detail)
+            if lease.stop.is_set():  # the decider's call was cut by a stop, not by the provider
+                _enter(lease)
+                if not _stop_requested(run.pk):
+                    raise LeaseLost from None
+                step = policy.Stop(
+                    Run.Outcome.CANCELLED, f"stopped by a person while the decider judged iteration {begun.number}"
+                )
+            decision = decision_mod.Decision("failed", step.detail)
             return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage)
     else:
         decision = decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail)
-    progress = [*history.get("progress", []), [fingerprint, policy.checks_signature(checks)]][-3:]
+    progress = [*history.get("progress", []), [fingerprint, policy.checks_signature(checks)]][-policy.KEPT :]
     state = policy.State(
         iteration=begun.number,
         max_iterations=run.max_iterations,
         act_ok=reply.ok,
         act_detail=reply.detail,
+        failed_acts=_failed_acts(history, reply),
         recent_instructions=tuple(recent),
         progress=tuple((p[0], p[1]) for p in progress),
         has_checks=bool(instance.checks),
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
     )
-    step = policy.next_step(state, decision, checks)
-    extra: list[tuple[str, dict[str, Any]]] = []
+    step = policy.next_step(state, decision, checks, protected_changed=changed)
+    extra: list[tuple[str, dict[str, Any]]] = [evidence] if evidence else []
     if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.DONE:
-        # A clean exit is not success: grade what the run hands back before calling it done.
-        final = graders.FinalAct(begun.number, reply.text, fingerprint)
-        grade = graders.grade(run, final, checks, stop=lease.stop)
-        step = grade.apply(step)
-        decider_usage = decider_usage.add(grade.usage)
-        extra.append(grade.as_event(begun.number))
-    return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage, extra)
+        # A clean exit is not success: the graders look at what the run hands back, then the
+        # policy's verdict decides with what they found.
+        final = signals.FinalAct(begun.number, reply.text, fingerprint)
+        sent = signals.done_proposed.send(
+            sender=Run, run=run, final=final, checks=checks, stop=lease.stop, meter=meter
+        )
+        reports = [report for _, report in sent if report is not None]
+        for report in reports:
+            decider_usage = decider_usage.add(report.usage)
+            extra.append(report.as_event(begun.number))
+        grades = [report.assessment for report in reports]
+        step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
+    return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage, extra, changed)
+
+
+def _stop_requested(run_id: int) -> bool:
+    return dbfaults.retry(
+        lambda: Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists(),
+        what=f"run {run_id}: stop requested?",
+    )
+
+
+def _failed_acts(history: dict[str, Any], reply: Reply) -> int:
+    """Return how many acts in a row have failed, this one included (0 when it succeeded)."""
+    return 0 if reply.ok else int(history.get("failed_acts", 0)) + 1
+
+
+def _reported_beyond_reservation(run: Run, reply: Reply) -> str:
+    """Return why the act's self-reported spend ends the run (above its iteration's reservation), or ""."""
+    _, reported = metering.split_cost(reply.usage, reply.usage.metered_micros)
+    allowance = budget_selectors.estimate_iteration(run)
+    if reported <= allowance:
+        return ""
+    return (
+        f"the agent reported spending {money.format_usd(reported)}, more than the {money.format_usd(allowance)} its "
+        f"iteration reserved (only metered spend is hard-capped); the overdraft of "
+        f"{money.format_usd(reported - allowance)} is recorded and its pools grant nothing more until it is covered"
+    )
+
+
+def _take_protected_baseline(lease: Lease, run: Run) -> None:
+    """Digest the protected files as the run found them (once: a retried first iteration keeps it)."""
+    if run.protected_baseline is not None:
+        return
+    baseline = protected.digests(run.instance.workspace_path(), run.instance.protected_paths or [])
+
+    def save() -> None:
+        Run.objects.filter(pk=run.pk, lease_token=lease.token, protected_baseline__isnull=True).update(
+            protected_baseline=baseline
+        )
+        run.refresh_from_db(fields=["protected_baseline"])
+
+    dbfaults.retry(save, what=f"run {run.pk}: protected baseline")
+
+
+def _protected_changes(run: Run, number: int) -> tuple[list[str], tuple[str, dict[str, Any]] | None]:
+    """Return every protected path changed since the start (sticky), and the event of new changes."""
+    globs = list(run.instance.protected_paths or [])
+    before = list(run.protected_changed or [])
+    if run.protected_baseline is None or not globs:
+        return before, None
+    changes = protected.compare(run.protected_baseline, protected.digests(run.instance.workspace_path(), globs), globs)
+    changed = sorted({*before, *changes.paths})
+    if set(changes.paths) <= set(before):
+        return changed, None
+    return changed, ("protected.changed", {"iteration": number, **changes.as_json(), "paths": list(changes.paths)})
 
 
 def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.Check]) -> dict[str, Any]:
@@ -305,10 +609,45 @@ def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.
     }
 
 
+def _interrupted(run: Run, number: int) -> str:
+    """Tell a re-run what the lost attempt of its iteration left: "... it changed a.txt, b.py." ("" if none)."""
+    lost = run.events.filter(kind="attempt.lost", data__iteration=number).order_by("-seq").values_list("data", flat=True)
+    data = lost.first()
+    if data is None:
+        return ""
+    return (
+        f"A previous attempt of this iteration was interrupted; {changed_names(data)}. "
+        "Look at what it left before you go on."
+    )
+
+
+def _attempt(run: Run, number: int) -> int:
+    """Return which start of iteration `number` this is: 2 and up when a dead worker's started it before."""
+    if run.attempt <= 1:  # the first claim of this iteration: nothing started it before
+        return 1
+    return run.events.filter(kind="iteration.started", data__iteration=number).count() + 1
+
+
 def _begin(lease: Lease) -> Begun | None:
-    """Open the iteration: stop?, deadline?, fold interjections, reserve. One transaction."""
+    """Open the iteration: stop?, deadline?, fold interjections, reserve. One transaction, retried."""
+    tries = 0
+
+    def once() -> Begun | None:
+        nonlocal tries
+        tries += 1
+        return _begin_once(lease, retried=tries > 1)
+
+    return dbfaults.retry(once, what=f"run {lease.run_id}: begin an iteration")
+
+
+def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
     with transaction.atomic():
-        run = Run.objects.select_related("instance").filter(pk=lease.run_id, lease_token=lease.token).first()
+        # Locked: a stop that finishes the run meanwhile (judging its driver dead) is waited for,
+        # and then fences this begin out; read unlocked, the begin would reserve on a finished run.
+        run = (
+            Run.objects.select_related("instance").select_for_update(of=("self",))
+            .filter(pk=lease.run_id, lease_token=lease.token).first()
+        )
         if run is None:
             raise LeaseLost
         number = run.next_iteration
@@ -322,6 +661,9 @@ def _begin(lease: Lease) -> Begun | None:
         approved = list((run.history or {}).get("approved_calls", []))
         base = run.next_instruction or run.objective
         instruction = base
+        attempt = _attempt(run, number)
+        if attempt > 1 and (note := _interrupted(run, number)):
+            instruction = f"{base}\n\n{note}"
         try:
             with transaction.atomic():  # a savepoint: a refusal undoes the iteration's start
                 pending = list(
@@ -332,23 +674,34 @@ def _begin(lease: Lease) -> Begun | None:
                 if pending:
                     Interjection.objects.filter(pk__in=[i.pk for i in pending]).update(consumed_in_iteration=number)
                     notes = "\n".join(f"- {i.text}" for i in pending)
-                    instruction = f"{base}\n\nA person sent these messages; take them into account first:\n{notes}"
+                    instruction = f"{instruction}\n\nA person sent these messages; take them into account first:\n{notes}"
+                # A retry after a cut may find this very begin committed: don't say it twice.
+                begun_before = retried and run.events.filter(
+                    seq__gt=lease.claimed_seq, kind="act.started", data__iteration=number
+                ).exists()
                 events.append_many(
                     run.pk,
                     [
                         (
                             "iteration.started",
-                            {"iteration": number, "instruction": instruction[:EXCERPT], "interjections": len(pending)},
+                            {
+                                "iteration": number,
+                                "instruction": instruction[:EXCERPT],
+                                "interjections": len(pending),
+                                "attempt": attempt,
+                            },
                         ),
                         ("act.started", {"iteration": number}),
-                    ],
+                    ]
+                    if not begun_before
+                    else [],
                 )
                 # Last write of the transaction: shared pools stay locked only until the commit.
-                reservation = ledger.reserve(run=run, iteration=number, amount=pricing.estimate_iteration(run))
+                reservation = ledger.reserve(run=run, iteration=number, amount=budget_selectors.estimate_iteration(run))
         except ledger.BudgetRefused as refused:
             _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
             return None
-    return Begun(run, number, instruction, base, reservation, timezone.now(), approved)
+    return Begun(run, number, instruction, base, reservation, timezone.now(), approved, attempt)
 
 
 def _record(
@@ -361,20 +714,27 @@ def _record(
     fingerprint: str,
     decider_usage: Usage,
     extra_events: list[tuple[str, dict[str, Any]]] | None = None,
+    protected_changed: list[str] | None = None,
+    delegated: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Close the iteration: record it, settle its cost, apply the policy. One transaction."""
     _enter(lease)
     run, number = begun.run, begun.number
     usage = reply.usage.add(decider_usage)
-    cost = pricing.usage_cost(usage)
+    # Metered calls were settled one by one as they went; the iteration's own reservation
+    # settles only what no meter saw (a command's reported spend).
+    act_cost, act_unmetered = metering.split_cost(reply.usage, reply.usage.metered_micros)
+    decider_cost, decider_unmetered = metering.split_cost(decider_usage, decider_usage.metered_micros)
+    cost, unmetered = act_cost + decider_cost, act_unmetered + decider_unmetered
     now = timezone.now()
     history = dict(run.history or {})
     history.pop("approved_calls", None)  # handed to this act; never run twice
     pending = [c for c in reply.tool_calls if c.get("needs_approval")]
     if pending:
         history["pending_approval"] = pending
-    history["instructions"] = [*history.get("instructions", []), begun.base_instruction][-3:]
-    history["progress"] = [*history.get("progress", []), [fingerprint, policy.checks_signature(checks)]][-3:]
+    history["instructions"] = [*history.get("instructions", []), begun.base_instruction][-policy.KEPT :]
+    history["progress"] = [*history.get("progress", []), [fingerprint, policy.checks_signature(checks)]][-policy.KEPT :]
+    history["failed_acts"] = _failed_acts(history, reply)
     history["snapshot"] = [
         *history.get("snapshot", []),
         {
@@ -391,85 +751,113 @@ def _record(
         "history": history,
         "attempt": 1,
     }
+    if protected_changed:
+        fields["protected_changed"] = protected_changed
     duration_ms = int((now - begun.started_at).total_seconds() * 1000)
     iteration_data = {
         "iteration": number,
-        "cost_usd": micros_to_usd(cost),
+        "cost_usd": money.usd_string(cost),
         "duration_ms": duration_ms,
         "act_ok": reply.ok,
     }
-    with transaction.atomic():
-        if isinstance(step, policy.Continue):
-            fields.update(next_instruction=step.instruction, lease_expires_at=now + lease_seconds())
-        elif step.outcome == Run.Outcome.ESCALATED:
-            fields.update(
-                status=Run.Status.WAITING,
-                outcome_detail=step.detail,
-                next_instruction=decision.next_instruction or begun.base_instruction,
-                lease_token=None,
-                lease_holder="",
-                lease_expires_at=None,
-            )
-        updated = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number).update(**fields)
-        if not updated:
-            raise LeaseLost
-        Iteration.objects.create(
-            run=run,
-            number=number,
-            instruction=begun.instruction,
-            response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :],
-            act_ok=reply.ok,
-            act_detail=reply.detail[:2000],
-            checks=checks_mod.as_json(checks),
-            decision={"verdict": decision.verdict, "reason": decision.reason, "next": decision.next_instruction},
-            fingerprint=fingerprint,
-            cost_micros=cost,
-            usage=usage.as_json(),
-            worker=lease.holder,
-            lease_token=lease.token,
-            started_at=begun.started_at,
-            finished_at=now,
-        )
-        items: list[tuple[str, dict[str, Any]]] = [
-            (
-                "act.finished",
-                {
-                    "iteration": number,
-                    "ok": reply.ok,
-                    "detail": reply.detail[:500],
-                    "response": reply.text[-EXCERPT:],
-                    "tool_calls": reply.tool_calls[:50],
-                    "usage": usage.as_json(),
-                },
-            ),
-        ]
-        if checks:
-            items.append(
-                (
-                    "checks.finished",
-                    {
-                        "iteration": number,
-                        "checks": [
-                            {"name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:]}
-                            for c in checks
-                        ],
+    tries = 0
+
+    def write() -> None:
+        nonlocal tries
+        tries += 1
+        if tries > 1 and Iteration.objects.filter(run=run, number=number, lease_token=lease.token).exists():
+            return  # the connection died after this very record had committed
+        with transaction.atomic():
+            if isinstance(step, policy.Continue):
+                fields.update(next_instruction=step.instruction, lease_expires_at=now + lease_seconds())
+            elif delegated:
+                fields.update(
+                    status=Run.Status.WAITING,
+                    outcome_detail=step.detail,
+                    next_instruction=begun.base_instruction,
+                    lease_token=None,
+                    lease_holder="",
+                    lease_expires_at=None,
+                    delegation={
+                        "state": "starting", "iteration": number, "instruction": begun.base_instruction,
+                        "calls": delegated, "children": [], "refused": [],
                     },
                 )
+            elif step.outcome == Run.Outcome.ESCALATED:
+                fields.update(
+                    status=Run.Status.WAITING,
+                    outcome_detail=step.detail,
+                    next_instruction=decision.next_instruction or begun.base_instruction,
+                    lease_token=None,
+                    lease_holder="",
+                    lease_expires_at=None,
+                )
+            updated = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number).update(**fields)
+            if not updated:
+                raise LeaseLost
+            Iteration.objects.create(
+                run=run,
+                number=number,
+                instruction=begun.instruction,
+                response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :],
+                act_ok=reply.ok,
+                act_detail=reply.detail[:2000],
+                checks=checks_mod.as_json(checks),
+                decision={"verdict": decision.verdict, "reason": decision.reason, "next": decision.next_instruction},
+                fingerprint=fingerprint,
+                cost_micros=cost,
+                usage=usage.as_json(),
+                worker=lease.holder,
+                lease_token=lease.token,
+                started_at=begun.started_at,
+                finished_at=now,
             )
-        items.append(
-            (
-                "decision.made",
-                {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]},
+            items: list[tuple[str, dict[str, Any]]] = [
+                (
+                    "act.finished",
+                    {
+                        "iteration": number,
+                        "ok": reply.ok,
+                        "detail": reply.detail[:500],
+                        "response": reply.text[-EXCERPT:],
+                        "tool_calls": reply.tool_calls[:50],
+                        "usage": usage.as_json(),
+                    },
+                ),
+            ]
+            if checks:
+                items.append(
+                    (
+                        "checks.finished",
+                        {
+                            "iteration": number,
+                            "checks": [
+                                {"name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:]}
+                                for c in checks
+                            ],
+                        },
+                    )
+                )
+            items.append(
+                (
+                    "decision.made",
+                    {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]},
+                )
             )
-        )
-        items.extend(extra_events or [])
-        items.append(("iteration.finished", iteration_data))
-        if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
-            items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
-            after_finish(run.pk)
-        events.append_many(run.pk, items)
-        if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED:
-            _finish(lease, step.outcome, step.detail, step.verified)
-        # Last write of the transaction: shared pools stay locked only until the commit.
-        ledger.settle(begun.reservation, actual=cost)
+            items.extend(extra_events or [])
+            items.append(("iteration.finished", iteration_data))
+            if delegated:
+                items.append(("run.delegating", {"iteration": number, "calls": len(delegated)}))
+                transaction.on_commit(lambda: delegation.start_pending(run.pk))
+            elif isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
+                items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
+                after_finish(run.pk)
+            events.append_many(run.pk, items)
+            # The last writes: shared pools stay locked only until the commit. The settle comes
+            # first, so a finishing child's carve is refunded at what it spent, this included.
+            ledger.settle(begun.reservation, actual=unmetered)
+            if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
+                _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
+
+    dbfaults.retry(write, what=f"run {run.pk}: record iteration {number}")
     return isinstance(step, policy.Continue)

@@ -15,19 +15,9 @@ from django.db.models import Count, F, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from instances.models import Instance
+from loops import event_kinds
 from loops.models import Event, Iteration, Run
 
-# Events of these kinds belong to one iteration; the timeline draws them as its card.
-ITERATION_KINDS = frozenset(
-    {
-        "iteration.started",
-        "act.started",
-        "act.finished",
-        "checks.finished",
-        "decision.made",
-        "iteration.finished",
-    }
-)
 # Outcomes that a person should look at: the loop stopped without doing the work.
 TROUBLE_OUTCOMES = (
     Run.Outcome.FAILED,
@@ -48,8 +38,8 @@ TIMELINE_WINDOW = 150
 
 
 def instances_for(user: Any) -> QuerySet[Instance]:
-    """Return the user's instances with their active and total run counts."""
-    return Instance.objects.filter(owner=user).annotate(
+    """Return the user's instances (not archived ones) with their active and total run counts."""
+    return Instance.objects.filter(owner=user, archived_at__isnull=True).annotate(
         active_runs=Count("runs", filter=Q(runs__status__in=[Run.Status.QUEUED, Run.Status.RUNNING])),
         waiting_runs=Count("runs", filter=Q(runs__status=Run.Status.WAITING)),
         total_runs=Count("runs"),
@@ -98,9 +88,19 @@ def needs_you(user: Any, now: datetime | None = None) -> NeedsYou:
     """Return what needs a person: waiting runs, and recent failed or done-but-unverified runs."""
     since = (now or timezone.now()) - timedelta(days=NEEDS_YOU_DAYS)
     runs = runs_for(user)
-    recent = runs.filter(status=Run.Status.FINISHED, finished_at__gte=since).order_by("-finished_at")
+    # A finished run a person already continued is handled: its continuation is what they watch now.
+    recent = (
+        runs.filter(status=Run.Status.FINISHED, finished_at__gte=since, continuation__isnull=True)
+        .order_by("-finished_at")
+    )
     return NeedsYou(
-        waiting=list(runs.filter(status=Run.Status.WAITING).order_by("-id")[:NEEDS_YOU_LIMIT]),
+        # A parent waiting for its children needs nobody; a child waiting for a person is listed itself.
+        waiting=list(
+            runs.filter(status=Run.Status.WAITING)
+            # (has_key first: a JSON key lookup on a run without one is NULL, which exclude() would drop)
+            .exclude(Q(delegation__has_key="state") & Q(delegation__state__in=["starting", "waiting"]))
+            .order_by("-id")[:NEEDS_YOU_LIMIT]
+        ),
         failed=list(recent.filter(outcome__in=TROUBLE_OUTCOMES)[:NEEDS_YOU_LIMIT]),
         unverified=list(recent.filter(outcome=Run.Outcome.DONE, verified=False)[:NEEDS_YOU_LIMIT]),
         since=since,
@@ -117,12 +117,8 @@ def fleet_version(user: Any) -> tuple[int, int]:
 
 
 def event_iteration(event: Event) -> int | None:
-    """Return the iteration `event` belongs to, or None for a run-level event."""
-    if event.kind in ITERATION_KINDS:
-        number = (event.data or {}).get("iteration")
-        if isinstance(number, int):
-            return number
-    return None
+    """Return the iteration `event` belongs to, or None for a run-level event (see loops.event_kinds)."""
+    return event_kinds.in_iteration(event.kind, event.data or {})
 
 
 @dataclass
@@ -168,11 +164,48 @@ def timeline(run: Run, before: int | None = None, size: int = TIMELINE_WINDOW) -
     return Window(first=first, last=last, events=found)
 
 
+@dataclass
+class Tree:
+    """A run's place in its delegation tree: its parent, its children, and the whole tree's spend."""
+
+    root: Run
+    parent: Run | None
+    children: list[Run]
+    runs: int
+    spent_micros: int
+
+
+def run_tree(run: Run) -> Tree | None:
+    """Return the delegation tree around `run`, or None for a run that neither delegated nor was delegated.
+
+    A few queries: one per level up to the root and one per level down from it (depth is bounded
+    by TETHER_DELEGATION_MAX_DEPTH).
+    """
+    children = list(Run.objects.filter(parent_id=run.pk).select_related("instance").order_by("pk"))
+    if run.parent_id is None and not children:
+        return None
+    chain = [run]
+    while chain[-1].parent_id is not None:
+        above = Run.objects.select_related("instance").filter(pk=chain[-1].parent_id).first()
+        if above is None:
+            break
+        chain.append(above)
+    root = chain[-1]
+    runs, spent, frontier = 1, root.spent_micros, [root.pk]
+    while frontier:
+        level = list(Run.objects.filter(parent_id__in=frontier).values_list("pk", "spent_micros"))
+        runs += len(level)
+        spent += sum(micros for _, micros in level)
+        frontier = [pk for pk, _ in level]
+    return Tree(root=root, parent=chain[1] if len(chain) > 1 else None, children=children, runs=runs, spent_micros=spent)
+
+
 def events_after(run_id: int, seq: int, limit: int) -> list[Event]:
     return list(Event.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq")[:limit])
 
 
 CHART_ITERATIONS = 60
+CHART_ALL_ITERATIONS = 5000  # "show all": every iteration a sane run has
 
 
 def chart_iterations(run: Run, limit: int = CHART_ITERATIONS) -> list[Iteration]:
@@ -218,12 +251,14 @@ def history(user: Any, chosen: HistoryFilter) -> QuerySet[Run]:
         runs = runs.filter(outcome__in=TROUBLE_OUTCOMES)
     elif chosen.outcome == "unverified":
         runs = runs.filter(outcome=Run.Outcome.DONE, verified=False)
+    elif chosen.outcome == "verified":
+        runs = runs.filter(outcome=Run.Outcome.DONE, verified=True)
     elif chosen.outcome:
         runs = runs.filter(outcome=chosen.outcome)
     tz = timezone.get_current_timezone()
     if chosen.since is not None:
         runs = runs.filter(created_at__gte=datetime.combine(chosen.since, time.min, tzinfo=tz))
-    if chosen.until is not None:
+    if chosen.until is not None and chosen.until < date.max:  # the last day has no day after it
         runs = runs.filter(
             created_at__lt=datetime.combine(chosen.until + timedelta(days=1), time.min, tzinfo=tz)
         )
@@ -231,16 +266,21 @@ def history(user: Any, chosen: HistoryFilter) -> QuerySet[Run]:
 
 
 def totals(runs: QuerySet[Run]) -> Totals:
-    """Return the count, iterations and spend of `runs`, and how many ended each way."""
+    """Return the count, iterations and spend of `runs`, and how many ended each way (done split by verified)."""
     row = runs.order_by().aggregate(
         runs=Count("id"), iterations=Sum(F("next_iteration") - 1), spent=Sum("spent_micros")
     )
     outcomes = (
-        runs.order_by().values("status", "outcome").annotate(n=Count("id")).order_by("status", "outcome")
+        runs.order_by()
+        .values("status", "outcome", "verified")
+        .annotate(n=Count("id"))
+        .order_by("status", "outcome", "verified")
     )
     counted: dict[str, int] = {}
     for item in outcomes:
         label = item["outcome"] or item["status"]
+        if label == Run.Outcome.DONE:  # "done" alone mixes what was checked with what was not
+            label = "done, verified" if item["verified"] else "done, not verified"
         counted[label] = counted.get(label, 0) + item["n"]
     return Totals(
         runs=row["runs"] or 0,

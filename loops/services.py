@@ -1,4 +1,4 @@
-"""The only writers of runs: start, cancel, interject, resume, close.
+"""The only writers of runs: start, cancel, interject, resume, close, continue.
 
 The API, the console and the CLI call these; none of them touches a run directly.
 Each change is one short transaction; events are appended inside it and viewers
@@ -8,13 +8,13 @@ are woken after it commits.
 from __future__ import annotations
 
 from datetime import timedelta
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from loops import events, tasks
+from loops import delegation, events, liveness, tasks
 from loops.models import Interjection, Run
 from reviews import audit
 
@@ -31,13 +31,18 @@ class Refused(Exception):
 
 
 def _usd_to_micros(value: Any, field: str) -> int:
+    """Return a cap typed in dollars as micro-dollars, exactly; Refused if it is not a positive amount."""
+    from budgets import money
+
+    if isinstance(value, bool) or not isinstance(value, Decimal | str | int | float):
+        raise Refused(f"{field} must be a number of US dollars, like 2.50; got {value!r}")
     try:
-        amount = Decimal(str(value))
-    except (InvalidOperation, ValueError):
-        raise Refused(f"{field} must be a number of US dollars, like 2.50; got {value!r}") from None
-    if not amount.is_finite() or amount <= 0:
+        micros = money.usd_to_micros(value, exact=True, allow_negative=True)
+    except money.MoneyError as exc:
+        raise Refused(f"{field} must be a number of US dollars, like 2.50: {exc}") from None
+    if micros <= 0:
         raise Refused(f"{field} must be more than 0 dollars; got {value}")
-    return int(amount * 1_000_000)
+    return micros
 
 
 def run_start(
@@ -50,61 +55,25 @@ def run_start(
     max_minutes: int | None = None,
     via: str = "api",
     request=None,
+    parent: Run | None = None,
+    delegation: dict[str, Any] | None = None,
 ) -> Run:
-    """Create a run of `instance` toward `objective` and schedule its first iteration."""
-    objective = (objective or "").strip()
-    if not objective:
-        raise Refused("objective is empty: say what the agent should achieve")
-    if len(objective) > instance.objective_max_chars:
-        raise Refused(
-            f"objective is {len(objective):,} characters; this instance accepts at most "
-            f"{instance.objective_max_chars:,}. Shorten it or raise the instance's objective cap."
-        )
+    """Create a run of `instance` toward `objective` and schedule its first iteration.
+
+    `parent` and `delegation`: a child run started by a run's `delegate` call (loops.delegation).
+    """
+    _ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
+    objective = _checked_objective(instance, objective)
     if max_iterations is None:
         max_iterations = instance.max_iterations
-    if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or not 1 <= max_iterations <= 10_000:
-        raise Refused(f"max_iterations must be a whole number from 1 to 10000; got {max_iterations!r}")
+    max_iterations = _checked_iterations(max_iterations)
     max_cost = None if max_cost_usd in (None, "") else _usd_to_micros(max_cost_usd, "max_cost_usd")
-    deadline = None
-    if max_minutes is not None:
-        if isinstance(max_minutes, bool) or not isinstance(max_minutes, int) or max_minutes < 1:
-            raise Refused(f"max_minutes must be a whole number of minutes, at least 1; got {max_minutes!r}")
-        deadline = timezone.now() + timedelta(minutes=max_minutes)
-    from instances import credentials
-
-    try:
-        credentials.ensure_usable(instance)
-    except ValueError as exc:
-        raise Refused(str(exc)) from None
+    deadline = _deadline(max_minutes)
     with transaction.atomic():
-        run = Run.objects.create(
-            instance=instance,
-            owner=user,
-            objective=objective,
-            max_iterations=max_iterations,
-            max_cost_micros=max_cost,
-            deadline=deadline,
-            next_instruction=objective,
-            lease_expires_at=tasks.pickup_deadline(),
-        )
-        from budgets import ledger
-        from budgets import services as budget_services
-
-        try:
-            budget_services.open_run_pools(run)
-        except ledger.InvalidBudget as exc:
-            raise Refused(str(exc)) from None
-        events.append(
-            run.pk,
-            "run.started",
-            {
-                "objective": objective[:2000],
-                "instance": instance.pk,
-                "max_iterations": max_iterations,
-                "max_cost_usd": None if max_cost is None else f"{max_cost / 1_000_000:.2f}",
-                "by": user.get_username(),
-                "via": via,
-            },
+        run = _open(
+            instance=instance, user=user, objective=objective, max_iterations=max_iterations, max_cost=max_cost,
+            deadline=deadline, via=via, next_instruction=objective,
+            **({} if parent is None else {"parent": parent, "depth": parent.depth + 1, "delegation": delegation or {}}),
         )
         audit.record(
             user=user, action="run.start", run=run, request=request, via=via,
@@ -114,12 +83,106 @@ def run_start(
     return run
 
 
+MAX_MINUTES = 366 * 24 * 60  # a year: a longer wall-clock limit is no limit
+
+
+def _checked_objective(instance, objective: str) -> str:
+    # CRLF is one line break, as in the console's form: it counts (and is stored) as one character.
+    objective = (objective or "").replace("\r\n", "\n").strip()
+    if not objective:
+        raise Refused("objective is empty: say what the agent should achieve")
+    if len(objective) > instance.objective_max_chars:
+        raise Refused(
+            f"objective is {len(objective):,} characters; this instance accepts at most "
+            f"{instance.objective_max_chars:,}. Shorten it or raise the instance's objective cap."
+        )
+    return objective
+
+
+def _checked_iterations(max_iterations: Any) -> int:
+    if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or not 1 <= max_iterations <= 10_000:
+        raise Refused(f"max_iterations must be a whole number from 1 to 10000; got {max_iterations!r}")
+    return max_iterations
+
+
+def _deadline(max_minutes: Any):
+    if max_minutes is None:
+        return None
+    if isinstance(max_minutes, bool) or not isinstance(max_minutes, int) or not 1 <= max_minutes <= MAX_MINUTES:
+        raise Refused(f"max_minutes must be a whole number of minutes from 1 to {MAX_MINUTES}; got {max_minutes!r}")
+    return timezone.now() + timedelta(minutes=max_minutes)
+
+
+def _ensure_startable(instance) -> None:
+    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox."""
+    from budgets.pricing import UnpricedModel
+    from instances import credentials, prices, sandbox
+
+    # The request is fine; the instance is not ready to run (archived, no usable key, no price): 409, not 400.
+    if instance.archived_at is not None:
+        raise Refused(
+            f"Instance {instance.name!r} is archived: it starts no new runs. Restore it from its page "
+            "in the console, or use another instance.",
+            409,
+        )
+    try:
+        credentials.ensure_usable(instance)
+    except ValueError as exc:
+        raise Refused(str(exc), 409) from None
+    try:
+        prices.ensure_priced(instance)
+    except UnpricedModel as exc:
+        raise Refused(str(exc), 409) from None
+    if sandbox.runs_programs(instance) and (problem := sandbox.problem()):
+        raise Refused(f"Instance {instance.name!r} runs programs and the sandbox is unavailable: {problem}.")
+
+
+def _open(*, instance, user, objective: str, max_iterations: int, max_cost, deadline, via: str, **fields: Any) -> Run:
+    """Create the run with its pools and its `run.started` event (inside the caller's transaction)."""
+    from budgets import ledger, money
+    from budgets import services as budget_services
+
+    run = Run.objects.create(
+        instance=instance,
+        owner=user,
+        objective=objective,
+        max_iterations=max_iterations,
+        max_cost_micros=max_cost,
+        deadline=deadline,
+        lease_expires_at=tasks.pickup_deadline(),
+        **fields,
+    )
+    try:
+        budget_services.open_run_pools(run)
+    except ledger.InvalidBudget as exc:
+        raise Refused(str(exc)) from None
+    started = {
+        "objective": objective[:2000],
+        "instance": instance.pk,
+        "max_iterations": max_iterations,
+        "max_cost_usd": None if max_cost is None else money.usd_string(max_cost),
+        "by": user.get_username(),
+        "via": via,
+    }
+    if run.continued_from_id is not None:
+        started["continued_from"] = run.continued_from_id
+    if run.parent_id is not None:
+        started["parent"] = run.parent_id
+    events.append(run.pk, "run.started", started)
+    return run
+
+
 def _locked(run: Run) -> Run:
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
 def run_cancel(*, run: Run, user, via: str = "api", request=None) -> Run:
-    """Stop the run: at once when no driver holds it, else at the driver's next check (<1 s)."""
+    """Stop the run: at once when no live driver holds it, else at the driver's next check (<1 s)."""
+    from loops.runner import lost_changes
+
+    held = Run.objects.filter(pk=run.pk).values_list("lease_token", "lease_holder").first()
+    # A dead driver's lost attempt: what it changed is asked before the transaction (git).
+    changes = lost_changes(run.pk) if held and held[0] and liveness.holder_gone(held[1]) else None
     with transaction.atomic():
         run = _locked(run)
         if run.status == Run.Status.FINISHED:
@@ -129,25 +192,28 @@ def run_cancel(*, run: Run, user, via: str = "api", request=None) -> Run:
             Run.objects.filter(pk=run.pk).update(cancel_requested_at=now)
             events.append(run.pk, "run.stop_requested", {"by": user.get_username(), "via": via})
             audit.record(user=user, action="run.stop", run=run, request=request, via=via, detail={"status": run.status})
-        if run.lease_token is None:
+        # Its driver died (a killed worker): don't wait for the lease to expire, finish it here too.
+        holder_gone = run.lease_token is not None and liveness.holder_gone(run.lease_holder)
+        if run.lease_token is None or holder_gone:
             # Nobody is driving it (queued or waiting): finish it here.
-            Run.objects.filter(pk=run.pk, lease_token__isnull=True).update(
-                status=Run.Status.FINISHED,
-                outcome=Run.Outcome.CANCELLED,
-                outcome_detail=f"stopped by {user.get_username()} before it was picked up"
-                if run.status == Run.Status.QUEUED
-                else f"stopped by {user.get_username()} while it waited for a person",
-                finished_at=now,
-                lease_expires_at=None,
-            )
-            from loops.runner import charge_abandoned
+            who = user.get_username()
+            if holder_gone:
+                detail = f"stopped by {who} in iteration {run.next_iteration}, whose worker had died"
+            elif run.status == Run.Status.QUEUED:
+                detail = f"stopped by {who} before it was picked up"
+            elif (run.delegation or {}).get("state") in ("starting", "waiting"):
+                detail = f"stopped by {who} while its children ran"
+            else:
+                detail = f"stopped by {who} while it waited for a person"
+            from loops.runner import finish_unheld
 
-            charge_abandoned(run)
-            run.refresh_from_db()
-            from loops.runner import after_finish, finished_data
-
-            events.append(run.pk, "run.finished", finished_data(run))
-            after_finish(run.pk)
+            finish_unheld(run, detail, now, changes)
+        live_children = list(run.children.exclude(status=Run.Status.FINISHED))
+    for child in live_children:  # a stop cascades to every live descendant
+        try:
+            run_cancel(run=child, user=user, via=via, request=request)
+        except Refused:
+            pass  # it finished meanwhile
     run.refresh_from_db()
     return run
 
@@ -198,7 +264,7 @@ def run_interject(
             "interjection.queued",
             {"id": interjection.pk, "text": text[:2000], "by": user.get_username(), "via": via},
         )
-        if run.status == Run.Status.WAITING:
+        if run.status == Run.Status.WAITING and not delegation.waiting_for_children(run):
             _reschedule(run, "run.resumed", {"by": user.get_username(), "via": via, "reason": "answered"})
     return interjection
 
@@ -217,15 +283,21 @@ def run_resume(*, run: Run, user, via: str = "api", request=None, max_cost_usd: 
                 f"{run.outcome or run.status}",
                 409,
             )
+        if run.parent_id is not None:
+            raise Refused(
+                f"run {run.pk} was delegated by run {run.parent_id}, and its budget went back to that run when "
+                "it finished: the parent decides what comes next",
+                409,
+            )
         if run.next_iteration > run.max_iterations:
             raise Refused(f"run {run.pk} has used all {run.max_iterations} iterations", 409)
         if new_cap is not None:
-            from budgets import ledger
+            from budgets import ledger, money
             from budgets import services as budget_services
 
             if run.max_cost_micros is not None and new_cap <= run.max_cost_micros:
                 raise Refused(
-                    f"max_cost_usd must be above the run's current cap of ${run.max_cost_micros / 1_000_000:.2f}"
+                    f"max_cost_usd must be above the run's current cap of {money.format_usd(run.max_cost_micros)}"
                 )
             try:
                 budget_services.run_set_cap(run, new_cap, user)
@@ -245,6 +317,8 @@ def run_close(*, run: Run, user, via: str = "api", request=None) -> Run:
         run = _locked(run)
         if run.status != Run.Status.WAITING:
             raise Refused(f"only a waiting run can be closed; run {run.pk} is {run.status}", 409)
+        if delegation.waiting_for_children(run):
+            raise Refused(f"run {run.pk} is waiting for its children, not for a person; stop it instead", 409)
         Run.objects.filter(pk=run.pk).update(
             status=Run.Status.FINISHED,
             outcome=Run.Outcome.ESCALATED,
@@ -258,6 +332,107 @@ def run_close(*, run: Run, user, via: str = "api", request=None) -> Run:
         audit.record(user=user, action="run.close", run=run, request=request, via=via, detail={})
         after_finish(run.pk)
     return run
+
+
+def run_continue(
+    *,
+    run: Run,
+    user,
+    max_iterations: int | None = None,
+    max_cost_usd: Any = None,
+    max_minutes: int | None = None,
+    message: str | None = "",
+    via: str = "api",
+    request=None,
+) -> Run:
+    """Start a new run that picks up where finished `run` stopped; `run` itself is left as it was.
+
+    The new run has `run`'s instance, objective and owner, and is linked to it (`continued_from`).
+    It carries `run`'s memory (the rolling snapshot, which its first instruction also spells
+    out), its protected-evidence baseline and changed paths (what an agent changed before still
+    keeps a done from being verified), and the person's `message`, queued for its first
+    iteration like any message. The workspace is the instance's, so the new run finds it as `run`
+    left it: nothing is copied or undone. Limits default to `run`'s (a fresh cap of the same size).
+    Only cancelled, max_iterations, no_progress, failed, timed_out and unverified done runs can be
+    continued, each at most once; budget_exhausted runs are resumed (`run_resume`).
+    """
+    if run.owner_id != user.pk:
+        raise Refused(f"run {run.pk} not found", 404)
+    message = _checked_message(message)
+    max_iterations = _checked_iterations(run.max_iterations if max_iterations is None else max_iterations)
+    new_cap = None if max_cost_usd in (None, "") else _usd_to_micros(max_cost_usd, "max_cost_usd")
+    deadline = _deadline(max_minutes)
+    _ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
+    try:
+        new = _continue(
+            run=run, user=user, max_iterations=max_iterations, cap=new_cap, deadline=deadline, message=message,
+            via=via, request=request,
+        )
+    except IntegrityError:  # a second continuation raced this one past the check; the link is unique
+        raise Refused(f"run {run.pk} was already continued; reload it to see as which run", 409) from None
+    return new
+
+
+def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline, message: str, via: str, request) -> Run:
+    """Check, then create the continuation of `run` in one transaction (see `run_continue`)."""
+    from budgets import money
+    from loops import continuation
+
+    with transaction.atomic():
+        old = _locked(run)
+        why = continuation.refusal(
+            run_id=old.pk, status=old.status, outcome=old.outcome, verified=old.verified,
+            next_iteration=old.next_iteration, max_iterations=old.max_iterations,
+        )
+        if why:
+            raise Refused(why, 409)
+        if (later := Run.objects.filter(continued_from=old).first()) is not None:
+            raise Refused(f"run {old.pk} was already continued as run {later.pk}; continue that one instead", 409)
+        history = continuation.carried_history(old.history, run_id=old.pk, iterations_done=old.iterations_done)
+        first = continuation.first_instruction(
+            run_id=old.pk,
+            outcome=old.outcome,
+            detail=old.outcome_detail,
+            carried=history.get("snapshot", []),
+            last_instruction=old.next_instruction or old.objective,
+        )
+        cap = old.max_cost_micros if cap is None else cap
+        new = _open(
+            instance=old.instance, user=user, objective=old.objective, max_iterations=max_iterations,
+            max_cost=cap, deadline=deadline, via=via,
+            continued_from=old, next_instruction=first, history=history,
+            protected_baseline=old.protected_baseline, protected_changed=list(old.protected_changed or []),
+        )
+        if message:
+            note = Interjection.objects.create(run=new, author=user, text=message)
+            events.append(
+                new.pk, "interjection.queued", {"id": note.pk, "text": message[:2000], "by": user.get_username(), "via": via}
+            )
+        audit.record(
+            user=user, action="run.continue", run=new, request=request, via=via,
+            detail={"continued_from": old.pk, "message": message[:500], "max_iterations": max_iterations,
+                    "max_cost_usd": None if cap is None else money.usd_string(cap)},
+        )
+        tasks.schedule(new.pk, new.next_iteration)
+    return new
+
+
+def _checked_message(text: Any) -> str:
+    """Return a person's message with line breaks as one character each; Refused if it cannot be stored."""
+    if text is None:
+        return ""
+    if not isinstance(text, str):
+        raise Refused(f"message must be text; got {type(text).__name__}")
+    text = text.replace("\r\n", "\n").replace("\r", "\n").strip()
+    if "\x00" in text:
+        raise Refused("message contains a NUL character")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refused("message contains a lone surrogate (text that is not valid Unicode)") from None
+    if len(text) > INTERJECTION_MAX_CHARS:
+        raise Refused(f"message is {len(text):,} characters; at most {INTERJECTION_MAX_CHARS:,} are accepted")
+    return text
 
 
 def _reschedule(run: Run, kind: str, data: dict[str, Any]) -> None:

@@ -2,8 +2,7 @@
 
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth.tokens import default_token_generator
-from django.http import HttpResponse
-from django.shortcuts import redirect
+from django.shortcuts import redirect, render
 from django.utils.encoding import force_str
 from django.utils.http import urlsafe_base64_decode
 
@@ -16,11 +15,7 @@ def login_once(request, uidb64: str, token: str):
     except (User.DoesNotExist, ValueError, TypeError, OverflowError):
         user = None
     if user is None or not default_token_generator.check_token(user, token):
-        return HttpResponse(
-            "This sign-in link was used already or is not valid. "
-            "Make a new one with: python manage.py loginlink USERNAME",
-            status=400,
-            content_type="text/plain",
-        )
+        # The console's own page, not a bare 400: what happened and how to get in instead.
+        return render(request, "registration/link_used.html", status=400)
     login(request, user, backend="django.contrib.auth.backends.ModelBackend")
     return redirect("/")

@@ -1,16 +1,18 @@
 """Stopping is not succeeding: graders, the review queue, receipts, the audit trail, notifications.
 
-The loop calls four hooks; each is idempotent and none holds a transaction across I/O:
+The loop's runner does not import this app: it sends `loops.signals`, and `ReviewsConfig.ready`
+connects:
 
-- `reviews.snapshots.take(run)` — in the worker before the first act (iteration 1), outside any
+- `run_starting` → `reviews.snapshots.take(run)` — in the worker before the first act, outside any
   transaction: snapshot the workspace (a tree in a shadow git directory, and a fingerprint).
-- `reviews.graders.grade(run, final_iteration, checks) -> Grade` — in the worker when the policy
-  says `done`, before `_record`: then `step = grade.apply(step)` and add `grade.usage` (the judge's
-  model call) to the iteration's usage. `final_iteration` is a `graders.FinalAct(number, response,
-  fingerprint)`. `grade.as_event(number)` is the `grade.finished` event for the timeline.
-- `reviews.services.on_run_finished(run)` — after the commit that finished a run, or that made it
-  wait for a person (`transaction.on_commit`): end snapshot, review queue, receipt, notifications.
-  Never raises.
+- `done_proposed` → `reviews.graders.on_done_proposed` — in the worker when the policy would say
+  `done`: returns a `Grade`, whose `assessment` the loop feeds to `loops.policy.verdict` (the one
+  place "done / verified" is decided) and whose `usage` (the judge's model call) it adds to the
+  iteration's cost; `grade.as_event(number)` is the `grade.finished` event for the timeline.
+- `run_finished` → `reviews.services.on_run_finished(run_id)` — after the commit that finished a run,
+  or that made it wait for a person: end snapshot, review queue, receipt, notifications. Never raises.
+
+The loop's services (and its console pages) still call this app directly:
 - `reviews.audit.record(*, user, action, run=None, pool=None, detail, request=None, via)` — inside the
   transaction of every human action (start, interject, answer, stop, resume, close, budget changes,
   credentials).

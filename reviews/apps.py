@@ -9,12 +9,47 @@ class ReviewsConfig(AppConfig):
         from django.db.models.signals import post_delete
 
         from budgets.signals import threshold_crossed
+        from loops import signals as loop_signals
         from loops.models import Run
-        from reviews import notify
+        from reviews import graders, notify
 
         # A pool crossing its soft threshold is one of the things people are told about.
         threshold_crossed.connect(notify.on_threshold_crossed, dispatch_uid="reviews.threshold_crossed")
         post_delete.connect(_forget_snapshots, sender=Run, dispatch_uid="reviews.run_deleted")
+        # The loop does not import reviews: it says when a run starts, proposes done and finishes.
+        loop_signals.run_starting.connect(_snapshot_start, sender=Run, dispatch_uid="reviews.run_starting")
+        loop_signals.done_proposed.connect(graders.on_done_proposed, sender=Run, dispatch_uid="reviews.grade")
+        loop_signals.run_finished.connect(_run_finished, sender=Run, dispatch_uid="reviews.run_finished")
+        # ... and when an iteration begins, and what a lost attempt of it changed.
+        loop_signals.iteration_starting.connect(_mark_iteration, sender=Run, dispatch_uid="reviews.iteration")
+        loop_signals.attempt_lost.connect(_lost_changes, sender=Run, dispatch_uid="reviews.attempt_lost")
+
+
+def _snapshot_start(sender, run, **kwargs) -> None:
+    # The workspace as the run found it: the review's diff starts here.
+    from reviews import snapshots
+
+    snapshots.take(run)
+
+
+def _mark_iteration(sender, run, number, **kwargs) -> None:
+    # The workspace as the iteration's first attempt found it.
+    from reviews import snapshots
+
+    snapshots.mark_iteration(run, number)
+
+
+def _lost_changes(sender, run, iteration, **kwargs):
+    from reviews import snapshots
+
+    return snapshots.changed_since_iteration(run, iteration)
+
+
+def _run_finished(sender, run_id, **kwargs) -> None:
+    # Receipt, review queue and notifications (never raises).
+    from reviews import services
+
+    services.on_run_finished(run_id)
 
 
 def _forget_snapshots(sender, instance, **kwargs) -> None:

@@ -2,7 +2,7 @@
 
 `record` writes one `AuditEntry` in the caller's transaction (an action rolled back leaves no
 entry). Call it from the service that carries the action out, with the interface it came in by
-(`via`: api, console, cli, admin) and, when there is one, the request (its user agent and
+(`via`: api, console, cli, admin, mcp) and, when there is one, the request (its user agent and
 address are kept). Reads: `audit_for_run`, `audit_for_pool`, `visible_to`; `write_csv` exports.
 
 Actions used by Tether (a dotted noun.verb): run.start, run.interject, run.stop, run.answer,

@@ -140,6 +140,7 @@ class ReviewItem(models.Model):
 
     class Reason(models.TextChoices):
         UNVERIFIED = "unverified", "done, unverified"
+        EVIDENCE = "evidence", "changed what grades it"
         NEEDS_HUMAN = "needs_human", "the judge asks for a person"
         ESCALATED = "escalated", "escalated"
         FAILED = "failed", "failed"
@@ -197,6 +198,7 @@ class AuditEntry(models.Model):
         CLI = "cli"
         ADMIN = "admin"
         SYSTEM = "system"
+        MCP = "mcp"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -233,10 +235,12 @@ class NotificationTarget(models.Model):
         WEBHOOK = "webhook"
 
     class Event(models.TextChoices):
-        ESCALATED = "run.escalated"
-        FAILED = "run.failed"
-        BUDGET_EXHAUSTED = "run.budget_exhausted"
-        THRESHOLD = "pool.threshold"
+        """What a target can be told about; the labels are what the console shows a person."""
+
+        ESCALATED = "run.escalated", "A run needs you"
+        FAILED = "run.failed", "A run failed or hit a limit"
+        BUDGET_EXHAUSTED = "run.budget_exhausted", "A run ran out of budget"
+        THRESHOLD = "pool.threshold", "A pool crossed its soft threshold"
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_targets"
@@ -254,6 +258,11 @@ class NotificationTarget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.address}"
+
+    def event_labels(self) -> list[str]:
+        """Return the events this target wants as a person reads them (unknown keys as they are)."""
+        labels = dict(self.Event.choices)
+        return [str(labels.get(event, event)) for event in self.events]
 
     def wants(self, event: str) -> bool:
         return self.active and (not self.events or event in self.events)

@@ -46,6 +46,7 @@ from django.db.models import F
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
+from budgets import money
 from reviews.models import Delivery, DeliveryAttempt, NotificationTarget
 
 log = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ def run_payload(run: Any, event: str) -> dict[str, Any]:
             "detail": (run.outcome_detail or "")[:2000],
             "verified": run.verified,
             "iterations": run.next_iteration - 1,
-            "spent_usd": f"{run.spent_micros / 1_000_000:.6f}",
+            "spent_usd": money.usd_string(run.spent_micros),
             "url": public_url(_run_path(run.pk)),
         },
         "at": timezone.now().isoformat(),
@@ -159,8 +160,8 @@ def on_threshold_crossed(sender: Any, crossing: Any, **kwargs: Any) -> None:
             "id": pool.pk,
             "name": pool.name,
             "kind": pool.kind,
-            "spent_usd": f"{crossing.spent / 1_000_000:.6f}",
-            "limit_usd": f"{crossing.limit / 1_000_000:.6f}",
+            "spent_usd": money.usd_string(crossing.spent),
+            "limit_usd": money.usd_string(crossing.limit),
             "threshold_percent": crossing.threshold_percent,
             "detail": crossing.detail,
         },

@@ -2,13 +2,17 @@
 
 A receipt is a JSON envelope `{"receipt": DOCUMENT, "signature": SIGNATURE}`. DOCUMENT holds the
 objective, the instance and its template, every iteration (its instruction's SHA-256, decision,
-checks with output digests, cost and times), the outcome and its detail, verified or not, the
-graders' verdict, the review verdict when one was given, the cost and the run's times. SIGNATURE
-holds a SHA-256 digest of every field (`fields`: top-level fields, and one level down —
-`instance.name`, `iterations[2].decision`) and an HMAC-SHA256 over that digest map, under a key
-derived from `settings.SECRET_KEY` with HKDF (its own info string, so it is unrelated to every
-other key derived from the secret). Verification checks the HMAC first (so the digest map is
-authentic), then compares each field's digest: a changed, added or removed field is named.
+checks with output digests, cost and times), the attempts lost to a dead worker (what was closed
+for each and what it changed), the outcome and its detail, verified or not, the
+graders' verdict, the review verdict when one was given, the cost (with its calls, tokens and
+overdrafts summed per model) and the run's times. SIGNATURE holds a SHA-256 digest of every
+field (`fields`: top-level fields, and one level down — `instance.name`, `iterations[2].decision`)
+and an HMAC-SHA256 over that digest map, under a key derived from `settings.SECRET_KEY` with HKDF
+(its own info string, so it is unrelated to every other key derived from the secret). Verification
+checks the HMAC first (so the digest map is authentic), then compares each field's digest: a
+changed, added or removed field is named.
+
+The document is redacted (`instances.redaction`) before it is signed: no key is in a receipt.
 
 Writes `Receipt` rows (`issue`); reads runs. No network, no subprocess.
 """
@@ -27,6 +31,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 from django.utils import timezone
 
+from budgets import money, spending
+from instances.redaction import redact_data
 from reviews.models import GradeRecord, Receipt, ReviewItem
 
 VERSION = 1
@@ -149,6 +155,27 @@ def verify(envelope: Any) -> Verification:
     return Verification(False, "the receipt was altered — " + "; ".join(parts), tuple(changed + added + removed))
 
 
+def resign_stored() -> tuple[int, int]:
+    """Re-sign under the current key every stored receipt that verifies under an earlier one.
+
+    For a secret key rotation, before the old key is dropped. Return (re-signed, not
+    authentic): a receipt that does not verify keeps its signature, so it still shows it was altered.
+    """
+    current = key_id(signing_key())
+    resigned = refused = 0
+    for receipt in Receipt.objects.order_by("pk").iterator():
+        envelope = receipt.envelope
+        signature = envelope.get("signature") if isinstance(envelope, dict) else None
+        if isinstance(signature, dict) and signature.get("key_id") == current:
+            continue
+        if not verify(envelope).ok:
+            refused += 1
+            continue
+        Receipt.objects.filter(pk=receipt.pk).update(envelope=sign(envelope["receipt"]))
+        resigned += 1
+    return resigned, refused
+
+
 def verify_file(path: str | Path) -> tuple[bool, str]:
     """Verify the receipt stored in a file; return (ok, a sentence saying what was found)."""
     try:
@@ -171,7 +198,7 @@ def _at(value: Any) -> str | None:
 
 
 def _usd(micros: int) -> str:
-    return f"{micros / 1_000_000:.6f}"
+    return money.usd_string(micros)
 
 
 def document(run: Any) -> dict[str, Any]:
@@ -202,6 +229,20 @@ def document(run: Any) -> dict[str, Any]:
                 "finished_at": _at(it.finished_at),
             }
         )
+    lost_attempts = [
+        {
+            "iteration": d.get("iteration"),
+            "attempt": d.get("attempt"),
+            "worker": d.get("worker"),
+            "lost_at": d.get("lost_at"),
+            "closed_usd": d.get("closed_usd"),
+            "changed": d.get("changed") or [],
+            "more": d.get("more") or 0,
+            "changes_unknown": d.get("changes_unknown"),
+            "tool_calls": d.get("tool_calls") or [],
+        }
+        for d in run.events.filter(kind="attempt.lost").order_by("seq").values_list("data", flat=True)
+    ]
     grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
     verdict = (
         ReviewItem.objects.filter(run=run, status__in=[ReviewItem.Status.ACCEPTED, ReviewItem.Status.REJECTED])
@@ -217,6 +258,7 @@ def document(run: Any) -> dict[str, Any]:
         "template": instance.template.name if instance.template_id else None,
         "owner": run.owner.get_username(),
         "iterations": iterations,
+        "lost_attempts": lost_attempts,
         "outcome": run.outcome or None,
         "outcome_detail": run.outcome_detail,
         "verified": run.verified,
@@ -240,7 +282,17 @@ def document(run: Any) -> dict[str, Any]:
             "by": verdict.decided_by.get_username() if verdict.decided_by else None,
             "at": _at(verdict.decided_at),
         },
-        "cost": {"spent_usd": _usd(run.spent_micros), "spent_micros": run.spent_micros},
+        "cost": {
+            "spent_usd": _usd(run.spent_micros),
+            "spent_micros": run.spent_micros,
+            "by_model": spending.spending_by_model(run.pk),
+        },
+        "parent": getattr(run, "parent_id", None),
+        # A delegation tree's receipts verify together: each child's receipt, by its signed digest map.
+        "children": [
+            {"run": child.pk, "receipt_sha256": _digest(envelope["signature"]["fields"]) if envelope else None}
+            for child, envelope in _children_receipts(run)
+        ],
         "created_at": _at(run.created_at),
         "started_at": _at(run.started_at),
         "finished_at": _at(run.finished_at),
@@ -248,9 +300,14 @@ def document(run: Any) -> dict[str, Any]:
     }
 
 
+def _children_receipts(run: Any) -> list[tuple[Any, dict[str, Any] | None]]:
+    children = list(run.children.order_by("pk")) if hasattr(run, "children") else []
+    return [(child, for_run(child)) for child in children]
+
+
 def issue(run: Any) -> Receipt:
     """Sign the run's receipt and store it (replacing an earlier one, e.g. before a review verdict)."""
-    envelope = sign(document(run))
+    envelope = sign(redact_data(document(run)))
     receipt, _ = Receipt.objects.update_or_create(
         run_id=run.pk, defaults={"envelope": envelope, "signed_at": timezone.now()}
     )

@@ -11,7 +11,8 @@ from typing import Any
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 
-from budgets import pricing
+from budgets import money
+from loops import event_kinds
 from loops.models import Iteration, Run
 from reviews import audit, snapshots
 from reviews.models import AuditEntry, GradeRecord, ReviewItem, WorkspaceSnapshot
@@ -64,32 +65,46 @@ class ItemView:
     cost_micros: int
     iterations: int
     audit: list[AuditEntry] = field(default_factory=list)
+    # The protected files the run changed (what grades it), and their diff: shown before the rest.
+    protected_paths: list[str] = field(default_factory=list)
+    protected_diff: str = ""
+    # Attempts whose worker died mid-iteration, as a person reads them (what each changed, what was closed).
+    lost_attempts: list[str] = field(default_factory=list)
 
     @property
     def cost_text(self) -> str:
-        return pricing.format_usd(self.cost_micros)
+        return money.format_usd(self.cost_micros)
 
     @property
     def diff_lines(self) -> list[tuple[str, str]]:
         """Return the diff as (kind, line) pairs; kind is add, del, hunk, file or ''."""
-        lines = []
-        for line in self.diff.splitlines()[:DIFF_LINES]:
-            if line.startswith(("+++", "---", "diff --git", "index ")):
-                kind = "file"
-            elif line.startswith("+"):
-                kind = "add"
-            elif line.startswith("-"):
-                kind = "del"
-            elif line.startswith("@@"):
-                kind = "hunk"
-            else:
-                kind = ""
-            lines.append((kind, line))
-        return lines
+        return diff_lines(self.diff)
+
+    @property
+    def protected_diff_lines(self) -> list[tuple[str, str]]:
+        return diff_lines(self.protected_diff)
 
     @property
     def judge_verdict(self) -> str:
         return str((self.grade.judge or {}).get("verdict") or "") if self.grade else ""
+
+
+def diff_lines(diff: str) -> list[tuple[str, str]]:
+    """Return a diff as (kind, line) pairs; kind is add, del, hunk, file or ''."""
+    lines = []
+    for line in diff.splitlines()[:DIFF_LINES]:
+        if line.startswith(("+++", "---", "diff --git", "index ")):
+            kind = "file"
+        elif line.startswith("+"):
+            kind = "add"
+        elif line.startswith("-"):
+            kind = "del"
+        elif line.startswith("@@"):
+            kind = "hunk"
+        else:
+            kind = ""
+        lines.append((kind, line))
+    return lines
 
 
 def item_view(item: ReviewItem) -> ItemView:
@@ -113,6 +128,12 @@ def item_view(item: ReviewItem) -> ItemView:
         cost_micros=run.spent_micros,
         iterations=run.next_iteration - 1,
         audit=list(audit.audit_for_run(run)),
+        protected_paths=list(run.protected_changed or []),
+        protected_diff=snapshots.diff(run, paths=run.protected_changed) if run.protected_changed else "",
+        lost_attempts=[
+            event_kinds.describe("attempt.lost", data).text
+            for data in run.events.filter(kind="attempt.lost").order_by("seq").values_list("data", flat=True)
+        ],
     )
 
 
@@ -166,7 +187,7 @@ class TemplateStats:
     @property
     def cost_per_accepted_text(self) -> str:
         cost = self.cost_per_accepted_micros
-        return "—" if cost is None else pricing.format_usd(cost)
+        return "—" if cost is None else money.format_usd(cost)
 
 
 def fleet_stats(user: Any) -> list[TemplateStats]:

@@ -8,6 +8,9 @@ receipt, and creates its notifications. It never raises: a failure is logged and
 happens. Calling it twice for the same finish changes nothing.
 
 A run enters the review queue when it is
+- `done` after an act changed one of its protected paths (`evidence`: it changed what grades
+  it; never verified by the machine — accepting the item makes the done verified when the checks
+  and graders had verified it);
 - `done` but not verified (`unverified`), or the judge asked for a person (`needs_human`);
 - waiting after an escalation (`escalated`);
 - `failed`, `no_progress` or `max_iterations` (`failed`);
@@ -28,6 +31,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from loops import event_kinds
 from loops.models import Run
 from loops.services import Refused
 from reviews import audit, graders, notify, receipts, sampling, snapshots
@@ -51,6 +55,10 @@ def sample_seed() -> bytes:
 def reasons_for(run: Run) -> list[tuple[str, str]]:
     """Return why a finished run needs a person, as [(ReviewItem.Reason, detail)]; [] when it does not."""
     if run.outcome == Run.Outcome.DONE:
+        if run.protected_changed:
+            paths = ", ".join(run.protected_changed[:20])
+            more = f" and {len(run.protected_changed) - 20} more" if len(run.protected_changed) > 20 else ""
+            return [(ReviewItem.Reason.EVIDENCE, f"changed what grades it: {paths}{more}. {run.outcome_detail}")]
         grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
         judged = (grade.judge or {}) if grade else {}
         if judged.get("verdict") == "needs-human":
@@ -63,7 +71,7 @@ def reasons_for(run: Run) -> list[tuple[str, str]]:
             return [(ReviewItem.Reason.SAMPLED, f"drawn in the {percent.normalize():f} % sample of verified dones")]
         return []
     if run.outcome in REVIEW_FAILED_OUTCOMES:
-        return [(ReviewItem.Reason.FAILED, f"{run.outcome}: {run.outcome_detail}")]
+        return [(ReviewItem.Reason.FAILED, event_kinds.outcome_sentence(run.outcome, run.outcome_detail))]
     return []
 
 
@@ -156,17 +164,34 @@ def review_decide(
         now = timezone.now()
         ReviewItem.objects.filter(pk=item.pk).update(status=status, note=note, decided_by=user, decided_at=now)
         item.refresh_from_db()
+        detail: dict[str, Any] = {"item": item.pk, "reason": item.reason, "note": note[:2000]}
+        if _verifies(item, status):
+            # The machine verified everything but the changed evidence; a person has now looked at it.
+            Run.objects.filter(pk=item.run_id).update(verified=True, held_for_review=False)
+            item.run.refresh_from_db()
+            detail["verified"] = True
         audit.record(
             user=user,
             action=f"review.{verdict}",
             run=item.run,
-            detail={"item": item.pk, "reason": item.reason, "note": note[:2000]},
+            detail=detail,
             request=request,
             via=via,
         )
         if item.run.status == Run.Status.FINISHED:
             receipts.issue(item.run)
     return item
+
+
+def _verifies(item: ReviewItem, status: str) -> bool:
+    run = item.run
+    return (
+        status == ReviewItem.Status.ACCEPTED
+        and item.reason == ReviewItem.Reason.EVIDENCE
+        and run.status == Run.Status.FINISHED
+        and run.outcome == Run.Outcome.DONE
+        and run.held_for_review
+    )
 
 
 def notification_target_add(

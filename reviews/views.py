@@ -1,4 +1,4 @@
-"""The review queue pages, the audit CSV export and the receipt API.
+"""The review queue pages and the audit CSV export (the receipt API is `reviews.api`).
 
 Reads come from reviews.selectors; a verdict goes through reviews.services. Pages need a signed-in
 user and show only their own runs' items (staff see all); forms post with CSRF and work without
@@ -11,15 +11,13 @@ from datetime import date, datetime, time
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from loops.auth import api_view, error
-from loops.models import Run
 from loops.services import Refused
-from reviews import audit, receipts, selectors, services
+from reviews import audit, selectors, services
 
 QUEUE_LIMIT = 200
 AUDIT_CSV_LIMIT = 100_000
@@ -143,19 +141,3 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
     response["Content-Disposition"] = f'attachment; filename="tether-audit-{stamp}.csv"'
     audit.write_csv(entries[:AUDIT_CSV_LIMIT].iterator(), response)
     return response
-
-
-@api_view(("GET",))
-def receipt(request: HttpRequest, instance_id: int, run_id: int) -> JsonResponse:
-    """`GET /v1/instances/{id}/loop/{run}/receipt`: the run's signed receipt (409 while it is live)."""
-    run = (
-        Run.objects.select_related("instance", "instance__template", "owner")
-        .filter(owner=request.user, instance_id=instance_id, pk=run_id)
-        .first()
-    )
-    if run is None:
-        return error(f"run {run_id} of instance {instance_id} not found", 404)
-    envelope = receipts.for_run(run)
-    if envelope is None:
-        return error(f"run {run_id} has not finished ({run.status}); its receipt is written when it does", 409)
-    return JsonResponse(envelope, json_dumps_params={"ensure_ascii": False})

@@ -30,14 +30,37 @@ def make_instance(tmp_path):
     return build
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_programs(tmp_path_factory):
+    """A directory of programs every sandbox sees read-only (TETHER_SANDBOX_PROGRAMS), for the whole session.
+
+    Exported too, so worker and web processes a test starts see the same directory.
+    """
+    import os
+
+    from django.conf import settings
+
+    programs = tmp_path_factory.mktemp("programs")
+    programs.chmod(0o755)  # readable by the sandbox users, as an operator's program directory is
+    os.environ["TETHER_SANDBOX_PROGRAMS"] = str(programs)
+    settings.TETHER_SANDBOX_PROGRAMS = [str(programs)]
+    return programs
+
+
 @pytest.fixture
-def script(tmp_path):
-    """Write an executable Python script (a scripted agent or check); return its argv."""
+def script(sandbox_programs, request):
+    """Write an executable Python script (a scripted agent or check); return its argv.
+
+    Scripts live in the directory of programs every sandbox sees (an operator's agent CLIs).
+    """
+    import hashlib
+
     counter = {"n": 0}
+    prefix = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
 
     def build(body: str) -> list[str]:
         counter["n"] += 1
-        path = tmp_path / f"script{counter['n']}.py"
+        path = sandbox_programs / f"{prefix}-script{counter['n']}.py"
         path.write_text("import os, sys, json, time, pathlib\n" + textwrap.dedent(body))
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
         return [sys.executable, str(path)]

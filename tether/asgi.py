@@ -1,4 +1,4 @@
-"""HTTP and websocket routing for daphne."""
+"""HTTP and websocket routing for daphne (HTTP `/mcp` goes to the MCP server, see loops.mcp_http)."""
 
 import os
 
@@ -10,13 +10,14 @@ django_asgi = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from loops.mcp_http import McpMount  # noqa: E402
+from tether.origin import SameOriginValidator  # noqa: E402
 from tether.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "http": McpMount(django_asgi),  # /mcp: the MCP server; everything else: Django
+        "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

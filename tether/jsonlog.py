@@ -6,6 +6,9 @@ from the call's `extra` (`extra={"run_id": 42, "iteration": 3}`), else from what
 current thread (or task) bound with `bind(run_id=..., iteration=...)` — a driver thread
 binds its run once, and every line logged while it drives it says which run it is.
 An exception is rendered into `exc` as one string, so a line stays one line.
+
+Both formatters here (`JsonFormatter`, and `PlainFormatter` for the default text lines) redact
+every line (`instances.redaction`): a key that reached a message or a traceback is not logged.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import logging
 from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any
+
+from instances.redaction import redact
 
 # Record attributes copied into the line when a log call set them through `extra`.
 CONTEXT_FIELDS = ("run_id", "iteration", "worker", "reservation_id", "pool_id")
@@ -55,7 +60,7 @@ class JsonFormatter(logging.Formatter):
             "ts": datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": redact(record.getMessage()),
             "process": record.process,
             "thread": record.threadName,
         }
@@ -67,9 +72,16 @@ class JsonFormatter(logging.Formatter):
             if value is not None:
                 line[name] = value
         if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
+            line["exc"] = redact(self.formatException(record.exc_info))
         elif record.exc_text:
-            line["exc"] = record.exc_text
+            line["exc"] = redact(record.exc_text)
         if record.stack_info:
-            line["stack"] = self.formatStack(record.stack_info)
+            line["stack"] = redact(self.formatStack(record.stack_info))
         return json.dumps(line, default=str, ensure_ascii=False)
+
+
+class PlainFormatter(logging.Formatter):
+    """Format a record as text (`logging.Formatter`), redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))

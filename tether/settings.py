@@ -7,12 +7,16 @@ Scale-out: DATABASE_URL (PostgreSQL) and REDIS_URL (the channels_redis layer).
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
+from tether.filemodes import private_database, private_directory
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 TETHER_HOME = Path(os.environ.get("TETHER_HOME", BASE_DIR / "var")).resolve()
-TETHER_HOME.mkdir(parents=True, exist_ok=True)
+# Only the OS user Tether runs as may enter its home (secret key, database, workspaces): 0700.
+private_directory(TETHER_HOME)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -46,7 +50,19 @@ def _secret_key() -> str:
     return path.read_text().strip()
 
 
+def _secret_key_fallbacks() -> list[str]:
+    # Earlier secret keys, still accepted (credentials, receipts, sessions) while a rotation settles:
+    # TETHER_SECRET_KEY_FALLBACKS (comma-separated) and $TETHER_HOME/secret_key.fallbacks (one a line,
+    # written by `manage.py rotate_keys`). README: "Secrets and key rotation".
+    listed = os.environ.get("TETHER_SECRET_KEY_FALLBACKS", "").split(",")
+    path = TETHER_HOME / "secret_key.fallbacks"
+    if path.exists():
+        listed += path.read_text().splitlines()
+    return list(dict.fromkeys(k.strip() for k in listed if k.strip()))
+
+
 SECRET_KEY = _secret_key()
+SECRET_KEY_FALLBACKS = _secret_key_fallbacks()
 DEBUG = os.environ.get("TETHER_DEBUG", "") == "1"
 ALLOWED_HOSTS = [h for h in os.environ.get("TETHER_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("TETHER_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
@@ -61,6 +77,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_q",
+    "axes",
     "instances",
     "budgets",
     "loops",
@@ -69,6 +86,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "tether.middleware.DatabaseUnavailableMiddleware",  # a database outage is a 503, never a 500
+    "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -76,6 +95,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "tether.urls"
@@ -92,6 +112,8 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "instances.sandbox.context_processor",
+                "loops.console.views.console_settings",
             ],
         },
     },
@@ -113,7 +135,8 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get("TETHER_SQLITE_PATH", str(TETHER_HOME / "tether.sqlite3")),
+            # Created 0600 before SQLite opens it (its -wal and -shm files take its mode).
+            "NAME": private_database(os.environ.get("TETHER_SQLITE_PATH", str(TETHER_HOME / "tether.sqlite3"))),
             "OPTIONS": {
                 "transaction_mode": "IMMEDIATE",
                 "timeout": 30,
@@ -128,21 +151,34 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- channels ---------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
-if REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 30},
-        }
+
+
+def redis_channel_layer(url: str) -> dict[str, Any]:
+    """The channels_redis layer on `url`.
+
+    A console socket waits on the layer with a blocking pop that Redis answers after 5 s of quiet;
+    redis-py 8 gives every read a 5 s `socket_timeout` by default, so an idle socket's read timed
+    out first and the consumer died with 1011. Reads here wait longer than the pop (a dead Redis
+    is still noticed, after 30 s)."""
+    host = {"address": url, "socket_timeout": 30, "socket_connect_timeout": 5}
+    return {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [host], "capacity": 1000, "expiry": 30},
     }
+
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": redis_channel_layer(REDIS_URL)}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# --- worker cluster (django-q2, ORM broker in both shapes; see DESIGN.md) ----
+# --- worker cluster (django-q2, ORM broker in both shapes; see docs/architecture.md) ----
 TETHER_WORKERS = _env_int("TETHER_WORKERS", 1)
 Q_CLUSTER = {
     "name": "tether",
     "orm": "default",
+    # The ORM broker, but a cut connection costs one poll instead of killing the pusher (~10 s).
+    "broker_class": "loops.broker.ORMBroker",
     "workers": TETHER_WORKERS,
     "timeout": 60,
     "retry": 120,
@@ -179,6 +215,8 @@ TETHER_LEASE_SECONDS = _env_float("TETHER_LEASE_SECONDS", 30)
 TETHER_REAPER_SECONDS = _env_float("TETHER_REAPER_SECONDS", 10)
 # How often a driver looks for stop requests on the runs it drives.
 TETHER_STOP_POLL_SECONDS = _env_float("TETHER_STOP_POLL_SECONDS", 0.25)
+# How often a driver with room claims the runs waiting for one (a batch at a time; see loops.driver).
+TETHER_PICKUP_POLL_SECONDS = _env_float("TETHER_PICKUP_POLL_SECONDS", 0.25)
 # Runs per worker process that keep their database connection across acts; the
 # others give theirs back before every act (PostgreSQL has ~100 connections to share).
 TETHER_CONNECTIONS_PER_WORKER = _env_int("TETHER_CONNECTIONS_PER_WORKER", 16)
@@ -189,10 +227,41 @@ TETHER_DB_GATE_PER_WORKER = _env_int("TETHER_DB_GATE_PER_WORKER", 8)
 TETHER_SLICE_SECONDS = _env_float("TETHER_SLICE_SECONDS", 60)
 # Claims of one iteration before the run is declared crashed.
 TETHER_MAX_ATTEMPTS = _env_int("TETHER_MAX_ATTEMPTS", 3)
+# How long a driver, its heartbeat and the reaper retry a transaction through transient database
+# errors (a cut connection, a serialization failure, a lock timeout) before giving the attempt up.
+TETHER_DB_RETRY_SECONDS = _env_float("TETHER_DB_RETRY_SECONDS", 120)
+# A driver whose beat (about once a second) was not seen for this long is dead: a stop finishes its run at once.
+TETHER_HOLDER_SILENT_SECONDS = _env_float("TETHER_HOLDER_SILENT_SECONDS", 5)
+# Whether the workers' cache is shared by every machine (Redis), so a beat from another machine is seen.
+TETHER_BEATS_SHARED = os.environ.get("TETHER_BEATS_SHARED", "1" if REDIS_URL else "") == "1"
 TETHER_ACT_TIMEOUT_SECONDS = _env_float("TETHER_ACT_TIMEOUT_SECONDS", 600)
 TETHER_CHECK_TIMEOUT_SECONDS = _env_float("TETHER_CHECK_TIMEOUT_SECONDS", 300)
 TETHER_OUTPUT_CAP_BYTES = _env_int("TETHER_OUTPUT_CAP_BYTES", 64 * 1024)
 TETHER_WORKSPACES = Path(os.environ.get("TETHER_WORKSPACES", TETHER_HOME / "workspaces")).resolve()
+
+# --- the sandbox (instances/sandbox.py) ------------------------------------------
+# "bwrap" (default): every program an agent or a user supplies runs under bubblewrap, and runs
+# that need one are refused when it cannot be set up. "off": unsandboxed, for a single-user
+# development install only; every page and `serve` warn while it is off.
+TETHER_SANDBOX = os.environ.get("TETHER_SANDBOX", "bwrap").strip().lower() or "bwrap"
+if TETHER_SANDBOX not in ("bwrap", "off"):
+    raise ImproperlyConfigured(f"TETHER_SANDBOX must be 'bwrap' or 'off', got {TETHER_SANDBOX!r}")
+TETHER_SANDBOX_MEMORY_MB = _env_int("TETHER_SANDBOX_MEMORY_MB", 4096)  # address space per process
+TETHER_SANDBOX_FILE_MB = _env_int("TETHER_SANDBOX_FILE_MB", 1024)  # largest file it may write
+TETHER_SANDBOX_TMP_MB = _env_int("TETHER_SANDBOX_TMP_MB", 512)  # its private /tmp
+TETHER_SANDBOX_MAX_PROCESSES = _env_int("TETHER_SANDBOX_MAX_PROCESSES", 256)  # per instance (server as root)
+# Directories of programs (agent CLIs, scripts installed outside /usr) every sandbox sees
+# read-only at the same path; separated by ":".
+TETHER_SANDBOX_PROGRAMS = [p for p in os.environ.get("TETHER_SANDBOX_PROGRAMS", "").split(":") if p.strip()]
+# Running as root, an instance's programs run as uid TETHER_SANDBOX_UID_BASE + its id.
+TETHER_SANDBOX_UID_BASE = _env_int("TETHER_SANDBOX_UID_BASE", 200_000)
+# Directories (besides TETHER_WORKSPACES/<user>/) where a user with the run_programs capability
+# may place an instance's workspace; separated by ":".
+TETHER_WORKSPACE_ROOTS = [
+    Path(p).resolve() for p in os.environ.get("TETHER_WORKSPACE_ROOTS", "").split(":") if p.strip()
+]
+# Let instances' base_url name loopback, link-local or private hosts (a local model gateway).
+TETHER_ALLOW_PRIVATE_BASE_URLS = os.environ.get("TETHER_ALLOW_PRIVATE_BASE_URLS", "") == "1"
 
 # --- operations ----------------------------------------------------------------
 # Bearer token for /metrics (Prometheus); empty: the endpoint is off.
@@ -206,7 +275,50 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = TETHER_HOME / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
 WHITENOISE_USE_FINDERS = True
+# Collected static files carry hashed names, a gzip copy, and a far-future cache (see tether/staticfiles.py).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "tether.staticfiles.HashedStaticStorage"},
+}
 SESSION_COOKIE_HTTPONLY = True
+
+# --- sign-in, sessions and browser security ------------------------------------
+# Password sign-in (console and admin) is throttled by django-axes: after
+# TETHER_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address, that
+# pair is refused (429) until TETHER_LOGIN_COOLOFF_SECONDS pass with no further try.
+# Other users and other addresses are not affected. A one-time sign-in link
+# (manage.py loginlink) still signs in and clears the count.
+TETHER_LOGIN_FAILURE_LIMIT = _env_int("TETHER_LOGIN_FAILURE_LIMIT", 5)
+TETHER_LOGIN_COOLOFF_SECONDS = _env_float("TETHER_LOGIN_COOLOFF_SECONDS", 15 * 60)
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = "loops.accounts.login_failure_limit"
+AXES_COOLOFF_TIME = "loops.accounts.login_cool_off"
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "loops.accounts.lockout_response"
+AXES_VERBOSE = False  # no banner on every manage.py command; lockouts are still logged
+# Open console sockets re-check their sign-in this often (sign-out, deactivation,
+# password change close them).
+TETHER_WS_AUTH_RECHECK_SECONDS = _env_float("TETHER_WS_AUTH_RECHECK_SECONDS", 5)
+# Deployments behind TLS: Secure cookies, HSTS, and trust the proxy's X-Forwarded-Proto.
+TETHER_SECURE_COOKIES = os.environ.get("TETHER_SECURE_COOKIES", "") == "1"
+if TETHER_SECURE_COOKIES:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = _env_int("TETHER_HSTS_SECONDS", 365 * 24 * 3600)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# No inline script or style anywhere: the console's JavaScript and CSS are static files.
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "img-src": ["'self'", "data:"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'none'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -217,7 +329,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {"()": "tether.jsonlog.PlainFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "tether.jsonlog.JsonFormatter"},
     },
     # TETHER_LOG_FORMAT=json: one JSON object per line, with run and iteration ids when known.

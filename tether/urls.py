@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from instances.views import gateway_view
 from loops import health, ops, views
 
 urlpatterns = [
@@ -10,6 +11,7 @@ urlpatterns = [
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),
     path("v1/", include("loops.api_urls")),
+    path("gateway/anthropic/v1/<path:route>", gateway_view, name="gateway-anthropic"),
     path("reviews/", include("reviews.urls")),
     path("login/once/<str:uidb64>/<str:token>/", views.login_once, name="login-once"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from typing import Any
 
-from budgets import pricing
-from loops import selectors
+from django.urls import reverse
+
+from budgets import money
+from loops import event_kinds, selectors
 from loops.models import Event, Run
 
 EXCERPT_CHARS = 600
@@ -33,14 +35,14 @@ OUTCOME_TONE = {
 
 def usd(micros: int | None) -> str:
     """Return "$1.25", "$0.000125" or "unlimited"."""
-    return pricing.format_usd(micros)
+    return money.format_usd(micros)
 
 
 def usd_text(value: Any) -> str:
     """Return a dollar amount given as text ("0.001200") as "$0.0012"."""
     try:
-        return usd(int(Decimal(str(value)) * 1_000_000))
-    except (InvalidOperation, ValueError, TypeError):
+        return usd(money.usd_to_micros(value, allow_negative=True))
+    except ValueError:
         return "—"
 
 
@@ -117,13 +119,195 @@ class RunView:
         return self.stoppable
 
     @property
+    def continued_as(self) -> Run | None:
+        """Return the run that continues this one, if any (one query)."""
+        return getattr(self.run, "continuation", None)
+
+    @property
+    def can_continue(self) -> bool:
+        """Whether a person may continue this run as a new one (see loops.continuation)."""
+        from loops import continuation
+
+        run = self.run
+        why = continuation.refusal(
+            run_id=run.pk, status=run.status, outcome=run.outcome, verified=run.verified,
+            next_iteration=run.next_iteration, max_iterations=run.max_iterations,
+        )
+        return not why and self.continued_as is None
+
+    @property
+    def continue_form(self) -> Any:
+        """Return a fresh "continue this run" form (pages with a bound one pass their own)."""
+        from loops.console.forms import ContinueRunForm
+
+        return ContinueRunForm(run=self.run)
+
+    @property
+    def iteration_number(self) -> int:
+        """Return the iteration a person is told about: the one in progress, else the last finished."""
+        run = self.run
+        if run.status == Run.Status.RUNNING:
+            return min(run.next_iteration, run.max_iterations)
+        return run.iterations_done
+
+    @property
     def iteration_word(self) -> str:
-        return f"{self.run.iterations_done} of {self.run.max_iterations}"
+        """Return "iteration 3 of 12" (said this way on every page), or "no iteration yet, up to 12"."""
+        number = self.iteration_number
+        if not number:
+            return f"no iteration yet, up to {self.run.max_iterations}"
+        return f"iteration {number} of {self.run.max_iterations}"
+
+    @property
+    def live(self) -> bool:
+        """Whether the run can still change (it has not finished)."""
+        return self.run.status != Run.Status.FINISHED
+
+    @property
+    def actions_key(self) -> str:
+        """Return what decides which actions the run page offers; a live update redraws them when it changes."""
+        later = self.continued_as
+        return "|".join(
+            str(part)
+            for part in (
+                self.run.status, self.run.cancel_requested_at is not None, self.run.outcome,
+                self.can_continue, later.pk if later else "",
+            )
+        )
+
+    @cached_property
+    def stopped_by(self) -> str:
+        """Return who asked the run to stop ("" if nobody did)."""
+        if self.run.cancel_requested_at is None:
+            return ""
+        return stopped_by(self.run.pk)
+
+    @property
+    def stopped(self) -> bool:
+        return self.finished and self.run.outcome == Run.Outcome.CANCELLED
+
+    @property
+    def outcome_headline(self) -> str:
+        """Return the summary's one-line verdict: "Stopped by ada", "Done", "Max iterations"…"""
+        if self.stopped:
+            return f"Stopped by {self.stopped_by}" if self.stopped_by else "Stopped"
+        return self.status_word[:1].upper() + self.status_word[1:]
+
+    @property
+    def outcome_text(self) -> str:
+        """Return the outcome's detail, naming the person who stopped the run."""
+        detail = self.run.outcome_detail or ""
+        if self.stopped and self.stopped_by:
+            detail = detail.replace("stopped by a person", "").replace(f"stopped by {self.stopped_by}", "").strip()
+            return (detail[:1].upper() + detail[1:] + ".") if detail else ""
+        return detail
+
+    @property
+    def waiting_on_children(self) -> bool:
+        """Whether the run waits for the child runs it delegated to (not for a person)."""
+        return self.run.status == Run.Status.WAITING and (self.run.delegation or {}).get("state") in ("starting", "waiting")
+
+    @property
+    def worker_note(self) -> WorkerNote | None:
+        """Return what a run that waits on a worker should say, or None while a worker is driving it."""
+        return worker_note(self.run)
+
+
+@dataclass
+class TreeView:
+    """A delegation tree as the run page draws it."""
+
+    tree: selectors.Tree
+    run: Run | None = None
+
+    @property
+    def workspace(self) -> str:
+        """Return the workspace mode this run was delegated with ("" for a root).
+
+        Read from the parent (a child that delegated in turn keeps its own state in its `delegation`).
+        """
+        if self.run is None or self.tree.parent is None:
+            return ""
+        asked = ((self.tree.parent.delegation or {}).get("placed") or {}).get(str(self.run.pk))
+        return str((asked or self.run.delegation or {}).get("workspace") or "")
+
+    @property
+    def root(self) -> RunView:
+        return RunView(self.tree.root)
+
+    @property
+    def parent(self) -> RunView | None:
+        return RunView(self.tree.parent) if self.tree.parent else None
+
+    @property
+    def children(self) -> list[RunView]:
+        return [RunView(child) for child in self.tree.children]
+
+    @property
+    def runs(self) -> int:
+        return self.tree.runs
+
+    @property
+    def spent(self) -> str:
+        return usd(self.tree.spent_micros)
+
+    @property
+    def cap(self) -> str:
+        return usd(self.tree.root.max_cost_micros)
+
+    @property
+    def used_percent(self) -> int:
+        cap = self.tree.root.max_cost_micros
+        return min(100, max(0, round(100 * self.tree.spent_micros / cap))) if cap else 0
+
+    @property
+    def needing_you(self) -> list[RunView]:
+        """Return the children waiting for a person (not for their own children)."""
+        return [c for c in self.children if c.status == Run.Status.WAITING and not c.waiting_on_children]
+
+
+def tree_view(run: Run) -> TreeView | None:
+    found = selectors.run_tree(run)
+    return TreeView(found, run) if found else None
+
+
+@dataclass
+class WorkerNote:
+    """A live run with no worker driving it (or none heard from lately): what to say, and a countdown."""
+
+    text: str
+    expires_at: datetime | None  # the lease's expiry, for "lease expires in N s" (None: expired)
+    seconds: int
+
+
+def worker_note(run: Run, now: datetime | None = None) -> WorkerNote | None:
+    """Say so when a queued run waits for a worker, or a running one's worker stopped renewing its lease.
+
+    A live worker renews its leases every third of TETHER_LEASE_SECONDS; a lease with less
+    than a third left (give or take a second) was not renewed on time: its worker is likely gone.
+    """
+    from django.conf import settings
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    expires = run.lease_expires_at
+    if run.status not in (Run.Status.QUEUED, Run.Status.RUNNING) or expires is None:
+        return None
+    left = (expires - now).total_seconds()
+    lease = float(settings.TETHER_LEASE_SECONDS)
+    if run.status == Run.Status.RUNNING and run.lease_token and left > lease / 3 - 1:
+        return None  # renewed on time: a worker is driving it
+    if left <= 0:
+        return WorkerNote("waiting for a worker to pick it up (its lease has expired; the reaper hands it on)", None, 0)
+    seconds = int(left + 0.999)
+    if run.status == Run.Status.RUNNING:
+        return WorkerNote("its worker has gone quiet: waiting for a worker to pick it up", expires, seconds)
+    return WorkerNote("waiting for a worker to pick it up", expires, seconds)
 
 
 @dataclass
 class EventView:
-    """One event as the timeline draws it."""
+    """One event as the timeline draws it: its title and body come from loops.event_kinds."""
 
     run_id: int
     seq: int
@@ -131,9 +315,10 @@ class EventView:
     at: datetime
     data: dict[str, Any]
     iteration: int | None
+    stopped_by: str | None = None  # who stopped the run; looked up when a title needs it
 
     @classmethod
-    def of(cls, event: Event) -> EventView:
+    def of(cls, event: Event, stopped_by: str | None = None) -> EventView:
         return cls(
             run_id=event.run_id,
             seq=event.seq,
@@ -141,6 +326,7 @@ class EventView:
             at=event.created_at,
             data=event.data or {},
             iteration=selectors.event_iteration(event),
+            stopped_by=stopped_by,
         )
 
     @property
@@ -152,8 +338,34 @@ class EventView:
         return f"run-{self.run_id}-ev-{self.seq}"
 
     @property
+    def entry(self) -> event_kinds.Kind:
+        return event_kinds.kind(self.kind)
+
+    @property
     def known(self) -> bool:
-        return self.kind in KNOWN_KINDS
+        return self.kind in event_kinds.KINDS
+
+    @property
+    def body(self) -> str:
+        return self.entry.body
+
+    @property
+    def secondary(self) -> bool:
+        return self.entry.secondary
+
+    @cached_property
+    def title(self) -> event_kinds.Title:
+        context = event_kinds.Context()
+        if event_kinds.needs_stopper(self.kind, self.data):
+            if self.stopped_by is None:
+                self.stopped_by = stopped_by(self.run_id)
+            context = event_kinds.Context(stopped_by=self.stopped_by)
+        return self.entry.describe(self.data, context)
+
+    @property
+    def title_links(self) -> list[tuple[str, int, str]]:
+        """Return (words before the link, run id, url) for each run the title names."""
+        return [(prefix, run_id, reverse("loops:run-detail", args=[run_id])) for prefix, run_id in self.title.links]
 
     @property
     def cost(self) -> str:
@@ -166,6 +378,13 @@ class EventView:
     @property
     def duration(self) -> str:
         return duration(self.data.get("duration_ms"))
+
+    @property
+    def attempt_label(self) -> str:
+        """Return "attempt 2 of iteration 3" for an iteration started again after its worker died, else ""."""
+        if self.kind != "iteration.started":
+            return ""
+        return event_kinds.attempt_label(self.data)
 
     @property
     def instruction(self) -> tuple[str, bool]:
@@ -192,6 +411,8 @@ class EventView:
                     "error": bool(call.get("is_error")),
                     "needs_approval": bool(call.get("needs_approval")),
                     "result": clip(call.get("result", ""), 300)[0],
+                    "key": str(call.get("key") or ""),  # the journal's idempotency key
+                    "replayed": str(call.get("replayed") or ""),  # "result" or "interrupted": from the journal
                 }
             )
         return calls
@@ -230,21 +451,12 @@ class EventView:
         return clip(json.dumps(self.data, ensure_ascii=False, sort_keys=True), 500)[0]
 
 
-KNOWN_KINDS = frozenset(
-    {
-        "run.started",
-        "run.claimed",
-        "iteration.started",
-        "act.started",
-        "act.finished",
-        "checks.finished",
-        "decision.made",
-        "iteration.finished",
-        "interjection.queued",
-        "run.stop_requested",
-        "run.waiting",
-        "run.resumed",
-        "run.reaped",
-        "run.finished",
-    }
-)
+def stopped_by(run_id: int) -> str:
+    """Return the name of who first asked run `run_id` to stop ("" if nobody did; one query)."""
+    data = (
+        Event.objects.filter(run_id=run_id, kind="run.stop_requested")
+        .order_by("seq")
+        .values_list("data", flat=True)
+        .first()
+    )
+    return str((data or {}).get("by") or "")

@@ -18,13 +18,8 @@ def normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
-class StartRunForm(forms.Form):
-    objective = forms.CharField(
-        strip=True,
-        widget=forms.Textarea(attrs={"rows": 5, "data-count": "objective"}),
-        error_messages={"required": "Say what the agent should achieve: the objective is empty."},
-    )
-    max_iterations = forms.IntegerField(
+def _max_iterations_field(**extra):
+    return forms.IntegerField(
         min_value=1,
         max_value=10_000,
         error_messages={
@@ -33,8 +28,12 @@ class StartRunForm(forms.Form):
             "min_value": "Max iterations must be at least 1.",
             "max_value": "Max iterations can be at most 10,000.",
         },
+        **extra,
     )
-    max_cost_usd = forms.DecimalField(
+
+
+def _cost_cap_field():
+    return forms.DecimalField(
         required=False,
         min_value=0,
         decimal_places=6,
@@ -46,6 +45,16 @@ class StartRunForm(forms.Form):
             "max_decimal_places": "The cost cap has at most 6 decimal places (a micro-dollar).",
         },
     )
+
+
+class StartRunForm(forms.Form):
+    objective = forms.CharField(
+        strip=True,
+        widget=forms.Textarea(attrs={"rows": 5, "data-count": "objective"}),
+        error_messages={"required": "Say what the agent should achieve: the objective is empty."},
+    )
+    max_iterations = _max_iterations_field()
+    max_cost_usd = _cost_cap_field()
     max_minutes = forms.IntegerField(
         required=False,
         min_value=1,
@@ -89,6 +98,36 @@ class InterjectForm(forms.Form):
         return normalise_newlines(self.cleaned_data["text"])
 
 
+class ContinueRunForm(forms.Form):
+    """Continue a finished run as a new one: a message for its first iteration, and its limits."""
+
+    message = forms.CharField(
+        required=False,
+        strip=True,
+        label="Message for the new run",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "optional: what to do differently"}),
+    )
+    max_iterations = _max_iterations_field(label="Max iterations")
+    max_cost_usd = _cost_cap_field()
+
+    def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
+        from budgets import money
+
+        initial = kwargs.setdefault("initial", {})
+        initial.setdefault("max_iterations", run.max_iterations)
+        if run.max_cost_micros is not None:
+            initial.setdefault("max_cost_usd", money.format_usd(run.max_cost_micros).lstrip("$").replace(",", ""))
+        super().__init__(*args, **kwargs)
+        self.run = run
+        if run.max_cost_micros is not None:
+            self.fields["max_cost_usd"].widget.attrs["placeholder"] = "same cap as before"
+        for name in ("message", "max_iterations", "max_cost_usd"):
+            self.fields[name].widget.attrs["id"] = f"run-{run.pk}-continue-{name.replace('_', '-')}"
+
+    def clean_message(self) -> str:
+        return normalise_newlines(self.cleaned_data["message"])
+
+
 class HistoryFilterForm(forms.Form):
     instance = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
     outcome = forms.ChoiceField(required=False)
@@ -103,6 +142,30 @@ class HistoryFilterForm(forms.Form):
             ("active", "not finished"),
             ("waiting", "waiting for you"),
             ("stopped", "stopped without finishing"),
-            ("unverified", "done, unverified"),
+            ("verified", "done, verified"),
+            ("unverified", "done, not verified"),
             *[(value, value.replace("_", " ")) for value in Run.Outcome.values],
         ]
+
+
+class TokenForm(forms.Form):
+    """A new API token: what uses it, and how long it lives."""
+
+    LIFETIMES = [("", "never (until revoked)"), ("7", "7 days"), ("30", "30 days"), ("90", "90 days"), ("365", "1 year")]
+
+    name = forms.CharField(
+        max_length=100,
+        strip=True,
+        error_messages={
+            "required": "Name the token after what will use it, like 'ci' or 'laptop'.",
+            "max_length": "A token's name can be at most 100 characters.",
+        },
+    )
+    days = forms.TypedChoiceField(
+        choices=LIFETIMES,
+        coerce=int,
+        empty_value=None,
+        required=False,
+        label="Expires after",
+        error_messages={"invalid_choice": "Choose one of the listed lifetimes."},
+    )

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.safestring import mark_safe
 
+from budgets import spending as spending_mod
 from budgets.selectors import ChainHeadroom, headroom_for_run
 from loops import charts, selectors
-from loops.console.display import EventView, RunView, usd
+from loops.console.display import EventView, RunView, tree_view, usd
 from loops.models import Event, Run
 
 RUN_TEMPLATE = "loops/run_detail.html"
@@ -63,14 +65,128 @@ def budget_rows(chain: ChainHeadroom) -> list[PoolRow]:
     return rows
 
 
-def run_state_context(run: Run) -> dict[str, Any]:
-    """Return what the run page's summary, budget and chart blocks draw."""
+@dataclass
+class CallRow:
+    """One reservation as "Where the money went" draws it."""
+
+    iteration: int
+    number: int
+    label: str
+    model: str
+    tokens: str
+    reserved: str
+    settled: str
+    status: str
+    paid_by: str
+    overdraft: str
+    cause: str
+
+
+@dataclass
+class IterationRow:
+    number: int
+    cost: str
+    reserved: str
+    count: int
+    metered: int
+    reported: bool
+    hidden: int
+    overdraft: str
+    calls: list[CallRow]
+
+
+@dataclass
+class SpendingView:
+    iterations: list[IterationRow]
+    earlier: int | None
+    older: bool = False  # a page of older iterations: none of them opens by itself
+
+
+def _tokens(call: spending_mod.CallCost) -> str:
+    if not call.metered and not (call.input_tokens or call.output_tokens):
+        return "tokens not metered (reported by the agent)"
+    parts = [f"{call.input_tokens:,} in", f"{call.output_tokens:,} out"]
+    if call.cache_write_tokens or call.cache_read_tokens:
+        parts.append(f"cache {call.cache_write_tokens:,} written, {call.cache_read_tokens:,} read")
+    return " · ".join(parts)
+
+
+def _call_row(call: spending_mod.CallCost) -> CallRow:
+    return CallRow(
+        iteration=call.iteration,
+        number=call.call,
+        label=f"call {call.call}" if call.metered else "reported spend",
+        model=call.model,
+        tokens=_tokens(call),
+        reserved=usd(call.reserved),
+        settled="held" if call.settled is None else usd(call.settled),
+        status=call.status,
+        paid_by=" › ".join(p.name for p in call.paid_by),
+        overdraft=usd(call.overdraft) if call.overdraft else "",
+        cause=call.cause,
+    )
+
+
+def spending_view(found: spending_mod.RunSpending, older: bool = False) -> SpendingView:
+    return SpendingView(
+        iterations=[
+            IterationRow(
+                number=it.number,
+                cost=usd(it.cost),
+                reserved=usd(it.reserved),
+                count=it.count,
+                metered=it.metered,
+                reported=it.count > it.metered,
+                hidden=it.hidden,
+                overdraft=usd(it.overdraft) if it.overdraft else "",
+                calls=[_call_row(c) for c in it.calls],
+            )
+            for it in found.iterations
+        ],
+        earlier=found.earlier,
+        older=older,
+    )
+
+
+@dataclass
+class ChartScope:
+    """Which iterations the chart draws: `count` of `total`, first to last; `hidden` ones are left out."""
+
+    first: int
+    last: int
+    count: int
+    total: int
+    all: bool
+
+    @property
+    def hidden(self) -> int:
+        return max(0, self.total - self.count)
+
+
+def chart_scope(drawn: list[Any], total: int, chart_all: bool) -> ChartScope:
+    if not drawn:
+        return ChartScope(0, 0, 0, total, chart_all)
+    return ChartScope(drawn[0].number, drawn[-1].number, len(drawn), max(total, len(drawn)), chart_all)
+
+
+def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
+    """Return what the run page's summary, budget, money trail and chart blocks draw.
+
+    The chart draws the latest selectors.CHART_ITERATIONS iterations, or every one (up to
+    selectors.CHART_ALL_ITERATIONS) when `chart_all`; its caption says which.
+    """
     chain = headroom_for_run(run)
-    drawn = selectors.chart_iterations(run)
+    limit = selectors.CHART_ALL_ITERATIONS if chart_all else selectors.CHART_ITERATIONS
+    drawn = selectors.chart_iterations(run, limit=limit)
     return {
+        "tree": tree_view(run),
+        "chart_all": chart_all,
+        "chart_scope": chart_scope(drawn, run.iterations_done, chart_all),
         "run": RunView(run),
         "pools": budget_rows(chain),
         "headroom": usd(chain.remaining) if chain.pools else None,
+        "spending": spending_view(spending_mod.run_spending(run.pk, chain=chain)),
+        "costs_url": reverse("api:run-costs", args=[run.instance_id, run.pk]),
         "chart": mark_safe(charts.cost_and_checks(charts.points(drawn), run.iterations_done)),
     }
 
@@ -80,9 +196,21 @@ def render_event(event: Event) -> str:
     return render_to_string(f"{RUN_TEMPLATE}#live-event", {"event": EventView.of(event)})
 
 
-def render_state(run: Run) -> str:
-    """Return the websocket message that replaces the run page's summary, budget and chart."""
-    return render_to_string(f"{RUN_TEMPLATE}#live-state", {**run_state_context(run), "oob": True})
+def render_state(run: Run, chart_all: bool = False) -> str:
+    """Return the websocket message that replaces the run page's summary, actions, budget, money trail and chart.
+
+    The actions block carries `data-actions` (what decides which actions it offers): the page keeps
+    its own block, with what a person is typing, unless that changed (see static/console/console.js).
+    """
+    from loops.console.forms import InterjectForm
+
+    context = {**run_state_context(run, chart_all), "form": InterjectForm(run=run), "oob": True}
+    return render_to_string(f"{RUN_TEMPLATE}#live-state", context)
+
+
+def render_summary(run: Run) -> str:
+    """Return the websocket message that replaces the run page's summary alone (a periodic refresh)."""
+    return render_to_string(f"{RUN_TEMPLATE}#run-summary", {"run": RunView(run), "tree": tree_view(run), "oob": True})
 
 
 # --- fleet -----------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
@@ -23,11 +24,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from budgets import spending
 from instances.models import Instance
 from loops import selectors, services
 from loops.console import live
 from loops.console.display import EventView, RunView
-from loops.console.forms import HistoryFilterForm, InterjectForm, StartRunForm
+from loops.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, StartRunForm
 from loops.models import Interjection, Run
 from reviews import audit as review_audit
 from reviews import selectors as review_selectors
@@ -66,6 +68,19 @@ def _nonce_key(kind: str, request: HttpRequest, nonce: str) -> str:
 def _nav(request: HttpRequest) -> dict[str, Any]:
     """Return what the navigation shows on every console page: the count of items waiting for review."""
     return {"pending_reviews": review_selectors.pending_count(request.user)}
+
+
+def console_settings(request: HttpRequest) -> dict[str, Any]:
+    """A context processor: what every page's script reads from <body> (see static/console/console.js).
+
+    `TETHER_CONSOLE_TIMEOUT_SECONDS` (default 20): how long an action waits for an answer before the
+    page says there was none.
+    """
+    try:
+        timeout = float(getattr(settings, "TETHER_CONSOLE_TIMEOUT_SECONDS", 20))
+    except (TypeError, ValueError):
+        timeout = 20.0
+    return {"console_timeout_seconds": f"{timeout if timeout > 0 else 20.0:g}"}
 
 
 @login_required
@@ -165,14 +180,20 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 def _run_page(
-    request: HttpRequest, run: Run, form: InterjectForm, status: int = 200, notice: str = ""
+    request: HttpRequest,
+    run: Run,
+    form: InterjectForm,
+    status: int = 200,
+    notice: str = "",
+    continue_form: ContinueRunForm | None = None,
 ) -> HttpResponse:
     window = selectors.timeline(run)
     context = {
-        **live.run_state_context(run),
+        **live.run_state_context(run, chart_all=request.GET.get("chart") == "all"),
         "events": [EventView.of(e) for e in window.events],
         "window": window,
         "form": form,
+        "continue_form": continue_form or ContinueRunForm(run=run),
         "notice": notice,
         "events_url": reverse("api:run-events", args=[run.instance_id, run.pk]),
         "receipt_url": reverse("api:run-receipt", args=[run.instance_id, run.pk]),
@@ -196,7 +217,10 @@ def _actions(
     """
     if is_htmx(request):
         run.refresh_from_db()
-        context = {"run": RunView(run), "form": form, "notice": notice, "transient": transient}
+        context = {
+            "run": RunView(run), "form": form, "notice": notice, "transient": transient,
+            "continue_form": ContinueRunForm(run=run),
+        }
         return render(request, "loops/run_detail.html#run-actions", context)
     if status >= 400:
         return _run_page(request, run, form, status=status, notice=notice)
@@ -279,6 +303,38 @@ def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 @login_required
+@require_POST
+def run_continue(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Continue a finished run as a new one, then show the new run (a plain form post: works without JavaScript)."""
+    run = _run(request, run_id)
+    form = ContinueRunForm(request.POST, run=run)
+    if not form.is_valid():
+        return _run_page(request, run, InterjectForm(run=run), status=400, continue_form=form)
+    data = form.cleaned_data
+    try:
+        new = services.run_continue(
+            run=run,
+            user=request.user,
+            max_iterations=data["max_iterations"],
+            max_cost_usd=data["max_cost_usd"],
+            message=data["message"],
+            via="console",
+            request=request,
+        )
+    except services.Refused as refused:
+        later = Run.objects.filter(continued_from=run, owner=request.user).first()
+        if later is not None:  # a second click, or another device: show the run that continues it
+            messages.info(request, f"Run {run.pk} is continued as run {later.pk} already; here it is.")
+            return redirect("loops:run-detail", run_id=later.pk)
+        run.refresh_from_db()
+        return _run_page(
+            request, run, InterjectForm(run=run), status=refused.status, notice=refused.message, continue_form=form
+        )
+    messages.info(request, f"Run {new.pk} continues run {run.pk}.")
+    return redirect("loops:run-detail", run_id=new.pk)
+
+
+@login_required
 @require_GET
 def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
     """Return the events before `?before=SEQ` (an earlier part of the timeline)."""
@@ -292,6 +348,26 @@ def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
     window = selectors.timeline(run, before=before)
     context = {"run": RunView(run), "window": window, "events": [EventView.of(e) for e in window.events]}
     return render(request, "loops/run_detail.html#timeline-earlier", context)
+
+
+@login_required
+@require_GET
+def run_costs(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Return "Where the money went" for the iterations before `?before=N` (older ones)."""
+    run = _run(request, run_id)
+    try:
+        before = int(request.GET.get("before", ""))
+        if not 1 <= before <= 2**31:
+            raise ValueError
+    except ValueError:
+        return HttpResponse("before must be an iteration number (a whole number ≥ 1)", status=400)
+    found = spending.run_spending(run.pk, before=before)
+    context = {
+        "run": RunView(run),
+        "spending": live.spending_view(found, older=True),
+        "costs_url": reverse("api:run-costs", args=[run.instance_id, run.pk]),
+    }
+    return render(request, "loops/run_detail.html#cost-iterations", context)
 
 
 # --- history --------------------------------------------------------------------------------------

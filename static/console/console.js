@@ -1,6 +1,8 @@
 /*
  * Tether console: the live sockets' bookkeeping on top of htmx's ws extension, the
- * objective's character count, and a guard against double-submitted forms.
+ * objective's character count, a guard against double-submitted forms, a message for
+ * every action that fails (a refusal, offline, no answer in time), and the run page's
+ * reading aids (follow the latest event, fold iterations, countdowns).
  *
  * A run page's socket element carries data-last-seq: the last event it shows. Every
  * (re)connect asks the server for the events after it (?after=N); a pushed event whose
@@ -46,7 +48,7 @@
     function tick() {
       if (el.getAttribute("data-state") !== "offline") return clearInterval(el.tetherCountdown);
       var seconds = Math.max(0, Math.ceil((due - Date.now()) / 1000));
-      setStatus(el, "offline", seconds ? "offline: retrying in " + seconds + " s" : "offline: retrying…");
+      setStatus(el, "offline", seconds ? "offline: reconnecting in " + seconds + " s" : "offline: reconnecting…");
     }
     setStatus(el, "offline", "offline");
     tick();
@@ -128,6 +130,19 @@
     }
   });
 
+  // An iteration a viewer opened or closed under "Where the money went" stays so when a live update redraws it.
+  var keptOpen = {};
+  document.addEventListener("click", function (e) {
+    var summary = e.target.closest && e.target.closest("details[data-keep] > summary");
+    if (summary) keptOpen[summary.parentElement.id] = !summary.parentElement.open;
+  });
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    Object.keys(keptOpen).forEach(function (id) {
+      var details = document.getElementById(id);
+      if (details && details.open !== keptOpen[id]) details.open = keptOpen[id];
+    });
+  });
+
   // A phone that wakes or a laptop back online reconnects at once instead of waiting out the backoff.
   function reconnectIdle() {
     document.querySelectorAll("[ws-connect]").forEach(function (el) {
@@ -141,6 +156,275 @@
     if (document.visibilityState === "visible") reconnectIdle();
   });
   window.addEventListener("online", reconnectIdle);
+
+
+  // --- a run page's actions follow the run ------------------------------------------------------
+  // Every state push carries the actions block; it replaces the shown one only when what it
+  // offers changed (its data-actions key), so a half-typed message survives other updates.
+  document.addEventListener("htmx:oobBeforeSwap", function (e) {
+    var incoming = e.detail.fragment && e.detail.fragment.querySelector ? e.detail.fragment : null;
+    var target = e.detail.target;
+    if (!target || !target.hasAttribute || !target.hasAttribute("data-actions")) return;
+    var fresh = incoming && (incoming.hasAttribute && incoming.hasAttribute("data-actions") ? incoming : incoming.querySelector("[data-actions]"));
+    if (fresh && fresh.getAttribute("data-actions") === target.getAttribute("data-actions")) {
+      e.detail.shouldSwap = false;
+      return;
+    }
+    var typed = {};
+    target.querySelectorAll("textarea[name]").forEach(function (t) { if (t.value) typed[t.name] = t.value; });
+    target.tetherTyped = typed;
+  });
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    document.querySelectorAll("[data-actions]").forEach(function (block) {
+      var typed = block.tetherTyped;
+      if (!typed) return;
+      block.tetherTyped = null;
+      block.querySelectorAll("textarea[name]").forEach(function (t) { if (!t.value && typed[t.name]) t.value = typed[t.name]; });
+    });
+  });
+
+  // Forms drawn by a live update have no CSRF token of their own: use the page's.
+  function pageCsrf() {
+    var holder = document.querySelector("[data-csrf]");
+    if (holder && holder.getAttribute("data-csrf")) return holder.getAttribute("data-csrf");
+    var input = document.querySelector("input[name=csrfmiddlewaretoken][value]:not([value=''])");
+    return input ? input.value : "";
+  }
+  document.addEventListener("htmx:configRequest", function (e) {
+    if (!e.detail.parameters.csrfmiddlewaretoken) {
+      var token = pageCsrf();
+      if (token) e.detail.headers["X-CSRFToken"] = token;
+    }
+  });
+  document.addEventListener("submit", function (e) {
+    var input = e.target.querySelector && e.target.querySelector("input[name=csrfmiddlewaretoken]");
+    if (input && !input.value) input.value = pageCsrf();
+  }, true);
+
+  // "Keep it running" closes the stop confirmation.
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-close-details]");
+    if (!button) return;
+    var details = button.closest("details");
+    if (details) details.open = false;
+  });
+
+  // --- a failed action always says so ---------------------------------------------------------------
+  // How long an action waits for an answer: TETHER_CONSOLE_TIMEOUT_SECONDS, drawn on <body> (20 s).
+  var REQUEST_TIMEOUT_MS = 1000 * (parseFloat(document.body.getAttribute("data-request-timeout")) || 20);
+  if (window.htmx) htmx.config.timeout = REQUEST_TIMEOUT_MS;
+
+  function errorSlot(elt) {
+    var form = elt.closest ? (elt.closest("form, details, [data-error-anchor]") || elt) : elt;
+    var slot = form.previousElementSibling;
+    if (slot && slot.hasAttribute("data-action-error")) return slot;
+    slot = document.createElement("p");
+    slot.className = "errors action-error";
+    slot.setAttribute("role", "alert");
+    slot.setAttribute("data-action-error", "");
+    form.parentNode.insertBefore(slot, form);
+    return slot;
+  }
+  function showError(elt, text) {
+    if (!elt || !elt.parentNode) elt = document.querySelector("main") || document.body;
+    errorSlot(elt).textContent = text;
+  }
+  function clearError(elt) {
+    // A new try makes earlier failures in the same block stale.
+    var block = (elt.closest && elt.closest("[data-actions], section, main")) || document;
+    block.querySelectorAll("[data-action-error]").forEach(function (slot) { slot.remove(); });
+  }
+  function serverWords(xhr) {
+    var type = (xhr.getResponseHeader("Content-Type") || "").toLowerCase();
+    var body = xhr.responseText || "";
+    var text = "";
+    try {
+      if (type.indexOf("json") >= 0) text = JSON.parse(body).error || "";
+      else if (type.indexOf("html") >= 0) {
+        var doc = new DOMParser().parseFromString(body, "text/html");
+        ["[data-error-message]", ".errors", "main h1", "h1", "title"].some(function (selector) {
+          var found = doc.querySelector(selector);
+          text = found ? found.textContent : "";
+          return !!text.trim();
+        });
+      } else text = body;
+    } catch (err) { text = ""; }
+    text = text.replace(/\s+/g, " ").trim();
+    return text.length > 300 ? text.slice(0, 299) + "…" : text;
+  }
+  var STATUS_WORDS = { 403: "not allowed (signed out? reload the page and sign in again)", 404: "not found", 409: "not possible now", 429: "too many tries; wait a moment", 503: "Tether is reconnecting to its database; try again in a few seconds" };
+  document.addEventListener("htmx:beforeRequest", function (e) { clearError(e.detail.elt); });
+  document.addEventListener("htmx:responseError", function (e) {
+    var xhr = e.detail.xhr;
+    var words = serverWords(xhr) || STATUS_WORDS[xhr.status] || xhr.statusText || "the server refused it";
+    showError(e.detail.elt, "Not done: " + words + " (HTTP " + xhr.status + ").");
+  });
+  // A signed-out session answers a post with the sign-in page: say so instead of drawing it in place.
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var url = e.detail.xhr && e.detail.xhr.responseURL;
+    if (!url || !/\/login\/(\?|$)/.test(new URL(url, location.href).pathname + "?")) return;
+    e.detail.shouldSwap = false;
+    showError(e.detail.requestConfig ? e.detail.requestConfig.elt : e.detail.elt,
+      "Not done: you are signed out. Reload the page and sign in again.");
+  });
+  document.addEventListener("htmx:sendError", function (e) {
+    showError(e.detail.elt, navigator.onLine === false
+      ? "Not sent: you are offline. Nothing changed; try again once you are back online."
+      : "Not sent: Tether could not be reached (offline?). Check your connection and try again; this page shows the run's state as it changes.");
+  });
+  document.addEventListener("htmx:timeout", function (e) {
+    showError(e.detail.elt, "No answer from Tether within " + REQUEST_TIMEOUT_MS / 1000 + " s: the action may or may not have been done. This page shows the run's state as it changes; try again if nothing moves.");
+  });
+
+  // --- countdowns ("lease expires in N s") ---------------------------------------------------------
+  setInterval(function () {
+    document.querySelectorAll("[data-countdown]").forEach(function (el) {
+      var due = new Date(el.getAttribute("data-countdown"));
+      if (isNaN(due)) return;
+      var seconds = Math.max(0, Math.ceil((due - Date.now()) / 1000));
+      el.textContent = seconds + " s";
+    });
+  }, 1000);
+
+  // --- "live" only while the run can still change -------------------------------------------------
+  function runEnded() {
+    var summary = document.querySelector(".run-page .summary[data-live-run]");
+    return summary && summary.getAttribute("data-live-run") === "false";
+  }
+  function markEnded() {
+    document.querySelectorAll('.run-page [ws-connect][data-state="live"]').forEach(function (el) {
+      if (runEnded()) {
+        el.setAttribute("data-state", "ended");
+        var label = el.querySelector("[data-live-status]");
+        if (label) label.textContent = "finished: this run will not change";
+      }
+    });
+  }
+  document.addEventListener("htmx:wsOpen", function () { setTimeout(markEnded, 0); });
+  document.addEventListener("htmx:wsAfterMessage", markEnded);
+
+
+  // --- reading a long timeline: follow the latest, jump to it, fold iterations ---------------------
+  var FOLLOW_KEY = "tether.follow-latest";
+  var KEEP_UNFOLDED = 2; // the latest iterations stay open when older ones fold by themselves
+  var folded = {};
+  var following = false;
+  var followedY = null; // where following last put the page: scrolling above it is a person reading
+  var unseen = 0;
+
+  function timelineOf(tools) { return document.getElementById("run-" + tools.getAttribute("data-timeline-tools") + "-timeline"); }
+  function latestAnchor() { return document.querySelector(".latest-anchor"); }
+  function storedFollow() { try { return localStorage.getItem(FOLLOW_KEY) === "1"; } catch (err) { return false; } }
+  function storeFollow(on) { try { localStorage.setItem(FOLLOW_KEY, on ? "1" : "0"); } catch (err) { /* private mode */ } }
+
+  function setFollow(on) {
+    following = on;
+    storeFollow(on);
+    document.querySelectorAll("[data-follow]").forEach(function (b) {
+      b.setAttribute("aria-pressed", on ? "true" : "false");
+      b.textContent = on ? "Following latest" : "Follow latest";
+    });
+    if (on) scrollToLatest();
+  }
+  function scrollToLatest() {
+    var anchor = latestAnchor();
+    if (!anchor) return;
+    anchor.scrollIntoView({ block: "end" });
+    followedY = window.scrollY;
+    unseen = 0;
+    updateJump();
+  }
+  function latestInView() {
+    var anchor = latestAnchor();
+    if (!anchor) return true;
+    var box = anchor.getBoundingClientRect();
+    return box.top <= window.innerHeight + 40;
+  }
+  function updateJump() {
+    var jump = document.querySelector("[data-jump-latest]");
+    if (!jump) return;
+    jump.hidden = latestInView();
+    var count = jump.querySelector("[data-new-count]");
+    if (count) count.textContent = unseen ? "(" + unseen + " new)" : "";
+  }
+
+  function fold(timeline, number, on) {
+    folded[number] = on;
+    timeline.querySelectorAll('article[data-iteration="' + number + '"]').forEach(function (a) {
+      if (a.getAttribute("data-kind") === "iteration.started") {
+        var toggle = a.querySelector("[data-iter-toggle]");
+        if (toggle) toggle.setAttribute("aria-expanded", on ? "false" : "true");
+        a.classList.toggle("folded", on);
+      } else {
+        a.hidden = on;
+      }
+    });
+  }
+  function iterationNumbers(timeline) {
+    var seen = [];
+    timeline.querySelectorAll('article[data-kind="iteration.started"][data-iteration]').forEach(function (a) {
+      var n = a.getAttribute("data-iteration");
+      if (seen.indexOf(n) < 0) seen.push(n);
+    });
+    return seen;
+  }
+  function finishedIteration(timeline, n) {
+    return !!timeline.querySelector('article[data-kind="iteration.finished"][data-iteration="' + n + '"]');
+  }
+  function foldOlder(timeline, keep) {
+    var numbers = iterationNumbers(timeline);
+    numbers.slice(0, Math.max(0, numbers.length - keep)).forEach(function (n) {
+      if (finishedIteration(timeline, n) && folded[n] === undefined) fold(timeline, n, true);
+    });
+  }
+
+  document.addEventListener("click", function (e) {
+    var t = e.target.closest ? e.target : null;
+    if (!t) return;
+    var toggle = t.closest("[data-iter-toggle]");
+    if (toggle) {
+      var timeline = toggle.closest(".timeline");
+      var n = toggle.getAttribute("data-iter-toggle");
+      fold(timeline, n, !folded[n]);
+      return;
+    }
+    var tools = t.closest("[data-timeline-tools]");
+    if (!tools) return;
+    var line = timelineOf(tools);
+    if (t.closest("[data-follow]")) setFollow(!following);
+    else if (t.closest("[data-fold-all]")) iterationNumbers(line).forEach(function (n) { if (finishedIteration(line, n)) fold(line, n, true); });
+    else if (t.closest("[data-unfold-all]")) iterationNumbers(line).forEach(function (n) { fold(line, n, false); });
+  });
+
+  // A person who scrolls up to read stops following. Only a move above where following put the
+  // page counts (not a timer): a new event's own scroll, however late, is never taken for a person's.
+  window.addEventListener("scroll", function () {
+    if (following && followedY !== null && window.scrollY < followedY - 40) setFollow(false);
+    if (latestInView()) unseen = 0;
+    updateJump();
+  }, { passive: true });
+
+  document.addEventListener("htmx:wsAfterMessage", function (e) {
+    var message = e.detail && e.detail.message;
+    if (typeof message !== "string" || !/^\s*<div hx-swap-oob="beforeend:#run-\d+-timeline" data-seq=/.test(message)) return;
+    var timeline = document.querySelector(".run-page .timeline");
+    if (timeline) {
+      var match = /data-iteration="(\d+)"/.exec(message);
+      if (match && folded[match[1]]) fold(timeline, match[1], true);
+    }
+    if (following) scrollToLatest();
+    else if (!latestInView()) { unseen += 1; updateJump(); }
+  });
+
+  function readyTimeline() {
+    document.querySelectorAll("[data-timeline-tools]").forEach(function (tools) {
+      tools.querySelectorAll("[hidden]").forEach(function (b) { b.hidden = false; });
+      var line = timelineOf(tools);
+      if (line) foldOlder(line, KEEP_UNFOLDED);
+      setFollow(storedFollow());
+    });
+    updateJump();
+  }
 
   // The objective's character count against the instance's cap.
   function count(area) {
@@ -200,6 +484,7 @@
   function ready() {
     document.querySelectorAll("textarea[data-max-chars]").forEach(count);
     localizeTimes();
+    readyTimeline();
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready);
   else ready();

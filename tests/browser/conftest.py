@@ -35,6 +35,7 @@ PHONE = {
     "timezone_id": "America/New_York",
 }
 LAPTOP = {"viewport": {"width": 1366, "height": 850}, "timezone_id": "America/New_York"}
+DEVICES = {"phone": PHONE, "laptop": LAPTOP}
 
 
 def free_port() -> int:
@@ -44,9 +45,12 @@ def free_port() -> int:
 
 
 class Server:
-    """`daphne tether.asgi:application` on 127.0.0.1, as `python manage.py serve` runs it."""
+    """`daphne tether.asgi:application` on 127.0.0.1, as `python manage.py serve` runs it.
 
-    def __init__(self, log_dir: Path) -> None:
+    `env` sets the server's own settings (e.g. TETHER_CONSOLE_TIMEOUT_SECONDS="1").
+    """
+
+    def __init__(self, log_dir: Path, **env: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_dir / "daphne.log", "wb")
@@ -62,7 +66,7 @@ class Server:
                 "tether.asgi:application",
             ],
             cwd=settings.BASE_DIR,
-            env=worker_env(),
+            env=worker_env(**env),
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -109,11 +113,18 @@ def server(tmp_path):
     print(f"--- daphne log (tail) ---\n{log_tail(started.log_path)}")  # shown when the test fails
 
 
+@pytest.fixture(params=list(DEVICES))
+def device(request):
+    """A test that takes this runs on a phone and on a laptop: (its name, its browser context's options)."""
+    return request.param, DEVICES[request.param]
+
+
 @pytest.fixture
 def worker(tmp_path):
     cluster = Cluster("console-worker", tmp_path)
     yield cluster
-    cluster.stop()
+    # A driver mid-slice keeps a SIGTERMed worker busy for its slice; the test is over: a second is enough.
+    cluster.stop(grace=1)
     print(
         f"--- worker log (tail) ---\n{log_tail(tmp_path / 'console-worker.log')}"
     )  # shown when the test fails

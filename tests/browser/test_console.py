@@ -171,8 +171,9 @@ def test_phone_starts_a_run_laptop_watches_interjects_and_stops_it(
         10,
         "an act in progress",
     )
+    view.click(f"#run-{run_id}-actions .stop-confirm > summary")  # Stop asks first
     clicked = time.monotonic()
-    view.click(f"#run-{run_id}-actions >> text=Stop run")
+    view.click(f"#run-{run_id}-actions >> text=Yes, stop it")
     view.wait_for_selector(f'#run-{run_id}-summary[data-status="finished"]', timeout=10_000)
     shown_after = time.monotonic() - clicked
     run.refresh_from_db()
@@ -184,12 +185,13 @@ def test_phone_starts_a_run_laptop_watches_interjects_and_stops_it(
     assert "cancelled" in view.inner_text(f"#run-{run_id}-summary [data-run-status]")
     view.wait_for_selector(f'#run-{run_id}-timeline article[data-kind="run.finished"]')
     assert not view.locator(f"#run-{run_id}-actions form.stop").is_visible()
+    assert "Stopped by ada" in view.inner_text(f"#run-{run_id}-summary")
 
     # --- both devices show the same, whole timeline ----------------------------------------------
     again = phone.new_page()
     again.on("pageerror", lambda exc: errors.append(f"phone again: {exc}"))
     again.goto(f"{server.url}/runs/{run_id}/")
-    again.wait_for_selector('.live-bar[data-state="live"]')
+    again.wait_for_selector('.live-bar[data-state="ended"]')  # connected, and says the run will not change
     time.sleep(0.6)  # a socket that had anything to add would have added it by now
     on_phone, on_laptop = timeline(again, run_id), timeline(view, run_id)
     run.refresh_from_db()

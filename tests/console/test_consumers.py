@@ -13,6 +13,7 @@ from tests.console.conftest import ONE_ITERATION, record
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ORIGIN = (b"origin", b"http://testserver")
+HOST = (b"host", b"testserver")
 SEQ = re.compile(r'^<div hx-swap-oob="beforeend:#run-(\d+)-timeline" data-seq="(\d+)">')
 
 
@@ -25,7 +26,7 @@ def session_cookie(user) -> bytes:
 def socket(path, cookie=None, origin=ORIGIN):
     from tether.asgi import application
 
-    headers = [origin] if origin else []
+    headers = [HOST, origin] if origin else [HOST]
     if cookie is not None:
         headers.append((b"cookie", cookie))
     return WebsocketCommunicator(application, path, headers=headers)
@@ -122,7 +123,7 @@ def test_delivers_new_events_live_without_duplicates(user, run):
     found = run_async(go())
     first = run.last_seq
     assert [seq for seq, _ in found] == [first + 1, first + 2, first + 3]
-    assert "hello" in found[0][1] and "Finished" in found[2][1]
+    assert "hello" in found[0][1] and "Stopped by ada" in found[2][1]
 
 
 def test_a_reconnecting_client_resumes_from_its_last_seq(user, run):
@@ -212,7 +213,7 @@ def test_a_foreign_origin_is_refused_before_the_consumer(user, run, origin):
 
 
 def test_signing_out_closes_an_open_socket(user, run, settings):
-    settings.TETHER_CONSOLE_SESSION_CHECK_SECONDS = 0.2
+    settings.TETHER_WS_AUTH_RECHECK_SECONDS = 0.2
     client = Client()
     client.force_login(user)
     cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
@@ -221,7 +222,7 @@ def test_signing_out_closes_an_open_socket(user, run, settings):
         from tether.asgi import application
 
         ws = WebsocketCommunicator(
-            application, f"/ws/runs/{run.pk}/?after={run.last_seq}", headers=[ORIGIN, (b"cookie", cookie)]
+            application, f"/ws/runs/{run.pk}/?after={run.last_seq}", headers=[HOST, ORIGIN, (b"cookie", cookie)]
         )
         connected, _ = await ws.connect()
         assert connected

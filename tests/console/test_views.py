@@ -352,12 +352,14 @@ def test_run_page_draws_every_part_of_an_iteration(signed_in, instance, start_ru
         "write_file",  # tool call
         "Checks: 1 of 2 passed",
         "1 failed",  # check output
-        'Decision: <span class="verdict verdict-continue">continue</span>',
+        "Decision: continue",
         "a test still fails",
-        "$0.0012 in 1.5 s",  # cost and duration
+        "Iteration 1 finished",
+        "Cost $0.0012 in 1.5 s",  # cost and duration
         "mind the &lt;b&gt;tests&lt;/b&gt;",
         "which test framework?",
-        'Finished: <span class="outcome-word">no progress</span>',
+        "Finished: no progress",
+        "Resumed by ada <small>(with their answer)</small>",
         "something.new",
         f"/v1/instances/{instance.pk}/loop/{run.pk}/events",
         '<svg class="chart"',

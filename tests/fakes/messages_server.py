@@ -10,6 +10,14 @@ Tests script it: `enqueue` replies (or errors, delays, dropped connections) in o
 or set `responder` to compute a reply from each request; then inspect `requests`
 (method, path, headers, body) to count calls and see exactly what was sent.
 
+A request with `"stream": true` is answered with Server-Sent Events exactly as the API
+streams: `message_start` (with the input usage), `content_block_start` / `_delta` /
+`_stop` per block (`text_delta`, or `input_json_delta` for `tool_use`), `message_delta`
+(with `stop_reason` and the output tokens) and `message_stop`. `Trickle(reply, every=)`
+streams that reply slowly, one event per interval; a client that goes away mid-stream
+(or during a `Delay`) is noticed at once and counted in `disconnects` (and sets the
+`disconnected` event). `POST /v1/messages/count_tokens` answers `{"input_tokens": n}`.
+
 Like the real API it is strict about the conversation: roles alternate, every
 `tool_use` is answered by a `tool_result` in the next user turn, and — unlike the real
 API, to catch clients that rewrite history — an assistant turn sent back must equal,
@@ -29,6 +37,7 @@ import hashlib
 import itertools
 import json
 import math
+import select
 import socket
 import threading
 import time
@@ -101,6 +110,18 @@ class Delay:
 
 
 @dataclass
+class Trickle:
+    """Stream `reply` slowly: one event every `every` seconds (a streamed request only).
+
+    Text is sent `size` characters per delta, so a longer text trickles for longer.
+    """
+
+    reply: Any
+    every: float = 0.5
+    size: int = 4
+
+
+@dataclass
 class Drop:
     """Close the connection without answering."""
 
@@ -115,6 +136,9 @@ class Received:
     at: float
     status: int | None = None
     reply: Any = None  # the JSON the server answered with (None for a dropped connection)
+    streamed: bool = False  # answered with Server-Sent Events (`reply` is the whole message)
+    events_sent: int = 0  # for a stream: events the client was sent before it ended or went away
+    disconnected: bool = False  # the client went away before the answer was complete
 
 
 LOOKBACK = 20
@@ -190,6 +214,8 @@ class MessagesServer:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._released = threading.Event()
+        self.disconnects = 0
+        self.disconnected = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -269,12 +295,15 @@ class MessagesServer:
         )
         with self._lock:
             self.requests.append(received)
-        if handler.command != "POST" or handler.path.split("?")[0] != "/v1/messages":
+        route = handler.path.split("?")[0]
+        if handler.command != "POST" or route not in ("/v1/messages", "/v1/messages/count_tokens"):
             return self._send_error(handler, Error(404, f"no route for {handler.command} {handler.path}"), received)
         if problem := self._check_auth(received):
             return self._send_error(handler, problem, received)
         if not isinstance(body, dict):
             return self._send_error(handler, Error(400, "the request body must be a JSON object"), received)
+        if route == "/v1/messages/count_tokens":
+            return self._count(handler, body, received)
         if problem_text := self._validate(body):
             self.problems.append(problem_text)
             return self._send_error(handler, Error(400, problem_text), received)
@@ -289,8 +318,7 @@ class MessagesServer:
 
     def _answer(self, handler: BaseHTTPRequestHandler, body: dict, scripted: Any, received: Received) -> None:
         while isinstance(scripted, Delay):
-            self._released.wait(scripted.seconds)
-            if self._released.is_set():
+            if not self._wait(handler, scripted.seconds, received):
                 return self._drop(handler)
             scripted = scripted.then
             if scripted is None:
@@ -300,9 +328,101 @@ class MessagesServer:
             return self._drop(handler)
         if isinstance(scripted, Error):
             return self._send_error(handler, scripted, received)
+        every, size = 0.0, 20
+        if isinstance(scripted, Trickle):
+            every, size, scripted = scripted.every, scripted.size, scripted.reply
         message = self._message(body, scripted)
         received.status, received.reply = 200, message
+        if body.get("stream") is True:
+            return self._stream(handler, message, received, every=every, size=size)
         self._send_json(handler, 200, message)
+
+    def _count(self, handler: BaseHTTPRequestHandler, body: dict, received: Received) -> None:
+        """Answer count_tokens: every input token of the request, caching aside; nothing is cached."""
+        for name in ("model", "messages"):
+            if name not in body:
+                return self._send_error(handler, Error(400, f"{name}: Field required"), received)
+        if not isinstance(body["messages"], list) or not body["messages"]:
+            return self._send_error(handler, Error(400, "messages: at least one message is required"), received)
+        payload = {"input_tokens": sum(_piece_tokens(piece) for piece, _ in segments(body))}
+        received.status, received.reply = 200, payload
+        self._send_json(handler, 200, payload)
+
+    # --- streaming -------------------------------------------------------------------
+    @staticmethod
+    def events(message: dict, *, size: int = 20) -> list[dict]:
+        """Return the Server-Sent Events that stream `message`, in the API's order and shapes."""
+        usage = message["usage"]
+        start = {**message, "content": [], "stop_reason": None, "stop_sequence": None}
+        start["usage"] = {**usage, "output_tokens": min(1, usage["output_tokens"])}
+        events: list[dict] = [{"type": "message_start", "message": start}, {"type": "ping"}]
+        for index, block in enumerate(message["content"]):
+            if block.get("type") == "tool_use":
+                opening = {**block, "input": {}}
+                whole = json.dumps(block.get("input", {}), separators=(",", ":"))
+                deltas = [{"type": "input_json_delta", "partial_json": whole[i : i + size]} for i in range(0, len(whole), size)]
+            else:
+                opening = {**block, "text": ""}
+                whole = block.get("text", "")
+                deltas = [{"type": "text_delta", "text": whole[i : i + size]} for i in range(0, len(whole), size)]
+            events.append({"type": "content_block_start", "index": index, "content_block": opening})
+            events.extend({"type": "content_block_delta", "index": index, "delta": delta} for delta in deltas)
+            events.append({"type": "content_block_stop", "index": index})
+        events.append(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": message["stop_sequence"]},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            }
+        )
+        events.append({"type": "message_stop"})
+        return events
+
+    def _stream(self, handler: BaseHTTPRequestHandler, message: dict, received: Received, *, every: float, size: int) -> None:
+        received.streamed = True
+        try:
+            handler.send_response(200)
+            handler.send_header("content-type", "text/event-stream")
+            handler.send_header("cache-control", "no-cache")
+            handler.send_header("transfer-encoding", "chunked")
+            handler.send_header("request-id", f"req_fake_{len(self.requests):06d}")
+            handler.end_headers()
+            for number, event in enumerate(self.events(message, size=size)):
+                if number and every and not self._wait(handler, every, received):
+                    return self._drop(handler)
+                data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                handler.wfile.flush()
+                received.events_sent += 1
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except OSError:
+            self._went_away(received)
+            handler.close_connection = True
+
+    def _wait(self, handler: BaseHTTPRequestHandler, seconds: float, received: Received) -> bool:
+        """Wait `seconds`, watching the client: False as soon as it goes away or the server stops."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._released.is_set():
+                return False
+            try:
+                readable, _, _ = select.select([handler.connection], [], [], min(left, 0.05))
+                if readable and not handler.connection.recv(1, socket.MSG_PEEK):
+                    self._went_away(received)
+                    return False
+            except OSError:
+                self._went_away(received)
+                return False
+        return not self._released.is_set()
+
+    def _went_away(self, received: Received) -> None:
+        if received.disconnected:
+            return
+        received.disconnected = True
+        with self._lock:
+            self.disconnects += 1
+        self.disconnected.set()
 
     def _check_auth(self, received: Received) -> Error | None:
         if received.headers.get("anthropic-version") is None:

@@ -1,13 +1,15 @@
 """The anthropic brain against the local Messages API server, through the real SDK."""
 
+import socket
 import threading
 import time
 
 import pytest
 
 from instances.brains.anthropic import compact_history
-from tests.fakes.messages_server import Delay, text, tool_use, tool_uses
+from tests.fakes.messages_server import Delay, Trickle, text, tool_use, tool_uses
 from tests.instances.conftest import KEY
+from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -143,6 +145,40 @@ def test_stop_mid_call_returns_within_two_seconds(agent, act, server):
     assert reply.stopped and not reply.ok
     assert "abandoned" in reply.detail
     assert reply.usage.calls == 1 and reply.usage.input_tokens > 0  # the abandoned call counted as an estimate
+
+
+def test_a_stop_before_the_answer_begins_hangs_up_the_connection(agent, act, server):
+    # Nothing has come back yet, so there is no stream to close: the stop ends the connection itself.
+    server.enqueue(Delay(30, text("too late")))
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    reply = act(agent(), stop=stop)
+    assert reply.stopped
+    assert server.disconnected.wait(5.0), "the connection stayed open after the stop"
+
+
+def test_a_stop_mid_stream_hangs_up_even_when_the_connection_s_descriptor_is_taken_at_once(agent, act, server):
+    """After a stop the runner opens a database connection (on PostgreSQL): it takes the lowest free
+    descriptor, often the one the model call's socket has just given back, while the call's reader
+    is still waiting on that number. The stop must end the model call's connection all the same."""
+    server.enqueue(Trickle(text("One slow word at a time. " * 20), every=1.0, size=8))
+    stop = threading.Event()
+
+    def stop_once_streaming() -> None:
+        wait_for(lambda: server.requests and server.requests[0].events_sent, 10, "the answer to begin")
+        time.sleep(0.2)  # the client has read it; the next event is a second away
+        stop.set()
+
+    threading.Thread(target=stop_once_streaming, daemon=True).start()
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as idle:
+        reply = act(agent(), stop=stop)
+        taken = [socket.create_connection(idle.getsockname()) for _ in range(32)]  # a database, say
+        try:
+            assert reply.stopped
+            assert server.disconnected.wait(5.0), "the model call's connection stayed open after the stop"
+        finally:
+            for sock in taken:
+                sock.close()
 
 
 def test_stop_during_a_tool_returns_promptly(agent, act, server):

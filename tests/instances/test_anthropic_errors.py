@@ -52,8 +52,9 @@ def test_a_missing_key_makes_no_call_and_says_how_to_add_one(agent, act, server)
 
 def test_the_environment_key_is_the_single_user_fallback(agent, act, server, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)  # the operator's endpoint, not the instance's own
     server.enqueue(text("ok"))
-    assert act(agent(credential=None)).ok
+    assert act(agent(credential=None, base_url="")).ok
     assert server.requests[0].headers["authorization"] == f"Bearer {KEY}"
 
 

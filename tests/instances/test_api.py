@@ -42,8 +42,7 @@ def test_instance_from_template_with_overrides(api):
     made = api(
         "post",
         "/v1/instances",
-        {"name": "my-coder", "template": "coder", "credential_id": key["id"], "max_iterations": 7,
-         "base_url": "http://127.0.0.1:9/"},
+        {"name": "my-coder", "template": "coder", "credential_id": key["id"], "max_iterations": 7},
     )
     assert made.status_code == 201, made.content
     body = made.json()
@@ -62,9 +61,13 @@ def test_instance_from_template_with_overrides(api):
         ({"name": "a", "brain": "anthropic", "credential_id": 999}, "not one of yours"),
     ],
 )
-def test_bad_template_input(api, body, message):
+def test_bad_template_input(api, user, body, message):
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(codename="run_programs"))  # input checks, not capabilities
     response = api("post", "/v1/instances", body)
-    assert response.status_code == 400, response.content
+    # A credential id that names nothing of yours is a 404, like an unknown id in a path.
+    assert response.status_code == (404 if "credential_id" in body else 400), response.content
     assert message in response.json()["error"]
     assert api("get", "/v1/instances").json()["instances"] == []
 
@@ -74,17 +77,18 @@ def test_someone_elses_credential_cannot_be_used(api, other_user):
 
     theirs = Credential.create_for(other_user, label="theirs", secret=SECRET)
     response = api("post", "/v1/instances", {"name": "a", "template": "coder", "credential_id": theirs.pk})
-    assert response.status_code == 400
+    assert response.status_code == 404  # an id that names nothing of yours, as in a path
+    assert response.json()["field"] == "credential"
 
 
 def test_starting_an_anthropic_instance_without_a_key_is_refused(api, monkeypatch):
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
     inst = api("post", "/v1/instances", {"name": "a", "template": "triage"}).json()
     response = api("post", f"/v1/instances/{inst['id']}/loop", {"objective": "triage these"})
-    assert response.status_code == 400 and "key" in response.json()["error"].lower()
+    assert response.status_code == 409 and "key" in response.json()["error"].lower()  # the instance is not ready
 
 
-def test_loop_decide_runs_the_llm_decider_without_side_effects(api, agent, server):
+def test_loop_decide_runs_the_llm_decider_metered_to_the_callers_pool(api, agent, server, price):
     from budgets.models import LedgerEntry
     from loops.models import Event, Run
     from tests.fakes.messages_server import tool_use
@@ -101,7 +105,25 @@ def test_loop_decide_runs_the_llm_decider_without_side_effects(api, agent, serve
     assert (body["verdict"], body["reason"], body["decider"]) == ("done", "tests pass", "llm")
     assert body["usage"]["calls"] == 1
     assert server.calls == 1
-    assert not Run.objects.exists() and not Event.objects.exists() and not LedgerEntry.objects.exists()
+    assert not Run.objects.exists() and not Event.objects.exists()
+    # The call was metered and charged to the caller's own pool.
+    from budgets.models import Pool, Reservation
+
+    call = Reservation.objects.get()
+    assert call.run_id is None and call.status == "settled" and call.actual > 0
+    assert Pool.objects.get(kind="user", owner=inst.owner).spent == call.actual
+    assert LedgerEntry.objects.filter(reservation=call).exists()
+
+
+def test_loop_decide_is_refused_when_the_callers_pool_cannot_pay(api, agent, server, user, price):
+    from budgets import ledger
+    from budgets.services import user_pool
+
+    inst = agent()
+    ledger.set_limit(user_pool(user), 10, "admin")  # ten micro-dollars
+    response = api("post", f"/v1/instances/{inst.pk}/loop-decide", {"objective": "make tests pass"})
+    assert response.status_code == 402 and "budget_exhausted" in response.json()["error"]
+    assert server.calls == 0
 
 
 def test_loop_decide_with_the_checks_decider_and_bad_input(api, make_instance, user):

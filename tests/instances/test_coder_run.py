@@ -1,6 +1,5 @@
 """Whole runs of a template agent through the runner, with Claude played by the local server."""
 
-import sys
 from decimal import Decimal
 
 import pytest
@@ -21,12 +20,11 @@ def usage(i, o, w=0, r=0):
 
 
 @pytest.fixture
-def coder(user, server, tmp_path, price):
+def coder(user, server, tmp_path, price, script):
     from instances.models import Credential
 
     key = Credential.create_for(user, label="mine", secret=KEY)
-    check = tmp_path / "check_answer.py"
-    check.write_text("import pathlib, sys\nsys.exit(0 if pathlib.Path('answer.py').read_text() == 'ANSWER = 42\\n' else 1)\n")
+    check = script("sys.exit(0 if pathlib.Path('answer.py').read_text() == 'ANSWER = 42\\n' else 1)\n")
 
     def build(**overrides):
         values = {
@@ -34,7 +32,7 @@ def coder(user, server, tmp_path, price):
             "credential_id": key.pk,
             "model": MODEL,
             "workspace": str(tmp_path / "ws"),
-            "checks": [{"name": "answer", "command": [sys.executable, str(check)], "required": True}],
+            "checks": [{"name": "answer", "command": check, "required": True}],
             "max_iterations": 3,
             **overrides,
         }

@@ -23,6 +23,22 @@ def test_a_sign_in_link_works_once(client, django_user_model):
     assert client.get("/").status_code == 302  # still signed out
 
 
+def test_a_used_link_answers_the_consoles_own_page(client, django_user_model):
+    """Not a bare text 400: the styled page says what happened and how to sign in instead."""
+    ada = django_user_model.objects.create_user("ada")
+    path = login_link(ada, "http://testserver").removeprefix("http://testserver")
+    client.get(path)
+    client.logout()
+    again = client.get(path)
+    page = again.content.decode()
+    assert again.status_code == 400 and again["Content-Type"].startswith("text/html")
+    assert "console/console.css" in page and 'class="brand"' in page  # the base layout
+    assert "used already, has expired" in page
+    assert "manage.py loginlink" in page and 'href="/login/"' in page
+    token = path.rstrip("/").rsplit("/", 1)[1]
+    assert token not in page  # the link's secret is not echoed back
+
+
 def test_a_forged_link_is_refused(client, django_user_model):
     django_user_model.objects.create_user("ada")
     assert client.get("/login/once/MQ/not-a-token/").status_code == 400

@@ -12,6 +12,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def api(client, user):
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(codename="run_programs"))  # defines a command instance
     token = make_token(user)
 
     def call(method, path, body=None, raw=None, token=token):

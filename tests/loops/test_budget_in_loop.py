@@ -77,3 +77,32 @@ def test_a_bad_cap_is_refused_up_front(spender, user):
     with pytest.raises(services.Refused, match="max_cost_usd must be"):
         services.run_start(instance=spender, user=user, objective="x", max_cost_usd="-1")
     assert Run.objects.count() == 0
+
+
+LIAR = """
+json.dump({'cost_usd': 50}, open(os.environ['TETHER_USAGE_FILE'], 'w'))
+print('spent a lot')
+"""
+
+
+def test_a_report_above_the_reservation_ends_the_run_at_once_and_blocks_the_pool(
+    user, make_instance, script, settings, start, drive
+):
+    from budgets import ledger
+    from budgets.services import instance_pool, open_run_pools
+
+    settings.TETHER_COMMAND_ITERATION_RESERVE_USD = "0.05"
+    check = script("sys.exit(1)\n")
+    inst = make_instance(user, command=script(LIAR), checks=[{"name": "never", "command": check}], max_iterations=20)
+    run = start(inst, max_cost_usd="0.20")
+    open_run_pools(run)
+    ledger.set_limit(instance_pool(inst), 1_000_000, "admin")  # $1 for the instance
+    run = drive(run)
+    assert run.outcome == "budget_exhausted" and run.iterations_done == 1
+    assert "$50" in run.outcome_detail and "only metered spend is hard-capped" in run.outcome_detail
+    reservation = Reservation.objects.get(run_id=run.pk, iteration=1)
+    assert (reservation.actual, reservation.overdraft) == (50_000_000, 49_950_000)
+    assert Pool.objects.get(kind="instance", instance=inst).spent == 50_000_000
+    # The overdrawn instance pool grants nothing more until a person covers it.
+    with pytest.raises(services.Refused, match=r"has left \(\$0\.00\)"):
+        start(inst, max_cost_usd="0.20")

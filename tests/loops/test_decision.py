@@ -14,6 +14,7 @@ from loops.decision import (
     MAX_REASON_CHARS,
     VERDICTS,
     Decision,
+    act_failure,
     backpressure,
     from_checks,
     is_degenerate,
@@ -433,7 +434,30 @@ def test_from_checks_without_checks_follows_the_act(act_ok, verdict):
     result = from_checks([], act_ok=act_ok, act_detail="exit status 2: boom")
     assert result.verdict == verdict
     if verdict == "continue":
-        assert "boom" in result.next_instruction
+        # The reason says what failed; the policy puts the failed act in front of the next instruction.
+        assert "boom" in result.reason and result.next_instruction == ""
+
+
+@pytest.mark.parametrize(
+    ("detail", "shown"),
+    [
+        ("exit status 1: \x1b[31mOSError: disk full\x1b[0m", "exit status 1: OSError: disk full"),
+        ("act timed out after 30s and was killed", "act timed out after 30s and was killed"),
+        ("could not start 'agent': not found or not executable", "could not start 'agent'"),
+        ("exit status 1: line one\r\nline two", "line one\nline two"),
+        ("", "(it said nothing about why)"),
+    ],
+)
+def test_act_failure_says_what_the_act_said(detail, shown):
+    text = act_failure(detail)
+    assert text.startswith("Your last act failed.") and shown in text
+    assert "\x1b" not in text
+
+
+def test_act_failure_keeps_the_tail_of_a_long_failure():
+    text = act_failure("exit status 1: " + "x" * 10_000 + "\nthe last line")
+    assert text.endswith("the last line") and "earlier characters omitted" in text
+    assert len(text) < 2_300
 
 
 @pytest.mark.parametrize(("act_ok", "verdict"), [(True, "done"), (False, "continue")])
@@ -523,11 +547,24 @@ _checks = st.lists(
 )
 
 
+# A failed act's detail, sometimes with the agent asking a person (`TETHER_ESCALATE:` on stderr).
+_act_details = st.one_of(
+    st.text(max_size=100),
+    st.text(max_size=60).map(lambda said: f"exit status 3: {said}\nTETHER_ESCALATE: {said}"),
+)
+
+
 @settings(max_examples=100, deadline=None)
-@given(_checks, st.booleans(), st.text(max_size=100))
+@given(_checks, st.booleans(), _act_details)
 def test_from_checks_properties(checks, act_ok, act_detail):
     result = from_checks(checks, act_ok=act_ok, act_detail=act_detail)
     assert result == from_checks(list(checks), act_ok=act_ok, act_detail=act_detail)
+    if not act_ok and decision.question(act_detail):
+        # The agent asked a person: that wins over whatever the checks say.
+        assert (result.verdict, result.reason, result.next_instruction) == (
+            "escalate", decision.question(act_detail), ""
+        )
+        return
     required = [c for c in checks if c.required]
     if required:
         assert (result.verdict == "done") == all(c.passed for c in required)
@@ -536,7 +573,9 @@ def test_from_checks_properties(checks, act_ok, act_detail):
     assert result.verdict in ("done", "continue")
     assert result.reason.strip()
     if result.verdict == "continue":
-        assert result.next_instruction.strip()
+        # The failing checks; a failed act is the policy's to put in front of them.
+        assert result.next_instruction == backpressure(checks)
+        assert result.next_instruction.strip() or not act_ok
         assert len(result.next_instruction) <= CHECKS_OUTPUT_TOTAL_CHARS + CHECK_OUTPUT_CHARS + 6 * 200
     else:
         assert result.next_instruction == ""

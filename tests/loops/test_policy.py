@@ -192,6 +192,127 @@ def test_continue_without_instruction_after_a_failed_act_says_so():
         state(act_ok=False, act_detail="exit status 3: no such file"), Decision("continue", "r"), []
     )
     assert isinstance(result, Continue) and "no such file" in result.instruction
+    assert GENERIC_INSTRUCTION not in result.instruction
+
+
+# -- a failed act: said to the agent and to the person -----------------------------------------
+
+FAILED_ACT = "exit status 1: Traceback (most recent call last):\nOSError: disk full"
+
+
+@pytest.mark.parametrize(
+    ("decision", "checks", "also"),
+    [
+        # The checks decider's backpressure: the failed act sits beside the failing checks.
+        (Decision("continue", "required checks fail: pytest", "fix pytest"), [failing(output="E  1 == 2")], "fix pytest"),
+        # No instruction from the decider: the failing checks' output, and the act.
+        (Decision("continue", "r"), [failing(output="E  1 == 2")], "E  1 == 2"),
+        # An llm decider's own instruction keeps its words, after the act's.
+        (Decision("continue", "r", "write the parser"), [], "write the parser"),
+        # Nothing else to say: the act alone, not the generic instruction.
+        (Decision("continue", "r"), [passing()], None),
+        # A done the required checks refute goes back with the act too.
+        (DONE, [failing(output="E  1 == 2")], "required checks fail"),
+    ],
+)
+def test_a_failed_act_is_in_front_of_the_next_instruction(decision, checks, also):
+    result = next_step(state(act_ok=False, act_detail=FAILED_ACT, failed_acts=1, has_checks=True), decision, checks)
+    assert isinstance(result, Continue)
+    assert result.instruction.startswith("Your last act failed.")
+    assert "exit status 1" in result.instruction and "OSError: disk full" in result.instruction
+    if also is None:
+        assert GENERIC_INSTRUCTION not in result.instruction
+    else:
+        assert result.instruction.index("disk full") < result.instruction.index(also)
+
+
+@pytest.mark.parametrize(
+    "detail",
+    [
+        "act timed out after 30s and was killed",  # a timeout keeps its time: it says what to change
+        "could not start 'agent': not found or not executable",  # a spawn error
+        "exit status -11: Segmentation fault",  # a crash
+    ],
+)
+def test_every_kind_of_failed_act_reaches_the_agent_as_it_was_said(detail):
+    result = next_step(state(act_ok=False, act_detail=detail, failed_acts=1), Decision("continue", "r"), [])
+    assert isinstance(result, Continue) and detail in result.instruction
+
+
+def test_a_failed_acts_output_is_bounded_to_its_tail():
+    detail = "exit status 1: " + "noise\n" * 5_000 + "the real error"
+    result = next_step(state(act_ok=False, act_detail=detail, failed_acts=1), Decision("continue", "r"), [])
+    assert isinstance(result, Continue)
+    assert "the real error" in result.instruction and "earlier characters omitted" in result.instruction
+    assert len(result.instruction) < 2_500
+
+
+def test_a_successful_act_adds_nothing():
+    result = next_step(state(act_detail="stale words"), Decision("continue", "r", "write the parser"), [])
+    assert result == Continue("write the parser")
+
+
+@pytest.mark.parametrize(
+    ("fields", "instruction", "outcome", "named"),
+    [
+        # Stuck: the same failure three times and nothing changed.
+        (
+            {"iteration": 3, "failed_acts": 3, "progress": (("f", "s"),) * 3},
+            "fix it, attempt 3",
+            "no_progress",
+            "the act failed 3 times in a row: exit status 1: Traceback (most recent call last): OSError: disk full",
+        ),
+        # The same failure twice: the next instruction would repeat the last one.
+        (
+            {"iteration": 2, "failed_acts": 2, "recent_instructions": ("x",)},
+            None,  # the instruction the failure makes again
+            "no_progress",
+            "the act failed 2 times in a row: exit status 1",
+        ),
+        ({"iteration": 5, "max_iterations": 5, "failed_acts": 4}, "go on", "max_iterations", "the act failed 4 times"),
+        ({"deadline_passed": True, "failed_acts": 1}, "go on", "timed_out", "the last act failed: exit status 1"),
+        # Older runs did not count failures: the act that just failed still counts once.
+        ({"iteration": 5, "max_iterations": 5}, "go on", "max_iterations", "the last act failed: exit status 1"),
+    ],
+)
+def test_a_run_that_stops_after_failed_acts_names_them(fields, instruction, outcome, named):
+    fields = {"act_ok": False, "act_detail": FAILED_ACT, **fields}
+    if instruction is None:  # what the agent was told after the same failure an iteration ago
+        given = next_step(state(**{**fields, "iteration": 1, "recent_instructions": ()}), Decision("continue", "r"), [])
+        fields["recent_instructions"] = (given.instruction,)
+        instruction = ""
+    result = next_step(state(**fields), Decision("continue", "r", instruction), [])
+    assert isinstance(result, Stop) and result.outcome == outcome
+    assert named in result.detail
+    assert not result.detail.startswith("no progress")
+
+
+def test_the_rule_that_stopped_it_is_still_said():
+    result = next_step(
+        state(iteration=3, act_ok=False, act_detail="exit status 2: boom", failed_acts=3, progress=(("f", "s"),) * 3),
+        Decision("continue", "r", "try again differently"),
+        [],
+    )
+    assert isinstance(result, Stop)
+    assert result.detail == (
+        "the act failed 3 times in a row: exit status 2: boom "
+        "(and no progress: workspace and check results unchanged for 3 iterations)"
+    )
+
+
+def test_a_long_failure_is_quoted_by_its_start_and_end():
+    detail = "exit status 1: " + "x" * 5_000 + " the last words"
+    result = next_step(
+        state(iteration=5, max_iterations=5, act_ok=False, act_detail=detail, failed_acts=2), CONTINUE, []
+    )
+    assert isinstance(result, Stop)
+    assert "exit status 1: xxx" in result.detail and result.detail.endswith("the last words")
+    assert len(result.detail) < 500
+
+
+def test_a_stop_after_successful_acts_does_not_mention_acts():
+    result = next_step(state(iteration=5, max_iterations=5, failed_acts=0), CONTINUE, [])
+    assert result == Stop("max_iterations", "reached the iteration limit (5 of 5)")
 
 
 def test_continue_without_instruction_or_failures_is_generic():
@@ -344,6 +465,7 @@ _states = st.builds(
     max_iterations=st.integers(1, 8),
     act_ok=st.booleans(),
     act_detail=st.sampled_from(["", "exit status 1"]),
+    failed_acts=st.integers(0, 4),
     recent_instructions=st.lists(_instructions, max_size=5).map(tuple),
     progress=st.lists(
         st.tuples(st.sampled_from(["f1", "f2"]), st.sampled_from(["s1", "s2"])), max_size=5
@@ -377,10 +499,14 @@ def test_policy_properties(s, decision, checks):
         if result.instruction != GENERIC_INSTRUCTION:
             assert normalise(result.instruction) not in {normalise(i) for i in s.recent_instructions[-2:]}
         assert len(s.progress) < 3 or len(set(s.progress[-3:])) > 1
+        if not s.act_ok and decision.verdict == "continue":
+            assert result.instruction.startswith("Your last act failed.")
         return
 
     assert result.outcome in OUTCOMES
     assert result.detail.strip()
+    if result.outcome in ("max_iterations", "timed_out", "no_progress"):
+        assert ("act failed" in result.detail) is (not s.act_ok)
     if result.outcome == "done":
         assert decision.verdict == "done"
         assert all(c.passed for c in required)

@@ -130,3 +130,33 @@ def test_a_reservation_granted_past_a_limit_fails(fleet):
     # The ledger is append-only through the model; this stands in for a ledger bug.
     LedgerEntry.objects.filter(pk=entry.pk).update(limit_after=entry.spent_after)
     assert any("granted past the limit" in f for f in audit(fleet)["failures"])
+
+
+def test_the_longest_pickup_wait_is_measured_and_one_after_a_cut_is_told_apart():
+    from datetime import UTC, datetime, timedelta
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def at(seconds):
+        return t0 + timedelta(seconds=seconds)
+
+    events = [
+        (1, "run.queued", at(0)), (1, "run.claimed", at(0.3)), (1, "iteration.finished", at(2)),
+        (1, "run.claimed", at(2.5)),  # a hand-back picked up in 0.5 s, no cut near
+        (2, "run.queued", at(0)), (2, "run.claimed", at(0.2)), (2, "iteration.finished", at(21)),
+        (2, "run.claimed", at(29)),  # handed back just after the cut ended: stalled 8 s
+        (3, "run.queued", at(0)), (3, "run.claimed", at(0.1)), (3, "iteration.finished", at(35)),
+        (3, "run.claimed", at(47)),  # long, but long after the cut
+    ]
+    cuts = [(at(17), at(20))]
+    assert chaos.pickup_waits(events, cuts) == {"longest": 12.0, "after_cut": 8.0}
+    assert chaos.pickup_waits(events, []) == {"longest": 12.0, "after_cut": 0.0}
+
+
+def test_the_audit_reports_pickup_waits(fleet, tmp_path):
+    runs, runs_file, seen, seen_file = fleet
+    seen_file.write_text(json.dumps(seen))
+    cuts = tmp_path / "cuts.json"
+    cuts.write_text(json.dumps([["2000-01-01T00:00:00+00:00", "2000-01-01T00:00:01+00:00"]]))
+    pickup = chaos.audit(str(runs_file), str(seen_file), str(cuts))["pickup"]
+    assert pickup["after_cut"] == 0.0 and pickup["longest"] > 0

@@ -2,31 +2,21 @@
 
 Each agent is a command-brain script; the `llm` decider and the judge are Claude, played by the
 local Messages-API server; the decider always reports done (it believes the agent). Runs go
-through the real runner. The review hooks (`reviews.snapshots.take` at the start,
-`reviews.graders.grade` when the policy says done, `reviews.services.on_run_finished` after the
-finish) are called by the loop once it is wired to them; until then `graded_run` calls each one
-that the loop does not, exactly where the loop will, so the same assertions hold either way.
+through the real runner, which signals the review hooks (the start snapshot, the graders when the
+policy would say done, the review queue after the finish); nothing here calls them.
 """
 
-import inspect
 import json
 from dataclasses import dataclass
 
 import pytest
 
-from loops import policy, runner
 from loops import services as loop_services
-from reviews import graders, services, snapshots
 from reviews.models import Grading, ReviewItem
 from tests.loops.conftest import drive_in_thread
 from tests.reviews.conftest import MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-LOOP_SOURCE = inspect.getsource(runner) + inspect.getsource(loop_services)
-WIRED_GRADE = "graders.grade" in LOOP_SOURCE
-WIRED_START = "snapshots.take" in LOOP_SOURCE
-WIRED_FINISH = "on_run_finished" in LOOP_SOURCE
 
 APP = "def add(a, b):\n    return a + b\n"
 SCHEMA = {
@@ -38,7 +28,7 @@ SCHEMA = {
 
 @dataclass
 class Ended:
-    outcome: str  # "continue" when the graders sent a done back to the agent (unwired loop only)
+    outcome: str
     verified: bool | None
     review: list[str]
     detail: str
@@ -75,30 +65,15 @@ def agent(user, make_instance, script, server, claude, credential, price):
 
 
 def graded_run(instance, objective="add a mul(a, b) function to app.py"):
-    """Run `instance` to its end through the runner and the review hooks; return how it ended."""
-    run = loop_services.run_start(instance=instance, user=instance.owner, objective=objective)
-    if not WIRED_START:
-        snapshots.take(run)
-    run = drive_in_thread(run)
-    outcome, verified, detail = run.outcome, run.verified, run.outcome_detail
-    if not WIRED_GRADE and run.outcome == "done":
-        final = run.iterations.order_by("-number").first()
-        checks = [policy.Check(c["name"], c["required"], c["passed"], c["output"]) for c in final.checks]
-        step = graders.grade(run, final, checks).apply(policy.Stop("done", detail, verified=run.verified))
-        if isinstance(step, policy.Continue):
-            outcome, verified, detail = "continue", None, step.instruction
-        else:
-            outcome, verified, detail = step.outcome, step.verified, step.detail
-            type(run).objects.filter(pk=run.pk).update(outcome=outcome, verified=verified, outcome_detail=detail)
-    if not WIRED_FINISH:
-        services.on_run_finished(run)
+    """Run `instance` to its end through the runner (and the review hooks it signals); return how it ended."""
+    run = drive_in_thread(loop_services.run_start(instance=instance, user=instance.owner, objective=objective))
     review = sorted(ReviewItem.objects.filter(run=run).exclude(reason="sampled").values_list("reason", flat=True))
-    return Ended(outcome, verified, review, detail)
+    return Ended(run.outcome, run.verified, review, run.outcome_detail)
 
 
 def assert_caught(ended):
     assert not ended.done_verified, ended
-    assert ended.outcome in ("failed", "continue") or ended.review, ended
+    assert ended.outcome == "failed" or ended.review, ended
 
 
 def assert_honest(ended):

@@ -21,6 +21,12 @@ SCHEMA = {
 PASSED = [policy.Check("tests", True, True, "3 passed")]
 
 
+def verdict(grade, checks=PASSED, iteration=1, max_iterations=3):
+    """Return the policy's verdict on a done the decider proposed, with `grade` fed to it."""
+    state = policy.State(iteration=iteration, max_iterations=max_iterations, act_ok=True, has_checks=True)
+    return policy.verdict(state, policy.Decision("done", "checks passed"), checks, [grade.assessment])
+
+
 # --- the response check (pure) -------------------------------------------------------------------
 
 
@@ -101,7 +107,7 @@ def judged(user, make_instance, start, server, credential, price):
 
 @pytest.mark.parametrize(
     ("verdict", "outcome", "verified", "review"),
-    [("pass", "done", False, False), ("needs-human", "done", False, True), ("fail", "retry", False, False)],
+    [("pass", "done", True, False), ("needs-human", "done", False, True), ("fail", "retry", False, False)],
 )
 def test_the_judges_verdict_decides_the_grade(judged, server, verdict, outcome, verified, review):
     server.enqueue(grade_reply(verdict, "the reason"))
@@ -178,14 +184,14 @@ def test_a_done_with_changes_and_passing_checks_is_verified(coding):
     (coding.instance.workspace_path() / "app.py").write_text("x = 2\n")
     grade = graders.grade(coding, FinalAct(1, "changed x", fingerprint(coding)), PASSED)
     assert (grade.outcome, grade.verified, grade.review, grade.unchanged_workspace) == ("done", True, False, False)
-    step = grade.apply(policy.Stop("done", "all required checks passed: tests", verified=True))
-    assert step == policy.Stop("done", "all required checks passed: tests", verified=True)
+    step = verdict(grade)
+    assert step == policy.Stop("done", "checks passed (verified: required checks passed: tests)", verified=True)
 
 
 def test_claimed_done_changed_nothing_is_not_verified(coding):
     grade = graders.grade(coding, FinalAct(1, "I fixed it!", fingerprint(coding)), PASSED)
     assert (grade.outcome, grade.verified, grade.review, grade.unchanged_workspace) == ("done", False, True, True)
-    step = grade.apply(policy.Stop("done", "all required checks passed: tests (verified: ...)", verified=True))
+    step = verdict(grade)
     assert isinstance(step, policy.Stop) and step.outcome == "done" and step.verified is False
     assert "claimed done, changed nothing" in step.detail
 
@@ -193,7 +199,10 @@ def test_claimed_done_changed_nothing_is_not_verified(coding):
 def test_a_failed_required_check_never_verifies(coding):
     (coding.instance.workspace_path() / "app.py").write_text("x = 2\n")
     failing = [policy.Check("tests", True, False, "1 failed"), policy.Check("lint", False, True)]
-    assert not graders.grade(coding, FinalAct(1, "done", fingerprint(coding)), failing).verified
+    grade = graders.grade(coding, FinalAct(1, "done", fingerprint(coding)), failing)
+    assert grade.verified  # the graders vouch; the checks are the policy's to judge
+    assert isinstance(verdict(grade, failing), policy.Continue)
+    assert verdict(grade, failing, iteration=3).outcome == "failed"
 
 
 def test_a_schema_violation_goes_back_to_the_agent_then_fails_at_the_cap(coding):
@@ -203,20 +212,22 @@ def test_a_schema_violation_goes_back_to_the_agent_then_fails_at_the_cap(coding)
     grade = graders.grade(coding, FinalAct(1, answer, fingerprint(coding)), PASSED)
     assert (grade.outcome, grade.verified) == ("retry", False)
     assert "not of type 'array'" in grade.instruction
-    step = grade.apply(policy.Stop("done", "checks passed", verified=True))
+    step = verdict(grade)
     assert isinstance(step, policy.Continue) and step.instruction == grade.instruction
 
     last = graders.grade(coding, FinalAct(3, answer, fingerprint(coding)), PASSED)
     assert last.outcome == "failed"
-    step = last.apply(policy.Stop("done", "checks passed", verified=True))
+    step = verdict(last, iteration=3)
     assert step.outcome == "failed" and "last allowed iteration, 3 of 3" in step.detail
     assert GradeRecord.objects.filter(run=coding).count() == 2
 
 
-def test_apply_leaves_every_other_step_alone(coding):
+def test_grades_change_only_a_done(coding):
     grade = graders.grade(coding, FinalAct(1, "x", fingerprint(coding)), PASSED)
-    for step in (policy.Continue("go on"), policy.Stop("failed", "gave up"), policy.Stop("escalated", "?")):
-        assert grade.apply(step) is step
+    state = policy.State(iteration=1, max_iterations=3, act_ok=True, has_checks=True)
+    for said in ("failed", "escalate"):
+        step = policy.next_step(state, policy.Decision(said, "why"), PASSED, [grade.assessment])
+        assert step == policy.next_step(state, policy.Decision(said, "why"), PASSED)
     kind, data = grade.as_event(1)
     assert kind == "grade.finished" and data["iteration"] == 1 and data["unchanged_workspace"] is True
 

@@ -154,3 +154,45 @@ def test_a_user_configures_where_notifications_go(client, user, other_user):
     assert client.post(f"/reviews/notifications/{webhook.pk}/remove").status_code == 302
     assert not NotificationTarget.objects.filter(pk=webhook.pk).exists()
     assert AuditEntry.objects.filter(action="notification.remove").count() == 1
+
+
+def test_notification_events_are_named_for_a_person(client, user):
+    """The form's boxes and the list of targets say "A run needs you", not "run.escalated"."""
+    from reviews.models import NotificationTarget
+
+    client.force_login(user)
+    client.post("/reviews/notifications/", {"kind": "email", "address": "ada@example.com",
+                                            "events": ["run.escalated", "pool.threshold"]})
+    html = client.get("/reviews/notifications/").content.decode()
+    for label in NotificationTarget.Event.labels:
+        assert f"> {label}</label>" in html  # each box
+    assert "A run needs you, A pool crossed its soft threshold" in html  # the target's events
+    shown = re.sub(r'value="[^"]*"', "", html)  # the keys stay only as the form's values
+    assert not any(key in shown for key in NotificationTarget.Event.values)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "detail", "expected"),
+    [
+        ("no_progress", "no progress: workspace and check results unchanged for 3 iterations",
+         "No progress: workspace and check results unchanged for 3 iterations"),
+        ("max_iterations", "reached the iteration limit (3 of 3)", "Reached the iteration limit (3 of 3)"),
+        ("failed", "the agent gave up", "Failed: the agent gave up"),
+    ],
+)
+def test_the_queue_says_why_a_run_failed_as_a_person_would(client, user, make_instance, start, outcome, detail,
+                                                           expected):
+    """The outcome's label once, then the detail: not "no_progress: no progress: …"."""
+    from django.utils import timezone
+
+    from loops.models import Run
+
+    run = start(make_instance(user))
+    Run.objects.filter(pk=run.pk).update(status="finished", outcome=outcome, outcome_detail=detail,
+                                         finished_at=timezone.now())
+    services.on_run_finished(run)
+    client.force_login(user)
+    html = client.get("/reviews/").content.decode()
+    assert f"<span class=\"why\">{expected}</span>" in html
+    assert outcome + ":" not in html and "no progress: no progress" not in html.lower()
+    assert expected in client.get(f"/reviews/{ReviewItem.objects.get(run=run).pk}/").content.decode()

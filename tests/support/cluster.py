@@ -66,11 +66,12 @@ class Cluster:
             pass
         self.proc.wait(timeout=10)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10) -> None:
+        """SIGTERM the cluster; SIGKILL it if it is still there after `grace` seconds."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 self.kill()
         self.log.close()

@@ -5,6 +5,9 @@ with lint errors; `ruff check .` and the workspace's unit tests are the checks.
 - `lint-fixable`: every error is fixable: the run ends `done (verified)`.
 - `lint-mixed`: two errors are not: the run shows backpressure, then the
   no-progress guard stops it (`no_progress`).
+- `ask-first`: a shell script that asks a person a question before it acts (the
+  command-brain protocol's `TETHER_ESCALATE:` line): the run waits (`waiting`) until
+  someone answers, then writes the answer and ends `done (verified)`.
 """
 
 import shutil
@@ -20,10 +23,19 @@ CHECKS = [
     {"name": "ruff", "command": ["ruff", "check", "--no-cache", "."], "required": True},
     {"name": "tests", "command": ["python", "-m", "unittest", "-q"], "required": True},
 ]
+# The asking agent is a script in its own workspace, run by the system's sh inside the sandbox.
+ASK_SOURCE = settings.BASE_DIR / "examples" / "ask"
+ASK = {
+    "brain": Instance.Brain.COMMAND,
+    "command": ["sh", "agent.sh"],
+    "checks": [{"name": "greeting", "command": ["test", "-s", "greeting.txt"], "required": True}],
+    "decider": Instance.Decider.CHECKS,
+    "max_iterations": 3,
+}
 
 
 class Command(BaseCommand):
-    help = "Create (or reset) the example instances lint-fixable and lint-mixed; print how to run them."
+    help = "Create (or reset) the example instances lint-fixable, lint-mixed and ask-first; print how to run them."
 
     def add_arguments(self, parser):
         parser.add_argument("--owner", help="username that owns them (default: the first superuser)")
@@ -56,11 +68,23 @@ class Command(BaseCommand):
                 },
             )
             made[name] = instance
+        workspace = settings.TETHER_WORKSPACES / "example-ask-first"
+        if workspace.exists():
+            shutil.rmtree(workspace)
+        shutil.copytree(ASK_SOURCE, workspace)
+        made["ask-first"], _ = Instance.objects.update_or_create(
+            owner=user, name="ask-first", defaults={**ASK, "workspace": str(workspace)}
+        )
         objective = settings.BASE_DIR / "examples" / "objective.txt"
         for name, instance in made.items():
             self.stdout.write(f"instance {instance.pk}: {name} (workspace {instance.workspace})")
         self.stdout.write("\nRun them with:")
-        for instance in made.values():
-            self.stdout.write(
-                f"    python manage.py loop start --instance {instance.pk} --objective-file {objective} --watch"
-            )
+        for name, instance in made.items():
+            goal = settings.BASE_DIR / "examples" / "objective-ask.txt" if name == "ask-first" else objective
+            self.stdout.write(f"    python manage.py loop start --instance {instance.pk} --objective-file {goal} --watch")
+        asking = made["ask-first"].pk
+        self.stdout.write(
+            "\nask-first waits for an answer (watch exits 3); answer it with\n"
+            '    python manage.py loop interject RUN "Hello from my phone"\n'
+            f"or on the run's page in the console (/instances/{asking}/ lists its runs)."
+        )

@@ -1,4 +1,4 @@
-"""`python manage.py loop start|watch|cancel|interject|verify-receipt` — the console-less client.
+"""`python manage.py loop start|watch|cancel|interject|continue|verify-receipt` — the console-less client.
 
 The CLI acts as the instance's (or run's) owner and calls the same service
 functions as the API and the console.
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
+from budgets import money
 from instances.models import Instance
 from loops import services
 from loops.models import Event, Run
@@ -34,6 +35,12 @@ class Command(BaseCommand):
         interject = sub.add_parser("interject", help="send a message to a run's next iteration")
         interject.add_argument("run", type=int)
         interject.add_argument("message")
+        cont = sub.add_parser("continue", help="continue a finished run as a new run (its history, its workspace)")
+        cont.add_argument("run", type=int)
+        cont.add_argument("--message", default="", help="folded into the new run's first instruction")
+        cont.add_argument("--max-iterations", type=int, help="default: the old run's")
+        cont.add_argument("--max-cost-usd", help="default: the old run's cap")
+        cont.add_argument("--watch", action="store_true", help="watch the new run until it finishes")
         verify = sub.add_parser("verify-receipt", help="check a run receipt's signature; say what was altered")
         verify.add_argument("file", help="a receipt saved from GET /v1/instances/ID/loop/RUN/receipt")
 
@@ -80,6 +87,17 @@ class Command(BaseCommand):
         found = self._run(run)
         services.run_interject(run=found, user=found.owner, text=message, via="cli")
         self.stdout.write(f"run {found.pk}: message queued for the next iteration")
+
+    def do_continue(self, run, message, max_iterations, max_cost_usd, watch, **_):
+        found = self._run(run)
+        new = services.run_continue(
+            run=found, user=found.owner, message=message, max_iterations=max_iterations,
+            max_cost_usd=max_cost_usd, via="cli",
+        )
+        self.stdout.write(f"run {new.pk} continues run {found.pk} ({found.outcome}) on instance {new.instance_id}")
+        if watch:
+            return self.do_watch(new.pk, 0)
+        return None
 
     def do_verify_receipt(self, file, **_):
         from reviews.receipts import verify_file
@@ -146,5 +164,5 @@ def _line(event: Event) -> str:
 def _progress(run: Run) -> str:
     return (
         f"run {run.pk} · {run.status} · iteration {min(run.next_iteration, run.max_iterations)}/{run.max_iterations}"
-        f" · ${run.spent_micros / 1_000_000:.4f}"
+        f" · {money.format_usd(run.spent_micros)}"
     )

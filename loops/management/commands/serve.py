@@ -18,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
 from loops import accounts
+from tether import addresses
 
 
 class Command(BaseCommand):
@@ -41,14 +42,23 @@ class Command(BaseCommand):
         if not no_migrate:
             call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
-        if not workers_only:
-            self._first_start(host, port_number)
+        from instances import sandbox
+
+        if warning := sandbox.warning():
+            self.stderr.write(f"WARNING: {warning}")
+        elif reason := sandbox.problem():
+            self.stderr.write(f"WARNING: runs that start programs will be refused: {reason}")
+        if not workers_only and not self._first_start(host, port_number):
+            if problem := addresses.hint(addresses.reachable_host(host)):
+                self.stderr.write(f"WARNING: {problem}")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         children: list[tuple[str, subprocess.Popen]] = []
         if not workers_only:
             web = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port_number), "tether.asgi:application"]
             children.append(("web", subprocess.Popen(web, cwd=settings.BASE_DIR)))
             self.stdout.write(f"Tether web on http://{host}:{port_number}/")
+            if addresses.listens_everywhere(host):
+                self.stdout.write(f"  from other devices: {addresses.base_url(host, port_number)}/")
         if not web_only:
             children.append(("workers", subprocess.Popen([*manage, "qcluster"], cwd=settings.BASE_DIR)))
             self.stdout.write(
@@ -81,19 +91,24 @@ class Command(BaseCommand):
                 child.kill()
         sys.exit(code)
 
-    def _first_start(self, host: str, port: int) -> None:
+    def _first_start(self, host: str, port: int) -> bool:
+        """On the first start, create 'admin' and print a sign-in link; return whether it did."""
         User = get_user_model()
         if User.objects.filter(is_superuser=True).exists():
-            return
+            return False
         try:
             with transaction.atomic():
                 admin = User.objects.create_superuser("admin", email="")
                 admin.set_unusable_password()
                 admin.save()
         except IntegrityError:
-            return  # another process starting at the same moment made it (and printed the link)
-        link = accounts.login_link(admin, f"http://{host}:{port}")
+            return False  # another process starting at the same moment made it (and printed the link)
+        # Listening on every interface (HOST=0.0.0.0): the link names this machine's LAN address.
+        link = accounts.login_link(admin, addresses.base_url(host, port))
         self.stdout.write(
             "\nFirst start: created the account 'admin'. Sign in once with this link (it works one time;\n"
             f"`python manage.py loginlink admin` makes another):\n\n    {link}\n"
         )
+        if problem := addresses.hint(addresses.reachable_host(host)):
+            self.stdout.write(f"The link will not open yet: {problem}\n")
+        return True

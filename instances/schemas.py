@@ -1,0 +1,319 @@
+"""The schema of an agent's configuration, and of the instances and credentials the API shows.
+
+`InstanceIn` is the one statement of an instance's fields, their types and bounds: the API
+parses request bodies with it (`InstanceChange`, the same fields none required, for a PATCH)
+and documents it in /v1/openapi.json, and
+`instances.validation.validate` (every surface that writes an instance: API, console)
+checks values with it. What a user may set at all is `instances.capabilities`; whether the
+model has a price is `instances.prices`. Touches no database.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from ninja import Schema
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
+
+from instances.models import Instance as InstanceModel
+from tether.schema import MAX_ID, NO_NUL, Body, clean_text, flag, kind_of, listed, refuse, text, whole
+
+# Bounds of the numeric fields: (lowest, highest).
+BOUNDS: dict[str, tuple[int, int]] = {
+    "max_iterations": (1, 10_000),
+    "objective_max_chars": (1, 1_000_000),
+    "max_tool_turns": (1, 200),
+    "max_output_tokens": (1, 1_000_000),
+    "tool_timeout_seconds": (1, 3600),
+    "act_timeout_seconds": (1, 24 * 3600),
+}
+ARGV = 'a non-empty list of strings (an argv), like ["ruff", "check", "."]'
+_ARGV_SCHEMA = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "string", "minLength": 1, "pattern": NO_NUL},
+}
+
+
+def _nonempty(value: Any) -> str:
+    text_ = clean_text(value)
+    if not text_:
+        raise refuse("must not be empty")
+    return text_
+
+
+def _argv(value: Any, *, empty: bool = False) -> list[str]:
+    if not isinstance(value, list):
+        raise refuse(
+            f'must be a list of strings (an argv), like ["ruff", "check", "."], not {kind_of(value)}'
+        )
+    if (not value and not empty) or not all(isinstance(a, str) and a for a in value):
+        raise refuse(f"must be {ARGV}")
+    return [clean_text(a) for a in value]
+
+
+def _command(value: Any) -> list[str]:
+    return _argv(value, empty=True)  # a template's anthropic brain has none; the model checks the rest
+
+
+def _choice(values: list[str]) -> Any:
+    def check(value: Any) -> str:
+        if value not in values:
+            raise refuse(f"must be one of {', '.join(values)}; got {value!r}")
+        return str(value)
+
+    enum: list[Any] = list(values)
+    return Annotated[str, BeforeValidator(check), Field(json_schema_extra={"enum": enum})]
+
+
+def _tool_names(value: Any) -> list[str]:
+    from instances.tools import check_names, mcp
+
+    names = listed(_nonempty)(value)
+    for i, name in enumerate(names):
+        if mcp.is_mcp_name(name) and not re.fullmatch(mcp.PATTERN.pattern, name):
+            raise refuse(f"[{i}] {name!r} is not an MCP tool name; write mcp__<server>__<tool>")
+    try:
+        return check_names(names)
+    except ValueError as exc:
+        raise refuse(f": {exc}") from None
+
+
+def _server_names(value: Any) -> list[str]:
+    from instances.tools.mcp import SERVER_NAME
+
+    names = listed(_nonempty)(value)
+    for i, name in enumerate(names):
+        if not re.fullmatch(SERVER_NAME.pattern, name):
+            raise refuse(f"[{i}] {name!r} is not an MCP server's name (lowercase letters, digits, - and _)")
+    if len(set(names)) != len(names):
+        raise refuse(" names a server twice")
+    return names
+
+
+def _server_list_schema() -> dict[str, Any]:
+    from instances.tools.mcp import SERVER_NAME
+
+    return {"uniqueItems": True, "items": {"type": "string", "pattern": SERVER_NAME.pattern}}
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, str) for k, v in value.items()
+    ):
+        raise refuse("must map variable names to string values")
+    return {clean_text(k): clean_text(v) for k, v in value.items()}
+
+
+_ENV_SCHEMA = {
+    "propertyNames": {"minLength": 1, "pattern": NO_NUL},
+    "additionalProperties": {"type": "string", "pattern": NO_NUL},
+}
+
+
+def _base_url(value: Any) -> str:
+    url = clean_text(value, max_length=500)
+    if url and not url.startswith(("http://", "https://")):
+        raise refuse("must start with http:// or https://")
+    return url
+
+
+def _bounded(field: str) -> Any:
+    low, high = BOUNDS[field]
+    return whole(low, high, between=True)
+
+
+def _tool_list_schema() -> dict[str, Any]:
+    from instances.tools import TOOLS, mcp
+
+    return {
+        "type": "array",
+        "items": {
+            "anyOf": [
+                {"enum": sorted(TOOLS)},
+                {
+                    "type": "string",
+                    "pattern": mcp.PATTERN.pattern,
+                    "description": "an MCP server's tools, mcp__<server>__<tool>",
+                },
+            ]
+        },
+    }
+
+
+Strings = Annotated[
+    list[str],
+    BeforeValidator(listed(_nonempty)),
+    Field(json_schema_extra={"items": {"type": "string", "minLength": 1, "pattern": NO_NUL}}),
+]
+McpServers = Annotated[
+    list[str],
+    BeforeValidator(_server_names),
+    Field(json_schema_extra=_server_list_schema(), description="MCP servers an operator granted you"),
+]
+ToolNames = Annotated[list[str], BeforeValidator(_tool_names), Field(json_schema_extra=_tool_list_schema())]
+Argv = Annotated[list[str], BeforeValidator(_argv), Field(json_schema_extra=_ARGV_SCHEMA)]
+Command = Annotated[
+    list[str], BeforeValidator(_command), Field(json_schema_extra={**_ARGV_SCHEMA, "minItems": 0})
+]
+
+
+def _timeout(value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise refuse("must be 1 to 3600 seconds")
+    return value
+
+
+class CheckIn(Body):
+    """A check run after every act: its argv, whether it must pass for done, its timeout."""
+
+    name: text(nonblank=True, max_length=100)  # type: ignore[valid-type]
+    command: Argv
+    required: flag() = True  # type: ignore[valid-type]
+    timeout: Annotated[
+        int | float,
+        BeforeValidator(_timeout),
+        Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": 3600}),
+    ] = 300
+
+
+def _unique_names(checks: list[CheckIn]) -> list[CheckIn]:
+    seen: set[str] = set()
+    for i, check in enumerate(checks):
+        if check.name in seen:
+            raise refuse(f"[{i}].name {check.name!r} is used twice")
+        seen.add(check.name)
+    return checks
+
+
+class InstanceChange(Body):
+    """The fields of an instance a PATCH may change: any of its settings, none required (not its template).
+
+    Absent or null: unchanged. What the changed values make is checked as a whole (a command
+    brain needs its command) by `instances.services.instance_update`.
+    """
+
+    name: text(nonblank=True, max_length=100) | None = None  # type: ignore[valid-type]
+    brain: _choice(list(InstanceModel.Brain.values)) | None = None  # type: ignore[valid-type]
+    command: Command | None = Field(None, description="the argv of the command brain")
+    env: Annotated[dict[str, str], BeforeValidator(_env), Field(json_schema_extra=_ENV_SCHEMA)] | None = None
+    workspace: text(max_length=500) | None = None  # type: ignore[valid-type]
+    checks: Annotated[list[CheckIn], AfterValidator(_unique_names)] | None = None
+    decider: _choice(list(InstanceModel.Decider.values)) | None = None  # type: ignore[valid-type]
+    max_iterations: _bounded("max_iterations") | None = None  # type: ignore[valid-type]
+    objective_max_chars: _bounded("objective_max_chars") | None = None  # type: ignore[valid-type]
+    act_timeout_seconds: _bounded("act_timeout_seconds") | None = None  # type: ignore[valid-type]
+    model: text(max_length=100) | None = None  # type: ignore[valid-type]
+    system_prompt: text(max_length=100_000) | None = None  # type: ignore[valid-type]
+    credential_id: whole(1, MAX_ID, description="one of your stored keys (GET /v1/credentials)") | None = None  # type: ignore[valid-type]
+    base_url: (
+        Annotated[
+            str,
+            BeforeValidator(_base_url),
+            Field(
+                json_schema_extra={"pattern": "^$|^https?://[^\\u0000]*$", "maxLength": 500},
+                description="http(s)://…, or empty",
+            ),
+        ]
+        | None
+    ) = None
+    tools: ToolNames | None = None
+    command_allow: Strings | None = None
+    command_deny: Strings | None = None
+    approval_tools: ToolNames | None = None
+    max_tool_turns: _bounded("max_tool_turns") | None = None  # type: ignore[valid-type]
+    max_output_tokens: _bounded("max_output_tokens") | None = None  # type: ignore[valid-type]
+    tool_timeout_seconds: _bounded("tool_timeout_seconds") | None = None  # type: ignore[valid-type]
+    protected_paths: Strings | None = None
+    network: flag() | None = None  # type: ignore[valid-type]
+    mcp_servers: McpServers | None = None
+
+
+class InstanceIn(InstanceChange):
+    """An instance's fields: `name`, and a template to start from or the whole agent by hand."""
+
+    name: text(nonblank=True, max_length=100)  # type: ignore[valid-type]
+    template: text(max_length=50, description="a template's name; the other fields override it") | None = None  # type: ignore[valid-type]
+
+    model_config = {
+        # Made by hand (no template), a command brain (the default) needs its command.
+        "json_schema_extra": {
+            "if": {
+                "not": {
+                    "anyOf": [
+                        {"required": ["template"], "properties": {"template": {"type": "string"}}},
+                        {
+                            "required": ["brain"],
+                            "properties": {"brain": {"const": str(InstanceModel.Brain.ANTHROPIC)}},
+                        },
+                    ]
+                }
+            },
+            "then": {"required": ["command"], "properties": {"command": {"type": "array", "minItems": 1}}},
+        },
+    }
+
+    @model_validator(mode="after")
+    def _command_brain_has_its_command(self, info: ValidationInfo) -> InstanceIn:
+        context = info.context or {}
+        from_template = context.get("from_template", self.template is not None)
+        if not from_template and (self.brain or InstanceModel.Brain.COMMAND) == InstanceModel.Brain.COMMAND:
+            if not self.command:
+                raise refuse(f"command must be {ARGV}")
+        return self
+
+
+class Instance(Schema):
+    id: int
+    name: str
+    brain: str
+    command: list[str]
+    env: dict[str, str]
+    workspace: str
+    checks: list[dict[str, Any]]
+    decider: str
+    max_iterations: int
+    objective_max_chars: int
+    act_timeout_seconds: int
+    template: str | None
+    model: str
+    system_prompt: str
+    key_source: str
+    base_url: str
+    tools: list[str]
+    command_allow: list[str]
+    command_deny: list[str]
+    approval_tools: list[str]
+    max_tool_turns: int
+    max_output_tokens: int
+    tool_timeout_seconds: int
+    protected_paths: list[str]
+    network: bool
+    mcp_servers: list[str]
+    created_at: str
+    archived_at: str | None
+
+
+class Instances(Schema):
+    instances: list[Instance]
+
+
+class CredentialIn(Body):
+    label: text(nonblank=True, max_length=100)  # type: ignore[valid-type]
+    secret: text(min_length=1, max_length=10_000, description="write-only: never shown again")  # type: ignore[valid-type]
+
+
+class Credential(Schema):
+    id: int
+    label: str
+    last4: str
+    created_at: str
+
+
+class Credentials(Schema):
+    credentials: list[Credential]
+
+
+class Deleted(Schema):
+    deleted: int

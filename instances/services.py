@@ -1,0 +1,229 @@
+"""Writes to instances and credentials: the only path the API and the console take to change them.
+
+Each write checks, in order, the fields' shape and bounds (`instances.validation`), what the
+user may set (`instances.capabilities.check_instance`), the template (`templates_loader`)
+and the model's price (`instances.prices.ensure_priced`), then saves in one transaction
+with an audit entry; a refusal raises `InstanceRefused` (status 403 for a capability, 400
+otherwise) and saves nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from budgets.pricing import UnpricedModel
+from instances import capabilities, prices, templates_loader, validation
+from instances.models import AgentTemplate, Credential, Instance
+from reviews import audit
+
+# What a copy takes from its source besides what the template gives (never the workspace).
+COPIED = tuple(sorted(templates_loader.OVERRIDABLE - {"workspace", "credential", "credential_id"}))
+
+
+class InstanceRefused(Exception):
+    """A write that was refused; `status` is the HTTP status to answer, `field` the field at fault."""
+
+    def __init__(self, message: str, status: int = 400, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.field = field
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """Translate each rule's own exception into InstanceRefused (one place, every write)."""
+    try:
+        yield
+    except capabilities.CapabilityError as exc:
+        raise InstanceRefused(str(exc), 403, exc.field) from None
+    except validation.InvalidInstance as exc:
+        raise InstanceRefused(exc.message, 400, exc.field) from None
+    except UnpricedModel as exc:
+        raise InstanceRefused(str(exc), 400, "model") from None
+    except templates_loader.TemplateError as exc:
+        raise InstanceRefused(str(exc), 400) from None
+
+
+def _own_credential(user: Any, credential: Any) -> Credential | None:
+    if credential in (None, ""):
+        return None
+    credential_id = credential.pk if isinstance(credential, Credential) else credential
+    found = Credential.objects.filter(pk=credential_id, owner=user).first()
+    if found is None:
+        raise InstanceRefused(
+            f"credential {credential_id} is not one of yours; list yours with GET /v1/credentials", 404, "credential"
+        )
+    return found
+
+
+def instance_create(
+    *, user: Any, values: dict[str, Any], template: AgentTemplate | str | None = None, via: str = "api",
+    request: Any = None,
+) -> Instance:
+    """Create and return an instance of `user`: from `template` with `values` as overrides, or by hand.
+
+    `values` holds `name` and the fields set (an API body, a console form's cleaned data).
+    """
+    with _refusals():
+        data = validation.validate(values, from_template=template is not None)
+        if template is not None:
+            template = templates_loader.find(template)
+        data = capabilities.check_instance(user, data, template=template)
+        name = data.pop("name")
+        credential = _own_credential(user, data.pop("credential", None) or data.pop("credential_id", None))
+        data.pop("credential_id", None)
+        with transaction.atomic():  # an instance whose model has no price is not kept
+            if template is not None:
+                instance = templates_loader.create_instance(
+                    owner=user, template=template, name=name, overrides={**data, "credential": credential}
+                )
+            else:
+                instance = Instance.objects.create(owner=user, name=name, credential=credential, **data)
+            prices.ensure_priced(instance)
+            audit.record(user=user, action="instance.create", request=request, via=via, detail=_detail(instance))
+    return instance
+
+
+def instance_update(*, instance: Instance, user: Any, values: dict[str, Any], via: str = "api", request: Any = None) -> Instance:
+    """Change the fields of `values` that differ on `instance` (its owner's); return it saved.
+
+    The one path of every edit (the API's PATCH, the console's form). Only the fields that
+    change are checked against the user's capabilities, so a person without them may edit the
+    safe fields of an instance an operator configured further. An archived instance may be
+    edited too (it stays archived). A run in flight reads its instance afresh at each
+    iteration, so a change reaches it from its next iteration; what the run fixed at its start
+    (objective, caps, protected-path fingerprints) stays.
+    """
+    if instance.owner_id != user.pk:
+        raise InstanceRefused(f"instance {instance.pk} not found", 404)
+    values = dict(values)
+    if "credential_id" in values:  # the API names the credential by id
+        values["credential"] = values.pop("credential_id")
+    if "credential" in values:
+        values["credential"] = _own_credential(user, values["credential"])
+    changes = capabilities.changed(instance, list(values), values)
+    if not changes:
+        return instance
+    with _refusals():
+        merged = {**{f: getattr(instance, f) for f in (*COPIED, "name", "workspace")}, **changes}
+        clean = validation.validate(merged, from_template=True)  # each field's shape and bounds
+        changes = capabilities.check_instance(
+            user, {f: clean.get(f, value) for f, value in changes.items()}, template=instance.template
+        )
+        if instance.template_id is None:  # then the agent as a whole: a command brain needs its command
+            validation.validate({**merged, **changes})
+        with transaction.atomic():
+            locked = Instance.objects.select_for_update().get(pk=instance.pk)
+            for field, value in changes.items():
+                setattr(locked, field, value)
+            prices.ensure_priced(locked)
+            locked.save()
+            audit.record(
+                user=user, action="instance.update", request=request, via=via,
+                detail={"instance": locked.pk, "changed": sorted(changes)},
+            )
+    return locked
+
+
+def copy_values(source: Instance) -> dict[str, Any]:
+    """Return the fields a copy of `source` starts with: its own, except its workspace."""
+    values = {field: getattr(source, field) for field in COPIED}
+    values["credential"] = source.credential if source.credential_id else None
+    return values
+
+
+def instance_duplicate(
+    *, source: Instance, user: Any, values: dict[str, Any], via: str = "api", request: Any = None
+) -> Instance:
+    """Create a copy of `source` (its owner's) with `values` changed; a copy is created like any instance.
+
+    From a template, the copy's overrides are what differs from that template, so the same
+    capability rules apply as to a new one; a copy gets its own workspace unless `values` names one.
+    """
+    if source.owner_id != user.pk:
+        raise InstanceRefused(f"instance {source.pk} not found", 404)
+    merged = {**copy_values(source), **values}
+    template = source.template
+    if template is not None:  # overrides: what differs from what a new instance of the template gets
+        baseline = {**{f: getattr(Instance(), f) for f in COPIED}, **template.instance_defaults()}
+        merged = {k: v for k, v in merged.items() if k in ("name", "credential", "workspace") or baseline.get(k) != v}
+    return instance_create(user=user, values=merged, template=template, via=via, request=request)
+
+
+def instance_archive(*, instance: Instance, user: Any, via: str = "api", request: Any = None) -> Instance:
+    """Archive `instance`: it leaves the fleet and starts no new run; its runs and receipts stay.
+
+    Refused while one of its runs is still going (queued, running or waiting): stop it first.
+    """
+    from loops.models import Run
+
+    if instance.owner_id != user.pk:
+        raise InstanceRefused(f"instance {instance.pk} not found", 404)
+    with transaction.atomic():
+        locked = Instance.objects.select_for_update().get(pk=instance.pk)
+        if locked.archived_at is not None:
+            return locked
+        live = Run.objects.filter(instance=locked).exclude(status=Run.Status.FINISHED).count()
+        if live:
+            runs, them = ("1 run", "it") if live == 1 else (f"{live} runs", "them")
+            raise InstanceRefused(
+                f"instance {locked.name!r} has {runs} not finished; stop or close {them} first, then archive it", 409
+            )
+        locked.archived_at = timezone.now()
+        locked.save(update_fields=["archived_at"])
+        audit.record(user=user, action="instance.archive", request=request, via=via, detail={"instance": locked.pk})
+    return locked
+
+
+def instance_restore(*, instance: Instance, user: Any, via: str = "api", request: Any = None) -> Instance:
+    """Bring an archived `instance` back to the fleet."""
+    if instance.owner_id != user.pk:
+        raise InstanceRefused(f"instance {instance.pk} not found", 404)
+    with transaction.atomic():
+        Instance.objects.filter(pk=instance.pk).update(archived_at=None)
+        audit.record(user=user, action="instance.restore", request=request, via=via, detail={"instance": instance.pk})
+    instance.refresh_from_db()
+    return instance
+
+
+def credential_add(*, user: Any, label: str, secret: str, via: str = "api", request: Any = None) -> Credential:
+    """Store an Anthropic key of `user`, encrypted; only its last four characters are ever shown again."""
+    label = (label or "").strip()
+    if not label or len(label) > 100:
+        raise InstanceRefused("label must be 1 to 100 characters", 400, "label")
+    if Credential.objects.filter(owner=user, label=label).exists():
+        raise InstanceRefused(f"you already have a credential labelled {label!r}; choose another label", 409, "label")
+    try:
+        with transaction.atomic():
+            credential = Credential.create_for(user, label=label, secret=secret)
+            audit.record(
+                user=user, action="credential.add", request=request, via=via,
+                detail={"credential": credential.pk, "label": credential.label, "last4": credential.last4},
+            )
+    except IntegrityError:
+        raise InstanceRefused(f"you already have a credential labelled {label!r}; choose another label", 409, "label") from None
+    except ValueError as exc:
+        raise InstanceRefused(str(exc), 400, "secret") from None
+    return credential
+
+
+def credential_remove(*, user: Any, credential_id: int, via: str = "api", request: Any = None) -> Credential | None:
+    """Delete `user`'s credential `credential_id`; return it (None when they have no such one)."""
+    with transaction.atomic():
+        credential = Credential.objects.filter(owner=user, pk=credential_id).first()
+        if credential is None:
+            return None
+        credential.delete()
+        audit.record(user=user, action="credential.remove", request=request, via=via,
+                     detail={"credential": credential_id})
+    return credential
+
+
+def _detail(instance: Instance) -> dict[str, Any]:
+    return {"instance": instance.pk, "name": instance.name, "template": instance.template.name if instance.template_id else None}

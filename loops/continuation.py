@@ -1,0 +1,113 @@
+"""Continuing a finished run: which runs may be continued, and what the new run carries.
+
+Pure: no Django, no clock, no I/O. `refusal` says why a run may not be continued (or "" when it
+may): `cancelled`, `max_iterations`, `no_progress`, `failed`, `timed_out` and an unverified `done`
+may; a run still going, waiting for a person, out of budget (resume it) or done and verified may
+not. `carried_history` is the memory the new run starts with: the old run's rolling snapshot,
+renumbered so that its iterations come before the new run's (the old run's last iteration is 0,
+the one before it -1, …; each entry keeps the run and iteration it came from), and none of the
+old run's no-progress bookkeeping or pending approvals — the new run is judged on its own
+iterations. `first_instruction` is what the new run's first iteration is told: how the old run
+ended, what it did, and its last instruction. A person's message is not folded in here: it is
+queued as a message for the first iteration, which the runner folds in as it folds any message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CONTINUABLE = ("cancelled", "max_iterations", "no_progress", "failed", "timed_out", "done")
+# How much of the old run the first instruction repeats: its last iterations, each clipped.
+SHOWN_ITERATIONS = 8
+FIELD_CHARS = 300
+
+
+def refusal(*, run_id: int, status: str, outcome: str, verified: bool | None, next_iteration: int,
+            max_iterations: int) -> str:
+    """Return why run `run_id` cannot be continued, or "" when it can."""
+    if status == "waiting":
+        return (
+            f"run {run_id} is waiting for a person: answer it (POST …/interject with a message) or close it; "
+            "only a finished run can be continued"
+        )
+    if status != "finished":
+        return (
+            f"run {run_id} is still {status}: send it a message (POST …/interject) or stop it first; "
+            "only a finished run can be continued"
+        )
+    if outcome == "budget_exhausted":
+        hint = (
+            f"use resume (POST …/resume, optionally with a higher max_cost_usd): it goes on from iteration "
+            f"{next_iteration}" if next_iteration <= max_iterations else "use resume (POST …/resume)"
+        )
+        return f"run {run_id} ran out of budget; {hint} instead of continuing it as a new run"
+    if outcome == "done" and verified:
+        return f"run {run_id} is done and verified; there is nothing to continue (start a new run for new work)"
+    if outcome not in CONTINUABLE:
+        return (
+            f"run {run_id} ended {outcome}, which cannot be continued; a run that ended cancelled, max_iterations, "
+            "no_progress, failed, timed_out or done without verification can. Start a new run instead"
+        )
+    return ""
+
+
+def carried_history(history: Mapping[str, Any] | None, *, run_id: int, iterations_done: int) -> dict[str, Any]:
+    """Return the new run's starting `history`: the old run's snapshot, numbered before the new run's."""
+    carried = []
+    for item in (history or {}).get("snapshot", []) or []:
+        if not isinstance(item, Mapping):
+            continue
+        number = item.get("iteration")
+        number = number if isinstance(number, int) and not isinstance(number, bool) else 0
+        entry = dict(item)
+        entry.setdefault("from_run", run_id)
+        entry.setdefault("from_iteration", number)
+        entry["iteration"] = number - iterations_done
+        carried.append(entry)
+    return {"snapshot": carried} if carried else {}
+
+
+def _clip(value: Any, limit: int = FIELD_CHARS) -> str:
+    text = " ".join(str(value or "").split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _line(item: Mapping[str, Any]) -> str:
+    parts = [f"- run {item.get('from_run')}, iteration {item.get('from_iteration')}:"]
+    if verdict := item.get("verdict"):
+        parts.append(f"verdict {verdict};")
+    checks = item.get("checks")
+    if isinstance(checks, Mapping) and checks:
+        shown = ", ".join(f"{name} {'passed' if ok else 'FAILED'}" for name, ok in list(checks.items())[:8])
+        parts.append(f"checks: {shown};")
+    if instruction := _clip(item.get("instruction")):
+        parts.append(f"told: {instruction}")
+    if response := _clip(item.get("response")):
+        parts.append(f"— it answered: {response}")
+    return " ".join(parts)
+
+
+def first_instruction(
+    *,
+    run_id: int,
+    outcome: str,
+    detail: str,
+    carried: Sequence[Mapping[str, Any]],
+    last_instruction: str,
+) -> str:
+    """Return the new run's first instruction: how run `run_id` ended, what it did, what it was told last."""
+    ended = "done, but not verified" if outcome == "done" else outcome.replace("_", " ")
+    lines = [
+        f"This run continues run {run_id}, which ended {ended}" + (f": {_clip(detail, 1000)}" if detail else "."),
+        f"The workspace is as run {run_id} left it; build on what is there rather than starting over.",
+    ]
+    shown = list(carried)[-SHOWN_ITERATIONS:]
+    if shown:
+        earlier = len(carried) - len(shown)
+        lines += ["", f"What it did (its last {len(shown)} iteration{'s' if len(shown) != 1 else ''}, oldest first"
+                  + (f"; {earlier} earlier not shown" if earlier else "") + "):"]
+        lines += [_line(item) for item in shown]
+    if last_instruction.strip():
+        lines += ["", f"The last instruction run {run_id} was given:", last_instruction.strip()]
+    return "\n".join(lines)

@@ -1,0 +1,350 @@
+"""The registry of event kinds: every kind a run's timeline can hold, and how a person reads it.
+
+Pure: no Django, no I/O. One entry per kind says what it means, whether it belongs to one
+iteration (the timeline groups those under the iteration's start), which body the timeline
+draws under its title, and how to title it from its data (`describe`). The console, the
+selectors and the tests read kinds from here; a kind not listed is drawn as its raw data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+STOP_REASONS = ("stopped mid-act", "stopped by a person")
+VERDICT_TONES = {"done": "good", "continue": "", "escalate": "warn", "failed": "bad"}
+OUTCOME_TONES = {"done": "good", "cancelled": "quiet", "escalated": "warn"}
+# How a person names each way a run can end (the keys are `loops.models.Run.Outcome`'s values).
+OUTCOME_LABELS = {
+    "done": "Done",
+    "escalated": "Escalated to a person",
+    "failed": "Failed",
+    "cancelled": "Stopped",
+    "budget_exhausted": "Out of budget",
+    "max_iterations": "Reached the iteration limit",
+    "no_progress": "No progress",
+    "credential_error": "Credential error",
+    "provider_error": "The model provider failed",
+    "timed_out": "Timed out",
+    "crashed": "Crashed",
+}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a title may need beyond the event's own data."""
+
+    stopped_by: str = ""  # who asked the run to stop ("" if nobody did)
+
+
+@dataclass(frozen=True)
+class Title:
+    """An event's headline: plain text, a quieter note, a tone and links to other runs."""
+
+    text: str
+    note: str = ""
+    tone: str = ""  # "good" | "bad" | "warn" | "quiet" | "" (neutral)
+    links: tuple[tuple[str, int], ...] = ()  # (words before the link, run id): "continuing" run 7
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    meaning: str
+    describe: Callable[[Mapping[str, Any], Context], Title]
+    iteration: bool = False  # recorded inside one iteration (its data carries "iteration")
+    body: str = ""  # which body the timeline draws: see templates/loops/run_detail.html
+    secondary: bool = False  # bookkeeping a person rarely needs (drawn small)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _word(value: Any) -> str:
+    return str(value or "?").replace("_", " ")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _runs(ids: Any, prefix: str = "") -> tuple[tuple[str, int], ...]:
+    return tuple((prefix, i) for i in (ids or []) if _int(i) is not None)
+
+
+def outcome_label(outcome: str) -> str:
+    """Return how a person names a run's outcome: "No progress" for "no_progress"."""
+    return OUTCOME_LABELS.get(outcome) or _word(outcome).capitalize()
+
+
+def outcome_sentence(outcome: str, detail: str) -> str:
+    """Return an ended run's outcome and detail as one sentence, not naming the outcome twice.
+
+    "no_progress" + "no progress: the instruction repeats" reads "No progress: the instruction repeats".
+    """
+    label, detail = outcome_label(outcome), (detail or "").strip()
+    if not detail:
+        return label
+    if label.lower() in detail.lower():
+        return detail[:1].upper() + detail[1:]
+    return f"{label}: {detail}"
+
+
+def is_stop(data: Mapping[str, Any]) -> bool:
+    """Whether a `decision.made` records a person's stop rather than the agent's verdict."""
+    reason = str(data.get("reason") or "")
+    return data.get("verdict") == "failed" and reason.startswith(STOP_REASONS)
+
+
+def stopper(ctx: Context) -> str:
+    return f"Stopped by {ctx.stopped_by}" if ctx.stopped_by else "Stopped by a person"
+
+
+def _started(d: Mapping[str, Any], ctx: Context) -> Title:
+    links = _runs([d.get("continued_from")], "continuing") + _runs([d.get("parent")], "delegated by")
+    return Title(f"Started by {d.get('by') or 'someone'}", f"via {d['via']}" if d.get("via") else "", links=links)
+
+
+def _claimed(d: Mapping[str, Any], ctx: Context) -> Title:
+    attempt = _int(d.get("attempt")) or 1
+    return Title("Picked up by a worker", f"attempt {attempt}" if attempt > 1 else "")
+
+
+def attempt_label(d: Mapping[str, Any]) -> str:
+    """Return "attempt 2 of iteration 3" for an iteration started again after its worker died, else ""."""
+    attempt, number = _int(d.get("attempt")), _int(d.get("iteration"))
+    if attempt is None or attempt < 2 or number is None:
+        return ""
+    return f"attempt {attempt} of iteration {number}"
+
+
+def _iteration_started(d: Mapping[str, Any], ctx: Context) -> Title:
+    again = attempt_label(d)
+    if again:
+        return Title(again[0].upper() + again[1:], "its last worker was lost", "warn")
+    return Title(f"Iteration {d.get('iteration', '?')}")
+
+
+def _dollars(value: Any) -> str:
+    """Return "$0.05" for an event's exact dollar string "0.050000" ("$?" when it is not one)."""
+    whole, _, frac = str(value or "").partition(".")
+    if not whole.lstrip("-").isdigit() or (frac and not frac.isdigit()):
+        return "$?"
+    return f"${whole}.{frac.rstrip('0').ljust(2, '0')}"
+
+
+def changed_names(d: Mapping[str, Any], limit: int = 20) -> str:
+    """Return what a lost attempt changed, as a person reads it: "it changed a.txt, b.py (deleted)"."""
+    if d.get("changes_unknown"):
+        return f"what it changed is unknown ({d['changes_unknown']})"
+    changes = [c for c in d.get("changed") or [] if isinstance(c, dict)]
+    if not changes:
+        return "it changed no files"
+    names = [f"{c.get('path')}" + (f" ({c['change']})" if c.get("change") in ("added", "deleted") else "")
+             for c in changes[:limit]]
+    more = len(changes) - len(names) + (_int(d.get("more")) or 0)
+    return "it changed " + ", ".join(names) + (f" and {_plural(more, 'more file')}" if more else "")
+
+
+def _attempt_lost(d: Mapping[str, Any], ctx: Context) -> Title:
+    attempt, number = _int(d.get("attempt")) or 1, d.get("iteration", "?")
+    text = (
+        f"Attempt {attempt} of iteration {number} was lost: worker {d.get('worker') or '?'} died; "
+        f"{_dollars(d.get('closed_usd'))} closed; {changed_names(d)}"
+    )
+    calls = [c for c in d.get("tool_calls") or [] if isinstance(c, dict)]
+    unfinished = sum(1 for c in calls if c.get("state") != "finished")
+    note = f"{_plural(len(calls), 'tool call')} journaled, {unfinished} unfinished" if calls else ""
+    return Title(text, note, "warn")
+
+
+def _act_finished(d: Mapping[str, Any], ctx: Context) -> Title:
+    usage = d.get("usage") or {}
+    tokens = (usage.get("input_tokens") or 0) + (usage.get("output_tokens") or 0) if isinstance(usage, dict) else 0
+    note = f"{tokens:,} tokens" if tokens else ""
+    if d.get("ok"):
+        return Title("Act finished", note)
+    if str(d.get("detail") or "").startswith("stopped"):  # a person's stop cut it short: not a failure
+        return Title("Act stopped", note, "quiet")
+    return Title("Act failed", note, "bad")
+
+
+def _checks(d: Mapping[str, Any], ctx: Context) -> Title:
+    checks = [c for c in d.get("checks") or [] if isinstance(c, dict)]
+    passed = sum(1 for c in checks if c.get("passed"))
+    failed_required = any(c.get("required", True) and not c.get("passed") for c in checks)
+    return Title(f"Checks: {passed} of {len(checks)} passed", tone="bad" if failed_required else "good")
+
+
+def _protected(d: Mapping[str, Any], ctx: Context) -> Title:
+    paths = ", ".join(str(p) for p in d.get("paths") or [])
+    if len(paths) > 300:
+        paths = paths[:299] + "…"
+    return Title(f"Changed what grades it: {paths}", "not verifiable without a person's review", "warn")
+
+
+def _decision(d: Mapping[str, Any], ctx: Context) -> Title:
+    if is_stop(d):
+        return Title(stopper(ctx), "the act was cut short", "quiet")
+    verdict = str(d.get("verdict") or "?")
+    return Title(f"Decision: {verdict}", tone=VERDICT_TONES.get(verdict, ""))
+
+
+def _iteration_finished(d: Mapping[str, Any], ctx: Context) -> Title:
+    # cost and duration are formatted by the console (money and time are not this module's)
+    return Title(f"Iteration {d.get('iteration', '?')} finished")
+
+
+def _resumed(d: Mapping[str, Any], ctx: Context) -> Title:
+    reason = d.get("reason")
+    if reason == "children finished":
+        return Title("Resumed: its children finished", links=_runs(d.get("children")))
+    if reason == "answered":
+        return Title(f"Resumed by {d.get('by') or 'a person'}", "with their answer")
+    if reason == "budget":
+        return Title(f"Resumed by {d.get('by') or 'a person'}", "budget raised")
+    return Title(f"Resumed by {d.get('by') or 'a person'}", str(reason or ""))
+
+
+def _finished(d: Mapping[str, Any], ctx: Context) -> Title:
+    outcome = str(d.get("outcome") or "?")
+    if outcome == "cancelled":
+        return Title(stopper(ctx), tone="quiet")
+    tone = OUTCOME_TONES.get(outcome, "bad")
+    if outcome == "done" and d.get("verified") is False:
+        tone = "warn"
+    return Title(f"Finished: {_word(outcome)}", tone=tone)
+
+
+def _delegating(d: Mapping[str, Any], ctx: Context) -> Title:
+    n = _int(d.get("calls")) or 0
+    return Title(f"Delegating: {_plural(n, 'delegate call')}", "the run waits for its children")
+
+
+def _delegated(d: Mapping[str, Any], ctx: Context) -> Title:
+    children = [c for c in d.get("children") or [] if _int(c) is not None]
+    refused = d.get("refused") or []
+    note = f"{_plural(len(refused), 'call')} refused" if refused else ""
+    return Title(f"Started {_plural(len(children), 'child run')}", note, "bad" if refused and not children else "",
+                 _runs(children))
+
+
+def _child_started(d: Mapping[str, Any], ctx: Context) -> Title:
+    return Title(f"Child run {_int(d.get('child')) or '?'} started", str(d.get("instance") or ""),
+                 links=_runs([d.get("child")]))
+
+
+def _child_finished(d: Mapping[str, Any], ctx: Context) -> Title:
+    outcome = str(d.get("outcome") or "")
+    tone = OUTCOME_TONES.get(outcome, "bad")
+    if outcome == "done" and d.get("verified") is not True:
+        tone = "warn"
+    verified = " (verified)" if outcome == "done" and d.get("verified") else ""
+    spent = f"spent ${d['spent_usd']}" if isinstance(d.get("spent_usd"), str) else ""
+    return Title(f"Child run {_int(d.get('child')) or '?'} finished: {_word(outcome)}{verified}", spent, tone,
+                 _runs([d.get("child")]))
+
+
+def _child_waiting(d: Mapping[str, Any], ctx: Context) -> Title:
+    return Title(f"Child run {_int(d.get('child')) or '?'} needs a person", tone="warn", links=_runs([d.get("child")]))
+
+
+def _grade(d: Mapping[str, Any], ctx: Context) -> Title:
+    outcome = d.get("outcome")
+    note = "a person should review it" if d.get("review") else ""
+    if outcome == "done" and d.get("verified"):
+        return Title("Graded: verified", note, "good")
+    if outcome == "done":
+        return Title("Graded: done, not verified", note, "warn")
+    if outcome == "retry":
+        return Title("Graded: the claimed done was not accepted; the agent goes on", note, "warn")
+    return Title("Graded: the claimed done was rejected", note, "bad")
+
+
+def _role(d: Mapping[str, Any], ctx: Context) -> Title:
+    if d.get("passed"):
+        return Title("Graded by its checking role: passed", tone="good")
+    return Title("Graded by its checking role: not passed", tone="bad")
+
+
+def _simple(text: str, tone: str = "") -> Callable[[Mapping[str, Any], Context], Title]:
+    return lambda d, ctx: Title(text.format(**{k: v for k, v in d.items() if isinstance(v, (str, int))}), tone=tone)
+
+
+def _by(text: str, tone: str = "") -> Callable[[Mapping[str, Any], Context], Title]:
+    return lambda d, ctx: Title(f"{text} {d.get('by') or 'a person'}", f"via {d['via']}" if d.get("via") else "", tone)
+
+
+KINDS: dict[str, Kind] = {
+    kind.name: kind
+    for kind in [
+        Kind("run.started", "a person (or a parent run) started the run", _started, body="started"),
+        Kind("run.claimed", "a worker took the run's lease", _claimed, secondary=True),
+        Kind("iteration.started", "an iteration began, with its instruction", _iteration_started,
+             iteration=True, body="instruction"),
+        Kind("act.started", "the agent began to act", lambda d, ctx: Title("Act started"), iteration=True,
+             secondary=True),
+        Kind("act.finished", "the agent's act ended: its answer and tool calls", _act_finished,
+             iteration=True, body="act"),
+        Kind("checks.finished", "the checks ran on the workspace", _checks, iteration=True, body="checks"),
+        Kind("protected.changed", "the act changed a protected path (what grades the agent)", _protected,
+             iteration=True),
+        Kind("grade.finished", "the graders judged a claimed done", _grade, iteration=True, body="grade"),
+        Kind("grade.role", "a composition's checking role judged a claimed done", _role, iteration=True,
+             body="reason"),
+        Kind("decision.made", "the decider's verdict on the iteration", _decision, iteration=True, body="reason"),
+        Kind("iteration.finished", "an iteration ended: its cost and duration", _iteration_finished,
+             iteration=True, body="cost"),
+        Kind("run.delegating", "the act asked for child runs; the run waits for them", _delegating,
+             iteration=True),
+        Kind("run.delegated", "the child runs were started (or refused)", _delegated, body="refused"),
+        Kind("run.child_started", "a child run this run delegated to began its first act", _child_started),
+        Kind("run.child_finished", "a child run this run delegated to finished", _child_finished),
+        Kind("run.child_waiting", "a child run this run delegated to waits for a person", _child_waiting,
+             body="question"),
+        Kind("interjection.queued", "a person's message, read at the next iteration", _by("Message from"),
+             body="quote"),
+        Kind("run.stop_requested", "a person asked the run to stop", _by("Stop requested by", "quiet")),
+        Kind("run.waiting", "the agent asked a person and waits for an answer",
+             _simple("Waiting for you", "warn"), body="question"),
+        Kind("run.resumed", "a waiting run goes on (an answer, a raised budget, children finished)", _resumed),
+        Kind("attempt.lost", "an attempt's worker died mid-iteration: its closed reservation, its changes",
+             _attempt_lost, iteration=True),
+        Kind("run.reaped", "the run's worker was lost; the run went back to the queue",
+             _simple("Its worker was lost; the run was handed back to the queue", "warn")),
+        Kind("run.finished", "the run ended with an outcome", _finished, body="finished"),
+    ]
+}
+ITERATION_KINDS = frozenset(name for name, kind in KINDS.items() if kind.iteration)
+
+
+def unknown(name: str) -> Kind:
+    return Kind(name, "not in the registry", lambda d, ctx: Title(name), body="raw")
+
+
+def kind(name: str) -> Kind:
+    """Return the registry entry of `name` (an entry that draws the raw data if it is not known)."""
+    return KINDS.get(name) or unknown(name)
+
+
+def describe(name: str, data: Mapping[str, Any], ctx: Context = Context()) -> Title:
+    """Return how a person reads one event."""
+    return kind(name).describe(data or {}, ctx)
+
+
+def needs_stopper(name: str, data: Mapping[str, Any]) -> bool:
+    """Whether the title of this event names who stopped the run."""
+    return (name == "decision.made" and is_stop(data)) or (name == "run.finished" and data.get("outcome") == "cancelled")
+
+
+def in_iteration(name: str, data: Mapping[str, Any]) -> int | None:
+    """Return the iteration an event belongs to, or None for a run-level event."""
+    if name in ITERATION_KINDS:
+        return _int((data or {}).get("iteration"))
+    return None
+
+
+__all__ = ["KINDS", "ITERATION_KINDS", "Context", "Kind", "Title", "describe", "kind", "attempt_label",
+           "changed_names", "outcome_label", "outcome_sentence"]

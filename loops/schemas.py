@@ -1,0 +1,174 @@
+"""The schemas of the run API: what each route takes (and refuses) and what it answers.
+
+Bounds come from the rules they stand for: `loops.services` (iterations, wall clock, a
+message's length) and `tether.schema` (dollars). Answers are checked against these schemas
+before they leave, so /v1/openapi.json describes what a client really gets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninja import Schema
+from pydantic import Field, model_validator
+
+from loops.models import Run as RunModel
+from loops.services import INTERJECTION_MAX_CHARS, MAX_MINUTES
+from tether.schema import SOMETHING, Body, flag, refuse, text, usd, whole
+
+MAX_ITERATIONS = 10_000
+CAP_DIGITS = 6  # a run's own cap: at most $1,000,000
+OBJECTIVE_MAX = 1_000_000  # the highest objective cap an instance may have
+
+Iterations = whole(1, MAX_ITERATIONS)
+Minutes = whole(1, MAX_MINUTES, unit=" of minutes", description="a wall-clock limit in minutes")
+Cap = usd(CAP_DIGITS)
+
+
+class Error(Schema):
+    """Every refusal: what to change, and the field at fault when there is one."""
+
+    error: str
+    field: str | None = None
+
+
+class RunIn(Body):
+    objective: text(  # type: ignore[valid-type]
+        nonblank=True,
+        max_length=OBJECTIVE_MAX,
+        description="at most the instance's objective_max_chars; a CRLF counts as one character",
+    )
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    max_cost_usd: Cap = None  # type: ignore[valid-type]
+    max_minutes: Minutes | None = None  # type: ignore[valid-type]
+
+
+class RunContinueIn(Body):
+    message: (
+        text(  # type: ignore[valid-type]
+            max_length=INTERJECTION_MAX_CHARS,
+            description="folded into the new run's first instruction, like an interjection",
+        )
+        | None
+    ) = None
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    max_cost_usd: Cap = None  # type: ignore[valid-type]
+    max_minutes: Minutes | None = None  # type: ignore[valid-type]
+
+
+class ResumeIn(Body):
+    max_cost_usd: Cap = None  # type: ignore[valid-type]
+
+
+class Interjection(Body):
+    message: text(max_length=INTERJECTION_MAX_CHARS) | None = None  # type: ignore[valid-type]
+    approve: flag(description="answer a run parked on a tool call needing approval") | None = None  # type: ignore[valid-type]
+
+    model_config = {
+        "json_schema_extra": {
+            "anyOf": [
+                {"required": ["message"], "properties": {"message": {"type": "string", "pattern": SOMETHING}}},
+                {"required": ["approve"], "properties": {"approve": {"type": "boolean"}}},
+            ],
+        },
+    }
+
+    @model_validator(mode="after")
+    def _says_something(self) -> Interjection:
+        if not (self.message or "").strip() and self.approve is None:
+            raise refuse("missing required field(s): message")
+        return self
+
+
+class Empty(Body):
+    """No fields: the action needs none."""
+
+
+class DecideCheck(Body):
+    name: text(max_length=100)  # type: ignore[valid-type]
+    passed: flag()  # type: ignore[valid-type]
+    required: flag() = True  # type: ignore[valid-type]
+    output: text(max_length=100_000) = ""  # type: ignore[valid-type]
+
+
+class DecideIn(Body):
+    objective: text(nonblank=True, max_length=OBJECTIVE_MAX)  # type: ignore[valid-type]
+    response: text() | None = None  # type: ignore[valid-type]
+    instruction: text() | None = None  # type: ignore[valid-type]
+    act_ok: flag() | None = None  # type: ignore[valid-type]
+    act_detail: text() | None = None  # type: ignore[valid-type]
+    checks: list[DecideCheck] | None = None
+    history: list[dict[str, Any]] | None = None
+    iteration: whole(0, MAX_ITERATIONS) | None = None  # type: ignore[valid-type]
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    recent_instructions: list[text()] | None = None  # type: ignore[valid-type]
+
+
+class Decision(Schema):
+    verdict: str
+    reason: str
+    next_instruction: str | None
+    decider: str
+    usage: dict[str, Any] | None
+
+
+class Run(Schema):
+    id: int
+    instance: int
+    objective: str
+    status: str = Field(json_schema_extra={"enum": list(RunModel.Status.values)})
+    outcome: str | None = Field(json_schema_extra={"enum": [*RunModel.Outcome.values, None]})
+    outcome_detail: str | None
+    verified: bool | None
+    iterations: int
+    max_iterations: int
+    spent_usd: str
+    max_cost_usd: str | None
+    stop_requested: bool
+    last_seq: int
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    continued_from: int | None = None
+    continued_as: int | None = None
+    parent: int | None = None
+    children: list[int]
+
+
+class RunDetail(Run):
+    budget: dict[str, Any]
+
+
+class Runs(Schema):
+    runs: list[Run]
+
+
+class Interjected(Schema):
+    interjection: int
+    run: Run
+
+
+class Event(Schema):
+    seq: int
+    kind: str
+    at: str
+    data: Any
+
+
+class Events(Schema):
+    events: list[Event]
+    last_seq: int
+    more: bool
+
+
+class Costs(Schema):
+    run: int
+    spent_usd: str
+    spent_micros: int
+    iterations: list[dict[str, Any]]
+    earlier: int | None
+    budget: dict[str, Any]
+
+
+class Pools(Schema):
+    pools: list[dict[str, Any]]

@@ -1,0 +1,44 @@
+"""REST: a finished run's signed receipt (a ninja Router mounted by loops.api_urls)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from ninja import Router, Schema
+
+from loops.models import Run
+from loops.rest import ApiError, Id, errors
+from reviews import receipts
+
+router = Router(tags=["receipts"])
+
+
+class Receipt(Schema):
+    """`{"receipt": DOCUMENT, "signature": SIGNATURE}`; verify with `manage.py loop verify-receipt FILE`."""
+
+    receipt: dict[str, Any]
+    signature: Any
+
+
+@router.get(
+    "/instances/{id:instance_id}/loop/{id:run_id}/receipt",
+    url_name="run-receipt",
+    response={200: Receipt, **errors()},
+    summary="The finished run's signed receipt (verify with `manage.py loop verify-receipt FILE`)",
+)
+def receipt(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
+    """The run's signed receipt (409 while it is live)."""
+    run = (
+        Run.objects.select_related("instance", "instance__template", "owner")
+        .filter(owner=request.user, instance_id=instance_id, pk=run_id)
+        .first()
+    )
+    if run is None:
+        raise ApiError(f"run {run_id} of instance {instance_id} not found", 404)
+    envelope = receipts.for_run(run)
+    if envelope is None:
+        raise ApiError(
+            f"run {run_id} has not finished ({run.status}); its receipt is written when it does", 409
+        )
+    return envelope

@@ -1,0 +1,106 @@
+"""schemathesis against a real server: /v1/openapi.json and the API it describes agree.
+
+A daphne process on the test database answers `schemathesis run --checks all` with a
+bounded number of unique examples (TETHER_SCHEMATHESIS_EXAMPLES, 10), two workers and a fixed
+seed; the run fails on any 5xx, any response that does not match its documented schema
+(status, content type, body, `Allow` on a 405), any 4xx that is not the documented JSON
+error, any schema-invalid request it accepts, and (`positive_data_acceptance`) any
+schema-valid request it answers 400: a refusal that depends on state (a credential that is
+not yours, an instance without a usable key) is a 404 or a 409, and what is data (template
+names, priced models) is written into the document when it is served.
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from instances import services as instance_services
+from instances.models import Instance
+from loops import services
+from loops.auth import make_token
+from loops.models import Run
+from tests.support.cluster import worker_env
+
+EXAMPLES = int(os.environ.get("TETHER_SCHEMATHESIS_EXAMPLES", "10"))
+SEED = os.environ.get("TETHER_SCHEMATHESIS_SEED", "1")
+WORKERS = os.environ.get("TETHER_SCHEMATHESIS_WORKERS", "2")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def live_api(tmp_path):
+    """`daphne tether.asgi:application` on a free loopback port, on the test database."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "daphne.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "tether.asgi:application"],
+            cwd=settings.BASE_DIR, env=worker_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        ends = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None or time.monotonic() > ends:
+                raise AssertionError(f"daphne did not start: {log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2):
+                    break
+            except OSError:
+                time.sleep(0.1)
+        yield url, log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_schemathesis_finds_nothing(live_api, django_user_model, tmp_path):
+    url, log = live_api
+    user = django_user_model.objects.create_user("fuzz")
+    token = make_token(user, name="schemathesis")
+    instance = Instance.objects.create(owner=user, name="fuzzed", command=["true"], workspace=str(tmp_path / "ws"))
+    # A run to act on, and a finished one to continue, so that ids 1 and 2 reach past the 404s.
+    services.run_start(instance=instance, user=user, objective="be fuzzed")
+    finished = services.run_start(instance=instance, user=user, objective="be continued")
+    Run.objects.filter(pk=finished.pk).update(status=Run.Status.FINISHED, outcome=Run.Outcome.MAX_ITERATIONS)
+    # Instance 2, from a template, is what PATCH changes (the safe fields: 200) and DELETE archives;
+    # instance 1, made by hand, refuses this user's changes (403) and is archived only once its runs end.
+    instance_services.instance_create(user=user, values={"name": "edited"}, template="coder")
+    binary = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
+    assert binary, "schemathesis is not installed: `make install` installs the test extra"
+    (tmp_path / "schemathesis.toml").write_text("[phases.fuzzing.error-feedback]\nenabled = false\n")
+    result = subprocess.run(
+        [
+            binary, "run", f"{url}/v1/openapi.json", "--url", url,
+            "-H", f"Authorization: Bearer {token}", "--checks", "all",
+            "--max-examples", str(EXAMPLES),
+            "--seed", SEED, "--workers", WORKERS, "--no-shrink", "--generation-unique-inputs", "--request-timeout", "20",
+            "--report", "json", "--report-dir", str(tmp_path / "report"),
+        ],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    output = result.stdout + result.stderr
+    print(output[-4000:])  # the phases, their times and counts: shown with -s, or beside a failure
+    server_errors = [line for line in log.read_text(errors="replace").splitlines() if "Internal Server Error" in line]
+    assert result.returncode == 0 and not server_errors, (
+        f"schemathesis failed (exit {result.returncode}):\n{output[-12000:]}\n"
+        f"--- server errors ---\n" + "\n".join(server_errors[:20])
+    )
