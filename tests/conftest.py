@@ -88,3 +88,14 @@ def price():
         cache_read_usd_per_mtok=Decimal("0.30"),
         effective_from=timezone.now().date().replace(year=2020),
     )
+
+
+@pytest.fixture
+def shipped_prices():
+    """The prices a fresh install ships (the budgets migration seeds them; a transactional test
+    that ran before this one may have flushed the rows)."""
+    import importlib
+
+    from django.apps import apps
+
+    importlib.import_module("budgets.migrations.0004_price_shipped_models").seed(apps, None)

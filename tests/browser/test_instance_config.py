@@ -18,22 +18,7 @@ SECRET = "sk-ant-api03-" + "p" * 40 + "9XYZ"
 NO_SIDEWAYS_SCROLL_JS = "() => document.documentElement.scrollWidth <= window.innerWidth"
 
 
-@pytest.fixture
-def triage_price():
-    """The shipped price of the triage template's model (a transactional test before this one may have
-    flushed the rows the migration seeded)."""
-    import datetime
-    from decimal import Decimal
-
-    from budgets.models import Price
-
-    Price.objects.get_or_create(model="claude-haiku-5-5", defaults=dict(
-        input_usd_per_mtok=Decimal("1"), output_usd_per_mtok=Decimal("5"), cache_write_usd_per_mtok=Decimal("1.25"),
-        cache_read_usd_per_mtok=Decimal("0.10"), effective_from=datetime.date(2020, 1, 1),
-    ))
-
-
-def test_an_instance_is_created_from_a_template(django_user_model, server, browser, artifacts, triage_price, device):
+def test_an_instance_is_created_from_a_template(django_user_model, server, browser, artifacts, shipped_prices, device):
     user = django_user_model.objects.create_user("ada", password=PASSWORD)
     name, options = device
     context = browser.new_context(**options)
