@@ -64,6 +64,10 @@ class SandboxUnavailable(Exception):
     """The sandbox cannot be set up here; the message says how to fix it."""
 
 
+class WorkspaceRefused(SandboxUnavailable):
+    """A workspace that now leads somewhere no program may be given (the message says where and why)."""
+
+
 @dataclass(frozen=True)
 class Bind:
     source: Path
@@ -199,11 +203,39 @@ def _dirs_for(dests: list[str], bound: set[str]) -> list[str]:
     return args
 
 
+def checked_workspace(path: Path) -> Path:
+    """Return a workspace's real path; raise WorkspaceRefused if it no longer leads where it was allowed to.
+
+    A workspace was checked when its instance was saved, but a program of another instance
+    can later swap a directory on its path for a symlink (to `TETHER_HOME`, another user's
+    workspace, `/`). So the path is walked again before anything is mounted, chowned or read:
+    a symlink inside the workspaces area or an operator's workspace root (where agents write)
+    is refused, and so is a real path that is `/` or holds Tether's own files.
+    """
+    areas = [Path(settings.TETHER_WORKSPACES).resolve(), *(Path(r).resolve() for r in settings.TETHER_WORKSPACE_ROOTS)]
+    current = Path("/")
+    for part in Path(os.path.abspath(path)).parts[1:]:
+        step = current / part
+        if step.is_symlink() and any(current.is_relative_to(a) for a in areas):
+            raise WorkspaceRefused(
+                f"workspace {path} passes through a symlink at {step} (an agent's program could have made it); "
+                "refused: replace it with a directory or choose another workspace"
+            )
+        current = step.resolve()
+    home, workspaces = Path(settings.TETHER_HOME).resolve(), areas[0]
+    exposes = current == Path("/") or home.is_relative_to(current) or (
+        current.is_relative_to(home) and not current.is_relative_to(workspaces)
+    )
+    if exposes:
+        raise WorkspaceRefused(f"workspace {path} leads to {current}, which would expose Tether's own files; refused")
+    return current
+
+
 def prepare(
     argv: list[str], spec: Spec, *, cwd: Path | None = None, _probing: bool = False, _net: tuple[int, ...] = ()
 ) -> Launch:
     """Return how to launch `argv` for `spec`; raise SandboxUnavailable when it cannot be sandboxed."""
-    workspace = spec.workspace.resolve()
+    workspace = spec.workspace.resolve() if _probing else checked_workspace(spec.workspace)
     if not enabled():
         return Launch(list(argv), cwd or workspace, {"start_new_session": True}, sandboxed=False)
     if not _probing:

@@ -27,6 +27,7 @@ from django.utils import timezone
 from budgets import ledger, metering, money
 from budgets import selectors as budget_selectors
 from budgets.models import Reservation
+from instances import sandbox
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from loops import checks as checks_mod
@@ -420,6 +421,12 @@ def iterate(lease: Lease) -> bool:
     if begun is None:
         return False
     run, instance = begun.run, begun.run.instance
+    try:
+        sandbox.checked_workspace(instance.workspace_path())  # before anything of ours reads or runs in it
+    except sandbox.WorkspaceRefused as exc:
+        refused = Reply(ok=False, text="", usage=Usage(), detail=str(exc))
+        stop_now = policy.Stop(Run.Outcome.FAILED, str(exc))
+        return _record(lease, begun, refused, [], decision_mod.Decision("failed", str(exc)), stop_now, "", Usage())
     if begun.number == 1:
         signals.run_starting.send(sender=Run, run=run)  # e.g. the review's diff starts here
         _take_protected_baseline(lease, run)

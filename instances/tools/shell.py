@@ -259,9 +259,9 @@ def run_command(
     network: bool = False,
 ) -> CommandResult:
     """Run a checked command in the workspace's sandbox; raise CommandRefused before running a refused one."""
+    spec = sandbox.Spec(workspace=workspace, instance_id=instance_id, network=network)  # walked again there
     workspace = workspace.resolve()
     argv = check_command(command, workspace=workspace, allow=tuple(allow), deny=tuple(deny))
-    spec = sandbox.Spec(workspace=workspace, instance_id=instance_id, network=network)
     try:
         proc, sandboxed = sandbox.spawn(
             argv,

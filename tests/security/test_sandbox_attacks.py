@@ -291,3 +291,55 @@ def test_without_bubblewrap_a_run_that_starts_programs_is_refused_with_how_to_fi
         monkeypatch.undo()
         sandbox._probe.cache_clear()
     assert not Run.objects.exists()
+
+
+def test_a_workspace_swapped_for_a_symlink_after_it_was_allowed_is_refused(user, script):
+    """Instance B's workspace is a directory inside instance A's; A's agent swaps it for a symlink
+    to TETHER_HOME. B's next run must not mount, chown or read what the symlink points at."""
+    import shutil
+
+    from instances import capabilities
+    from instances.models import Instance
+    from loops import services
+
+    a = Instance.objects.create(owner=user, name="a", command=["true"])  # the default workspace, in ada's area
+    inside = a.workspace_path() / "sub"
+    if inside.is_symlink():
+        inside.unlink()
+    shutil.rmtree(inside, ignore_errors=True)
+    inside.mkdir(parents=True)
+    peek = script(f"print(open({str(settings.TETHER_HOME / 'secret_key')!r}).read())")
+    b = Instance.objects.create(owner=user, name="b", command=peek, checks=[], workspace=str(inside), max_iterations=1)
+    assert capabilities.check_workspace(user, str(inside)) == inside.resolve()  # allowed when it was saved
+    inside.rmdir()
+    inside.symlink_to(settings.TETHER_HOME)  # what A's agent can do inside its own workspace
+    owner_before = os.stat(settings.TETHER_HOME / "secret_key").st_uid
+    try:
+        run = drive_in_thread(services.run_start(instance=b, user=user, objective="peek"))
+    finally:
+        inside.unlink()
+
+    assert run.outcome == "failed" and "symlink" in run.outcome_detail, run.outcome_detail
+    secret = (settings.TETHER_HOME / "secret_key").read_text().strip()
+    assert secret not in json.dumps([e.data for e in Event.objects.filter(run=run)])
+    assert os.stat(settings.TETHER_HOME / "secret_key").st_uid == owner_before  # nothing was chowned
+
+
+def test_run_command_refuses_a_workspace_reached_through_a_symlink_in_the_workspaces_area():
+    from instances import sandbox
+    from instances.tools.shell import CommandRefused, run_command
+
+    area = settings.TETHER_WORKSPACES / "9999"
+    area.mkdir(parents=True, exist_ok=True)
+    link = area / "sneaky"
+    if link.is_symlink():
+        link.unlink()
+    link.symlink_to("/")
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="symlink"):
+            sandbox.checked_workspace(link / "etc")
+        with pytest.raises(CommandRefused, match="symlink"):
+            run_command(["ls"], workspace=link, timeout=5)
+        assert sandbox.checked_workspace(area) == area.resolve()
+    finally:
+        link.unlink()
