@@ -30,7 +30,9 @@ SETPRIV = shutil.which("setpriv")
 
 
 def base_env(home: Path) -> dict[str, str]:
-    return {"PATH": SAFE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    # HOME is the workspace, so Python's user site (HOME/.local/...) would be the agent's to write:
+    # a `usercustomize.py` there would run inside every check. PYTHONNOUSERSITE turns it off.
+    return {"PATH": SAFE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONNOUSERSITE": "1"}
 
 
 @dataclass

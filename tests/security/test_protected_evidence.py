@@ -138,3 +138,39 @@ def test_a_conftest_dropped_anywhere_counts(coder):
     run = run_to_end(coder(body))
     assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
     assert run.protected_changed == ["lib/conftest.py"]
+
+
+@pytest.mark.parametrize("planted", [
+    "pytest.py",  # shadows the real pytest for `python -m pytest` run in the workspace
+    ".local/lib/python3.13/site-packages/usercustomize.py",  # HOME is the workspace: Python's user site
+    "lib/evil.pth",
+])
+def test_planting_what_python_loads_before_the_tests_counts(coder, planted):
+    body = FIX + (
+        "p = pathlib.Path(" + repr(planted) + ")\np.parent.mkdir(parents=True, exist_ok=True)\n"
+        "p.write_text('import sys\\n')\nprint('All tests pass!')\n"
+    )
+    run = run_to_end(coder(body))
+    assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
+    assert run.protected_changed == [planted]
+
+
+def test_checks_do_not_load_the_workspace_users_site(tmp_path):
+    """A usercustomize under HOME/.local (HOME is the workspace) must not run inside a check."""
+    import subprocess
+    import sys
+
+    from instances.brains import process
+
+    python = getattr(sys, "_base_executable", sys.executable)  # outside a venv, as in a sandbox: user site on
+    site = subprocess.run([python, "-c", "import site; print(site.getusersitepackages())"], env={"HOME": str(tmp_path)},
+                          capture_output=True, text=True, check=True).stdout.strip()
+    site = tmp_path / site.removeprefix(str(tmp_path) + "/")
+    site.mkdir(parents=True)
+    (site / "usercustomize.py").write_text("raise SystemExit('usercustomize ran')\n")
+    env = process.base_env(tmp_path)
+    done = subprocess.run([python, "-c", "print('clean')"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.stdout.strip() == "clean", done.stderr
+    env.pop("PYTHONNOUSERSITE")
+    done = subprocess.run([python, "-c", "print('clean')"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert "usercustomize ran" in done.stderr  # the same file does run where the user site is on
