@@ -301,9 +301,47 @@ def handle(method: str, path: str, headers: dict[str, str], raw: bytes, *, gone:
         max_tokens = body.get("max_tokens")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise GatewayError(400, "invalid_request_error", "max_tokens: must be a positive integer")
+        if why := unmeterable(body, headers):
+            raise GatewayError(400, "invalid_request_error", f"{why}; the gateway forwards only calls it can cap")
         return _metered(act, route, headers, body, len(raw), gone)
     except GatewayError as refused:
         return refused.answer()
+
+
+# Anthropic-defined tools the agent's own program executes (billed as tokens only); every other
+# typed tool runs on Anthropic's side (web search, web fetch, code execution): billed apart from
+# tokens and a way out to the network that the sandbox does not give the act.
+CLIENT_TOOL_PREFIXES = ("bash_", "text_editor_", "computer_", "memory_")
+
+
+def unmeterable(body: dict[str, Any], headers: dict[str, str]) -> str:
+    """Say why a Messages request could cost more than its reservation bounds, or "" if it cannot.
+
+    The reservation counts the request's bytes as input and `max_tokens` as output at the
+    model's 5-minute cache rates; what the provider adds on its side is refused.
+    """
+    if body.get("mcp_servers"):
+        return "mcp_servers: MCP connectors run on the provider's side and are neither metered nor sandboxed"
+    for tool in body.get("tools") or []:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if isinstance(kind, str) and kind != "custom" and not kind.startswith(CLIENT_TOOL_PREFIXES):
+            return f"tools: {kind!r} is a server tool, billed apart from tokens and run outside the sandbox"
+    stack: list[Any] = [body.get("messages"), body.get("system"), body.get("tools")]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            source = item.get("source")
+            if isinstance(source, dict) and source.get("type") == "url":
+                return "a content block's source is a URL: the provider would fetch it, unmetered, from outside the sandbox"
+            cache = item.get("cache_control")
+            if isinstance(cache, dict) and cache.get("ttl") not in (None, "5m"):
+                return f"cache_control ttl {cache.get('ttl')!r}: only the 5-minute cache is priced"
+            stack.extend(v for k, v in item.items() if k in ("content", "source"))
+    if "context-1m" in headers.get("anthropic-beta", ""):
+        return "anthropic-beta context-1m: long-context rates are not priced"
+    return ""
 
 
 def _metered(act: Act, route: str, headers: dict[str, str], body: dict[str, Any], size: int, gone: Any) -> Answer:

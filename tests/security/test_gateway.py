@@ -263,11 +263,27 @@ def test_bad_input_is_a_4xx_in_the_error_shape(agent, server):
             (b'{"model": "claude-test-1", "max_tokens": 0, "messages": []}', 400),
             (b'{"model": "no-such-model", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}', 400),
         ]
+        # What the provider would add on its side (and reach the network with) is not forwarded.
+        ask = {"model": "claude-test-1", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]}
+        unmeterable = [
+            {**ask, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+            {**ask, "tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]},
+            {**ask, "mcp_servers": [{"type": "url", "url": "https://example.com/mcp", "name": "x"}]},
+            {**ask, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]},
+            {**ask, "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+        ]
+        cases += [(json.dumps(body).encode(), 400) for body in unmeterable]
         for raw, status in cases:
             answer = gateway.handle("POST", "/v1/messages", {"x-api-key": token}, raw)
             payload = json.loads(answer.body)
             assert answer.status == status, (raw, payload)
             assert payload["type"] == "error" and payload["error"]["message"]
+        long_context = gateway.handle("POST", "/v1/messages", {"x-api-key": token, "anthropic-beta": "context-1m-2025-08-07"},
+                                      json.dumps(ask).encode())
+        assert long_context.status == 400 and b"context-1m" in long_context.body
+        client_tools = {**ask, "tools": [{"type": "bash_20250124", "name": "bash"}, {"name": "mine", "input_schema": {}}]}
+        assert gateway.unmeterable(client_tools, {}) == ""  # tools the agent runs itself are only tokens
         assert gateway.handle("GET", "/v1/messages", {"x-api-key": token}, b"").status == 405
         assert gateway.handle("POST", "/v1/models", {"x-api-key": token}, b"{}").status == 404
     finally:
