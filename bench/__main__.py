@@ -13,6 +13,11 @@ SUITES = [
 
 if __name__ == "__main__":
     chosen = sys.argv[1:] or SUITES
+    if unknown := [name for name in chosen if name not in SUITES]:
+        sys.exit(
+            f"unknown benchmark {unknown[0]!r}; choose from {', '.join(SUITES)} "
+            "(a suite's own flags, such as --json, go to it directly: python -m bench.loop_bench --json)"
+        )
     for name in chosen:
         print(f"\n===== bench.{name}", flush=True)
         importlib.import_module(f"bench.{name}").main()

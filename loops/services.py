@@ -226,7 +226,7 @@ def run_interject(
     `approve` answers a run parked on tool calls that need a person: True runs them at
     the start of the next act, False tells the agent they were refused (and why: `text`).
     """
-    text = (text or "").strip()
+    text = (text or "").replace("\r\n", "\n").strip()  # a CRLF is one character, as everywhere else
     if not text and approve is not None:
         text = "Approved." if approve else "Refused."
     if not text:

@@ -74,6 +74,16 @@ def test_cancel_and_interject(api, instance, user):
     assert Interjection.objects.count() == 1
 
 
+def test_an_interjection_counts_a_crlf_as_one_character(api, instance):
+    from loops.services import INTERJECTION_MAX_CHARS
+
+    run = api("post", f"/v1/instances/{instance['id']}/loop", {"objective": "x"}).json()
+    base = f"/v1/instances/{instance['id']}/loop/{run['id']}"
+    message = "ab\r\n" * (INTERJECTION_MAX_CHARS // 3)  # 3 characters a line, 4 counted as bytes
+    assert api("post", f"{base}/interject", {"message": message}).status_code == 202
+    assert Interjection.objects.get().text == message.replace("\r\n", "\n").strip()
+
+
 @pytest.mark.parametrize(
     "raw, message",
     [
