@@ -578,7 +578,9 @@ def _take_protected_baseline(lease: Lease, run: Run) -> None:
     """Digest the protected files as the run found them (once: a retried first iteration keeps it)."""
     if run.protected_baseline is not None:
         return
-    baseline = protected.digests(run.instance.workspace_path(), run.instance.protected_paths or [])
+    baseline = _unaccepted_baseline(run)
+    if baseline is None:
+        baseline = protected.digests(run.instance.workspace_path(), run.instance.protected_paths or [])
 
     def save() -> None:
         Run.objects.filter(pk=run.pk, lease_token=lease.token, protected_baseline__isnull=True).update(
@@ -587,6 +589,24 @@ def _take_protected_baseline(lease: Lease, run: Run) -> None:
         run.refresh_from_db(fields=["protected_baseline"])
 
     dbfaults.retry(save, what=f"run {run.pk}: protected baseline")
+
+
+def _unaccepted_baseline(run: Run) -> dict[str, Any] | None:
+    """Return the baseline of the instance's previous run if it changed protected files and was not verified.
+
+    Tampered tests must not become the next run's starting point: until a person accepts the
+    change (which verifies that run), every later run on the workspace is measured from the
+    files as they were before it.
+    """
+    earlier = (
+        Run.objects.filter(instance_id=run.instance_id, pk__lt=run.pk, protected_baseline__isnull=False)
+        .order_by("-pk")
+        .values("protected_baseline", "protected_changed", "verified")
+        .first()
+    )
+    if earlier and earlier["protected_changed"] and earlier["verified"] is not True:
+        return dict(earlier["protected_baseline"])
+    return None
 
 
 def _protected_changes(run: Run, number: int) -> tuple[list[str], tuple[str, dict[str, Any]] | None]:

@@ -174,3 +174,26 @@ def test_checks_do_not_load_the_workspace_users_site(tmp_path):
     env.pop("PYTHONNOUSERSITE")
     done = subprocess.run([python, "-c", "print('clean')"], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert "usercustomize ran" in done.stderr  # the same file does run where the user site is on
+
+
+def test_tampered_tests_do_not_become_the_next_runs_baseline(coder):
+    """A second run on the same workspace, by an honest agent, after a run that rewrote the tests:
+    the rewritten tests pass, but the run is measured from the tests as they were before."""
+    tamperer = coder(TAMPER)
+    first = run_to_end(tamperer)
+    assert (first.outcome, first.verified) == ("done", False)
+    tamperer.command = coder(FIX).command  # same instance and workspace, an honest agent now
+    tamperer.save(update_fields=["command"])
+    second = run_to_end(tamperer)
+    assert (second.outcome, second.verified) == ("done", False), second.outcome_detail
+    assert second.protected_changed == ["tests/test_app.py"]
+
+
+def test_once_a_person_accepts_the_change_the_next_run_starts_from_it(coder, user):
+    tamperer = coder(TAMPER)
+    first = run_to_end(tamperer)
+    services.review_decide(item=evidence_item(first), user=user, verdict="accept", note="the new test is right")
+    tamperer.command = coder(FIX).command
+    tamperer.save(update_fields=["command"])
+    second = run_to_end(tamperer)
+    assert (second.outcome, second.verified, second.protected_changed) == ("done", True, [])
