@@ -88,20 +88,36 @@ def _resolve(run: Run, to: str, mode: str) -> tuple[Any, Any]:
     found = Instance.objects.filter(owner=owner, name=to).first()
     if found is None and to.isdigit() and len(to) <= 18:
         found = Instance.objects.filter(owner=owner, pk=int(to)).first()
+    roles = (run.instance.template.roles or {}) if run.instance.template_id else {}
     if found is not None:
         if mode != "own":
             raise Refusal(
                 f"workspace {mode!r} needs a template target (a new instance); instance {found.name!r} "
                 "has its own workspace: use workspace 'own'"
             )
+        _within_grants(run.instance, found, found.name)
         return found, None
-    roles = (run.instance.template.roles or {}) if run.instance.template_id else {}
     template = AgentTemplate.objects.filter(name=roles.get(to, to)).first()
     if template is None:
         names = ", ".join(Instance.objects.filter(owner=owner).values_list("name", flat=True)[:20]) or "none"
         templates = ", ".join(AgentTemplate.objects.values_list("name", flat=True)) or "none"
         raise Refusal(f"no instance or template named {to!r} (your instances: {names}; templates: {templates})")
+    if to not in roles:  # a role the parent's template declares was composed so by the operator
+        _within_grants(run.instance, template, f"template {template.name}")
     return None, template
+
+
+def _within_grants(parent: Any, child: Any, name: str) -> None:
+    """Refuse a child that could reach what its parent cannot: network egress, MCP servers it lacks.
+
+    Delegation is never a way around a grant: an agent without the network must not get one by
+    handing the work to an instance that has it.
+    """
+    if getattr(child, "network", False) and not parent.network:
+        raise Refusal(f"{name} has network egress and you do not: a delegate cannot reach more than you can")
+    extra = sorted(set(getattr(child, "mcp_servers", None) or []) - set(parent.mcp_servers or []))
+    if extra:
+        raise Refusal(f"{name} uses MCP servers you do not ({', '.join(map(str, extra))}): a delegate cannot reach more than you can")
 
 
 def _target(run: Run, to: str, mode: str, number: int) -> Any:

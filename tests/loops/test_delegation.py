@@ -182,6 +182,25 @@ def test_refusals_are_tool_errors_the_model_reads_and_no_run_is_made(user, famil
     assert run.outcome == "done"
 
 
+def test_a_delegate_cannot_reach_more_than_its_parent(user, family, server, make_instance, script):
+    """No network egress or MCP server by handing the work to an instance (or template) that has it."""
+    make_instance(user, name="online", command=script(HELPER), network=True)
+    make_instance(user, name="connected", command=script(HELPER), mcp_servers=["files"])
+    AgentTemplate.objects.create(name="surfer", brain="command", command=script(FIXER), mcp_servers=["web"])
+    server.enqueue(
+        tool_uses([delegate("online", "fetch it", 0.10), delegate("connected", "look", 0.10),
+                   delegate("surfer", "browse", 0.10, workspace="copy")]),
+        text("ok"),
+    )
+    run = drive_in_thread(services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00"))
+    run.refresh_from_db()
+    assert children_of(run) == []
+    said = run.next_instruction
+    assert "online has network egress and you do not" in said
+    assert "connected uses MCP servers you do not (files)" in said
+    assert "template surfer uses MCP servers you do not (web)" in said
+
+
 def test_depth_and_tree_limits_refuse(user, family, server, settings):
     settings.TETHER_DELEGATION_MAX_DEPTH = 0
     server.enqueue(tool_uses([delegate("helper", "x", 0.10)]), text("ok"))
