@@ -403,6 +403,12 @@ def on_done_proposed(sender: Any, *, run: Any, **kwargs: Any) -> RoleCheck | Non
         return RoleCheck(False, f"the {role} ({name}) never checked the work")
     if latest.outcome != Run.Outcome.DONE:
         return RoleCheck(False, f"the {role}'s last run (run {latest.pk}) ended {latest.outcome}: {latest.outcome_detail[:300]}")
+    changed_since = (
+        Run.objects.filter(parent=run, created_at__gt=latest.created_at).exclude(instance__template__name=name)
+        .order_by("pk").first()
+    )
+    if changed_since is not None:  # a pass is for the work as it was checked, not for what came after
+        return RoleCheck(False, f"the {role}'s pass (run {latest.pk}) is older than run {changed_since.pk}, which came after it")
     return RoleCheck(True, f"the {role}'s last run (run {latest.pk}) passed")
 
 

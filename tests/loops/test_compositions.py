@@ -111,3 +111,20 @@ def test_a_builder_that_claims_done_without_fixing_never_makes_the_lead_verified
     run = drive_tree(services.run_start(instance=inst, user=user, objective="fix add", max_cost_usd="1.00"))
     assert run.outcome == "done" and run.verified is False
     assert "the qa's last run" in run.outcome_detail or "qa" in run.outcome_detail.lower()
+
+
+def test_a_qa_pass_from_before_the_builders_last_change_does_not_verify_the_lead(user, lead):
+    inst, server = lead(HONEST_BUILDER)
+    server.enqueue(
+        role("planner", "plan the fix of add"),
+        role("builder", "implement PLAN.md"),
+        role("qa", "check the acceptance criteria in PLAN.md"),
+        role("builder", "QA failed: fix add"),
+        role("qa", "check the acceptance criteria in PLAN.md"),
+        role("builder", "one more change after QA passed"),
+        text("QA passed earlier; done."),
+    )
+    run = drive_tree(services.run_start(instance=inst, user=user, objective="fix add", max_cost_usd="1.00"))
+    assert Run.objects.filter(parent=run, instance__template__name="t-qa", outcome="done").exists()  # it did pass
+    assert (run.outcome, run.verified) == ("done", False), run.outcome_detail
+    assert "is older than run" in run.outcome_detail
