@@ -332,6 +332,8 @@ def classify(exc: BaseException) -> tuple[str, str, float | None]:
         return "transient", "the model call timed out", None
     if isinstance(exc, anthropic.APIConnectionError):
         return "transient", "the connection to the model endpoint failed", None
+    if isinstance(exc, httpx2.TransportError):  # a stream cut once it had begun: the SDK raises it as is
+        return "transient", f"the connection to the model endpoint was cut mid-answer ({type(exc).__name__})", None
     return "fatal", f"the model call failed ({type(exc).__name__})", None
 
 
@@ -498,12 +500,24 @@ class Session:
                         pass
                 raise _Stopped
         if "error" in box:
+            if opened and self._began(opened[0]):
+                # Cut after `message_start` (a network error, a timeout mid-stream): the provider
+                # bills what it sent, so it is counted as a stop's call is.
+                self._count_partial(opened[0], params)
             return False, box["error"]
         body = box.get("body")
         if not isinstance(body, dict):
             return False, ValueError("the model endpoint returned something other than a message")
         self._count(body)
         return True, body
+
+    @staticmethod
+    def _began(stream: Any) -> bool:
+        """Return whether the stream's `message_start` arrived (the provider had begun the call)."""
+        try:
+            return stream._current_snapshot_or_none() is not None
+        except Exception:  # noqa: BLE001 - a snapshot half-built by the other thread
+            return False
 
     def _count_partial(self, stream: Any, params: dict[str, Any]) -> None:
         """Count a call stopped mid-stream: its input as the provider reported it, and the output so far.

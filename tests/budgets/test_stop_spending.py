@@ -70,3 +70,23 @@ def test_a_stop_during_a_slow_decider_ends_the_run_within_two_seconds(
         assert server.disconnected.wait(5.0), "the decider's connection stayed open"
     assert run.outcome == "cancelled"
     assert took <= 2.0, f"the stop took {took:.2f}s"
+
+
+def test_a_stream_cut_mid_answer_is_paid_for_what_arrived_and_retried(user, make_instance, price):
+    """A network cut after `message_start`: the provider bills what it sent, so Tether counts it too."""
+    from tests.loops.conftest import drive_in_thread
+
+    with MessagesServer(api_key=KEY) as server:
+        credential = Credential.create_for(user, label="k", secret=KEY)
+        inst = make_instance(user, brain="anthropic", decider="checks", base_url=server.url, credential=credential,
+                             model="claude-test-1", tools=[], command=[], checks=[], max_iterations=1)
+        inst.workspace_path().mkdir(parents=True, exist_ok=True)
+        server.enqueue(Trickle(text(SLOW), every=0, size=8, cut_after=6), text("Done."))
+        run = drive_in_thread(services.run_start(instance=inst, user=user, objective="think", max_cost_usd="1.00"))
+    assert run.outcome == "done" and len(server.requests) == 2  # the cut call was retried
+    calls = list(Reservation.objects.filter(run_id=run.pk, call__gt=0).order_by("call"))
+    cut, answered = calls
+    sent = cut.usage["input_tokens"] + cut.usage["cache_write_tokens"] + cut.usage["cache_read_tokens"]
+    assert cut.status == "settled" and sent > 0 and cut.usage["output_tokens"] > 0, cut.usage
+    assert 0 < cut.actual < cut.amount
+    assert run.spent_micros == cut.actual + answered.actual

@@ -119,6 +119,7 @@ class Trickle:
     reply: Any
     every: float = 0.5
     size: int = 4
+    cut_after: int | None = None  # drop the connection after this many events (a cut mid-stream)
 
 
 @dataclass
@@ -328,13 +329,13 @@ class MessagesServer:
             return self._drop(handler)
         if isinstance(scripted, Error):
             return self._send_error(handler, scripted, received)
-        every, size = 0.0, 20
+        every, size, cut_after = 0.0, 20, None
         if isinstance(scripted, Trickle):
-            every, size, scripted = scripted.every, scripted.size, scripted.reply
+            every, size, cut_after, scripted = scripted.every, scripted.size, scripted.cut_after, scripted.reply
         message = self._message(body, scripted)
         received.status, received.reply = 200, message
         if body.get("stream") is True:
-            return self._stream(handler, message, received, every=every, size=size)
+            return self._stream(handler, message, received, every=every, size=size, cut_after=cut_after)
         self._send_json(handler, 200, message)
 
     def _count(self, handler: BaseHTTPRequestHandler, body: dict, received: Received) -> None:
@@ -378,7 +379,10 @@ class MessagesServer:
         events.append({"type": "message_stop"})
         return events
 
-    def _stream(self, handler: BaseHTTPRequestHandler, message: dict, received: Received, *, every: float, size: int) -> None:
+    def _stream(
+        self, handler: BaseHTTPRequestHandler, message: dict, received: Received, *, every: float, size: int,
+        cut_after: int | None = None,
+    ) -> None:
         received.streamed = True
         try:
             handler.send_response(200)
@@ -388,6 +392,8 @@ class MessagesServer:
             handler.send_header("request-id", f"req_fake_{len(self.requests):06d}")
             handler.end_headers()
             for number, event in enumerate(self.events(message, size=size)):
+                if cut_after is not None and number >= cut_after:
+                    return self._drop(handler)
                 if number and every and not self._wait(handler, every, received):
                     return self._drop(handler)
                 data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
