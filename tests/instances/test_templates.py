@@ -99,3 +99,14 @@ def test_template_instances_refuse_bad_overrides(user, other_user):
     theirs = Credential.create_for(other_user, label="theirs", secret="sk-ant-theirs-1234")
     with pytest.raises(TemplateError, match="not one of yours"):
         create_instance(owner=user, template="coder", name="x", overrides={"credential_id": theirs.pk})
+
+
+@pytest.mark.parametrize("lead", ["plan-build-qa", "research-write-check"])
+def test_the_shipped_compositions_are_loaded_and_every_role_is_a_shipped_template(lead):
+    template = AgentTemplate.objects.get(name=lead)
+    assert template.roles and template.verify_with_role in template.roles
+    assert "delegate" in template.tools
+    for role, name in template.roles.items():
+        member = AgentTemplate.objects.get(name=name)
+        assert "delegate" not in member.tools, f"{lead}'s {role} must not delegate further"
+    assert template.protected_paths or lead != "plan-build-qa"  # its checks run the project's tests
