@@ -32,7 +32,13 @@ SETPRIV = shutil.which("setpriv")
 def base_env(home: Path) -> dict[str, str]:
     # HOME is the workspace, so Python's user site (HOME/.local/...) would be the agent's to write:
     # a `usercustomize.py` there would run inside every check. PYTHONNOUSERSITE turns it off.
-    return {"PATH": SAFE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONNOUSERSITE": "1"}
+    # Bytecode is cached in the sandbox's own /tmp, never read from the workspace's __pycache__:
+    # a stale .pyc (a file rewritten within the second, at the same size) or one an agent forged
+    # would otherwise be run in place of the source the checks are meant to test.
+    return {
+        "PATH": SAFE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+        "PYTHONNOUSERSITE": "1", "PYTHONPYCACHEPREFIX": "/tmp/pycache",
+    }
 
 
 @dataclass

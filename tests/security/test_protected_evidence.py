@@ -197,3 +197,31 @@ def test_once_a_person_accepts_the_change_the_next_run_starts_from_it(coder, use
     tamperer.save(update_fields=["command"])
     second = run_to_end(tamperer)
     assert (second.outcome, second.verified, second.protected_changed) == ("done", True, [])
+
+
+def test_a_check_runs_the_source_not_a_stale_or_forged_pyc(tmp_path, script):
+    """A `.pyc` in the workspace's __pycache__ that matches the source's mtime and size (a file
+    rewritten within the second, or a forgery) must not stand in for the source a check tests."""
+    import importlib.util
+    import os
+    import py_compile
+
+    from instances import sandbox
+    from instances.brains import process
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    source = workspace / "app.py"
+    source.write_text("def add(a, b):\n    return a + b\n")
+    py_compile.compile(str(source), cfile=importlib.util.cache_from_source(str(source)))
+    compiled = source.stat()
+    source.write_text("def add(a, b):\n    return a - b\n")  # the bug, at the same size
+    os.utime(source, ns=(compiled.st_atime_ns, compiled.st_mtime_ns))
+    check = script("sys.path.insert(0, os.getcwd())\nfrom app import add\nsys.exit(0 if add(2, 3) == 5 else 1)\n")
+    box = sandbox.Spec(workspace=workspace)
+
+    done = process.run(check, cwd=workspace, env=process.base_env(workspace), timeout=30, spec=box)
+    assert done.exit_code == 1, done.stderr  # the bug is caught
+    fooled = {k: v for k, v in process.base_env(workspace).items() if k != "PYTHONPYCACHEPREFIX"}
+    done = process.run(check, cwd=workspace, env=fooled, timeout=30, spec=box)
+    assert done.exit_code == 0, done.stderr  # reading the workspace's bytecode, the same check is fooled
