@@ -115,7 +115,7 @@ def prepare(runs: int, seconds: float, home: str) -> dict[str, Any]:
             name=name,
             command=agent(act, cost),
             env={"GOAL": str(steps)},
-            workspace=str(Path(home) / "ws" / name),
+            workspace=str(Path(home) / "workspaces" / "ws" / name),
             max_iterations=max(2, round(steps * bound)) if bound else steps + 5,
             act_timeout_seconds=60,
         )

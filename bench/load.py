@@ -99,7 +99,7 @@ def prepare(runs: int, iterations: int, act: float, brain: str, home: str) -> di
             brain=brain,
             command=command_agent(act) if brain == "command" else [],
             env={"GOAL": str(iterations), "ACT_SECONDS": str(act)},
-            workspace=str(Path(home) / "ws" / str(i)),
+            workspace=str(Path(home) / "workspaces" / "ws" / str(i)),
             max_iterations=iterations,
             act_timeout_seconds=int(act * 10) + 30,
         )
@@ -144,7 +144,7 @@ def queries(iterations: int, act: float, brain: str, home: str) -> dict[str, Any
         brain=brain,
         command=command_agent(act) if brain == "command" else [],
         env={"GOAL": str(iterations), "ACT_SECONDS": str(act)},
-        workspace=str(Path(home) / "ws" / "queries"),
+        workspace=str(Path(home) / "workspaces" / "ws" / "queries"),
         max_iterations=iterations,
     )
     run = services.run_start(instance=instance, user=user, objective="count", via="api")

@@ -79,7 +79,7 @@ def measure(backend: str) -> dict[str, float]:
 
     settings.TETHER_BRAINS = {"instant": "bench.loop_bench.InstantBrain"}
     user = get_user_model().objects.create_user("bench")
-    workspace = Path(home) / "ws"
+    workspace = Path(home) / "workspaces" / "ws"  # inside the workspaces area, as a real one is
     workspace.mkdir()
     act = ["sh", "-c", "echo $TETHER_ITERATION > n"]
     check = ["sh", "-c", "cat n; exit 1"]
@@ -119,14 +119,14 @@ def measure(backend: str) -> dict[str, float]:
         owner=user,
         name="instant",
         brain="instant",
-        workspace=str(Path(home) / "ws2"),
+        workspace=str(Path(home) / "workspaces" / "ws2"),
         max_iterations=ITERATIONS,
     )
     run, results["overhead_ms"] = drive(instant)
     results["iterations_per_s"] = 1000 / results["overhead_ms"]
     # The same loop again, counting what it sends to the database (this thread's connection).
     counted = Instance.objects.create(
-        owner=user, name="counted", brain="instant", workspace=str(Path(home) / "ws3"), max_iterations=50
+        owner=user, name="counted", brain="instant", workspace=str(Path(home) / "workspaces" / "ws3"), max_iterations=50
     )
     tally = {"statements": 0, "commits": 0}
 

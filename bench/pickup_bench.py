@@ -57,7 +57,7 @@ def prepare(runs: int, home: str) -> dict[str, Any]:
             owner=user,
             name=f"pickup-{i}",
             command=["sh", "-c", "echo done"],
-            workspace=str(Path(home) / "ws" / str(i)),
+            workspace=str(Path(home) / "workspaces" / "ws" / str(i)),
             max_iterations=2,
         )
         for i in range(runs)

@@ -70,7 +70,7 @@ def main(rounds: int = ROUNDS) -> None:
         print(f"per act, median of {rounds} interleaved rounds (ms); ratio to the unsandboxed spawn")
         print(f"{'workspace':>12} | " + " | ".join(f"{m:>18}" for m in modes))
         for files in (10, 2000):
-            workspace = _workspace(Path(home), files)
+            workspace = _workspace(Path(home) / "workspaces", files)  # where Tether keeps workspaces
             times: dict[str, list[float]] = {m: [] for m in modes}
             for m in modes:
                 _once(workspace, m)  # warm up
