@@ -80,7 +80,7 @@ def measure(backend: str) -> dict[str, float]:
     settings.TETHER_BRAINS = {"instant": "bench.loop_bench.InstantBrain"}
     user = get_user_model().objects.create_user("bench")
     workspace = Path(home) / "workspaces" / "ws"  # inside the workspaces area, as a real one is
-    workspace.mkdir()
+    workspace.mkdir(parents=True)
     act = ["sh", "-c", "echo $TETHER_ITERATION > n"]
     check = ["sh", "-c", "cat n; exit 1"]
     inst = Instance.objects.create(
