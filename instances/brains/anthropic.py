@@ -681,6 +681,8 @@ class _Act:
             if self.journal is not None:
                 self.replayed = self.journal.replay()
             messages: list[dict[str, Any]] = [{"role": "user", "content": self._opening(context)}]
+            if approved_delegations := self._approved_delegations():
+                return approved_delegations  # a person approved them: the loop starts the children now
             turns = 0
             while True:
                 room = int(instance.max_output_tokens) - self.session.usage.output_tokens
@@ -744,8 +746,8 @@ class _Act:
             blocks.append({"type": "text", "text": self.session.scrub("\n".join(self.mcp.notes))})
         ran = []
         for index, call in enumerate(getattr(request, "approved_calls", None) or []):
-            if not isinstance(call, Mapping) or "name" not in call:
-                continue
+            if not isinstance(call, Mapping) or "name" not in call or call["name"] == "delegate":
+                continue  # (an approved delegate call is the loop's to start: `_approved_delegations`)
             result = self._journaled_call(0, index, call, None, context)
             state = "failed" if result.is_error else "ran"
             ran.append(f"- {call_signature(str(call['name']), call.get('input', {}))} {state}:\n{clip(result.content, 4000)}")
@@ -768,6 +770,22 @@ class _Act:
         reply.tool_calls = [
             {"name": c["name"], "input": c.get("input", {}), "id": c.get("id", ""), "needs_approval": True}
             for c in pending
+        ]
+        return reply
+
+    def _approved_delegations(self) -> Reply | None:
+        """End the act with the `delegate` calls a person approved, for the loop to start (never run here)."""
+        approved = [
+            c for c in getattr(self.request, "approved_calls", None) or []
+            if isinstance(c, Mapping) and c.get("name") == "delegate" and "delegate" in self.enabled
+        ]
+        if not approved:
+            return None
+        reply = self._reply(True, f"a person approved {len(approved)} delegation(s); waiting for them")
+        reply.tool_calls = [
+            *reply.tool_calls,
+            *({"name": "delegate", "input": c.get("input", {}), "id": c.get("id", ""), "delegate": True}
+              for c in approved),
         ]
         return reply
 

@@ -201,6 +201,27 @@ def test_a_delegate_cannot_reach_more_than_its_parent(user, family, server, make
     assert "template surfer uses MCP servers you do not (web)" in said
 
 
+def test_a_delegation_gated_behind_approval_starts_once_a_person_approves(user, family, server):
+    family.approval_tools = ["delegate"]
+    family.save(update_fields=["approval_tools"])
+    server.enqueue(
+        tool_uses([delegate("helper", "help with the report", 0.20)]),
+        tool_use("write_file", {"path": "REPORT.md", "content": "helper helped; fixed"}),
+        text("The report is written."),
+    )
+    run = drive_in_thread(services.run_start(instance=family, user=user, objective="write the report",
+                                             max_cost_usd="1.00"))
+    assert run.status == "waiting" and children_of(run) == []  # parked for a person, nothing started
+    services.run_interject(run=run, user=user, text="go ahead", approve=True)
+    run = drive_in_thread(Run.objects.get(pk=run.pk))
+    assert len(server.requests) == 1  # the approved call is started by the loop, not asked of the model again
+    (helper,) = children_of(run)
+    assert run.status == "waiting" and run.delegation["state"] == "waiting"
+    assert drive_in_thread(helper).outcome == "done"
+    run = drive_in_thread(Run.objects.get(pk=run.pk))
+    assert (run.outcome, run.verified) == ("done", True), run.outcome_detail
+
+
 def test_depth_and_tree_limits_refuse(user, family, server, settings):
     settings.TETHER_DELEGATION_MAX_DEPTH = 0
     server.enqueue(tool_uses([delegate("helper", "x", 0.10)]), text("ok"))
