@@ -307,13 +307,16 @@ def release(reservation_id: int | None, *, actor: Actor = None, now: datetime | 
 
 
 def carve(
-    *, parent: Any, pool: Pool, amount: int, actor: Actor = None, now: datetime | None = None
+    *, parent: Any, pool: Pool, amount: int, actor: Actor = None, now: datetime | None = None,
+    also: Iterable[int] = (),
 ) -> int:
     """Hold `amount` in `parent` run's chain as the budget of `pool` (its child run's); return the carve's id.
 
     The caller created `pool` with limit `amount` and a chain of its own (`services.open_run_pools`).
-    Raises `BudgetRefused` naming the pool of the parent's chain that has no room. Idempotent: a
-    pool already carved has its carve's id returned.
+    `also`: more pools to hold it in (the child's own instance pool, when it runs on another
+    instance); they book the child's spend when the carve is refunded, as the chain does.
+    Raises `BudgetRefused` naming the pool that has no room. Idempotent: a pool already carved
+    has its carve's id returned.
     """
     amount = _check_amount("amount", amount)
     now = now or timezone.now()
@@ -322,7 +325,7 @@ def carve(
         done = Reservation.objects.filter(carved=pool).values_list("pk", flat=True).first()
         if done is not None:
             return int(done)
-        pools = _lock(_chain_for_run(parent), now, who)
+        pools = _lock([*_chain_for_run(parent), *also], now, who)
         refused = _refusal(pools, amount, parent, 0, "the child run's budget")
         if refused is None:
             reservation = Reservation.objects.create(

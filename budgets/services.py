@@ -164,7 +164,9 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
         )
         if child:
             try:
-                ledger.carve(parent=run.parent, pool=pool, amount=cap, now=now)
+                # A child on another instance is held to that instance's pool too (its limit, its period).
+                also = [] if run.instance_id == run.parent.instance_id else [instance_pool(run.instance).pk]
+                ledger.carve(parent=run.parent, pool=pool, amount=cap, now=now, also=also)
             except ledger.BudgetRefused as refused:
                 raise InvalidBudget(f"a budget of {format_usd(cap)} does not fit: {refused.detail}") from None
         return pool

@@ -137,6 +137,29 @@ def test_carves_are_held_until_the_children_finish_and_what_they_leave_goes_back
     assert float(total) == pytest.approx(spent / 1_000_000)
 
 
+def test_a_child_on_another_instance_is_held_to_that_instances_pool_too(user, family, script):
+    """Delegation is no way around the target instance's own limit (or its period)."""
+    from budgets import ledger
+    from budgets.services import instance_pool
+
+    helper = family.__class__.objects.get(owner=user, name="helper")
+    helper.command = script(SPENDER)
+    helper.save(update_fields=["command"])
+    pool = instance_pool(helper)
+    ledger.set_limit(pool, 500_000, "operator")
+    parent = services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00")
+    (refused,) = delegation.start_children(parent, 1, [{"id": "a", "input": {"to": "helper", "objective": "x", "max_cost_usd": 0.60}}])
+    assert "does not fit" in refused["error"] and "helper" in refused["error"] and children_of(parent) == []
+    (started,) = delegation.start_children(parent, 1, [{"id": "b", "input": {"to": "helper", "objective": "x", "max_cost_usd": 0.40}}])
+    (kid,) = children_of(parent)
+    pool.refresh_from_db()
+    assert pool.reserved == 400_000 and started["child"] == kid.pk  # held in the helper's pool while it runs
+    assert drive_in_thread(kid).outcome == "done"
+    pool.refresh_from_db()
+    assert (pool.spent, pool.reserved) == (kid.spent_micros, 0) and kid.spent_micros > 0
+    assert selectors.audit_pools() == []
+
+
 def test_a_child_that_does_not_fit_beside_a_held_carve_is_refused_and_no_run_is_made(user, family):
     parent = services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00")
     helper = family.__class__.objects.get(owner=user, name="helper")
