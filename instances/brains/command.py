@@ -1,6 +1,6 @@
 """The `command` brain: an external program acts (an agent CLI, a script, a fixer).
 
-Protocol (DESIGN.md): cwd = the workspace; the instruction on stdin; TETHER_RUN_ID,
+Protocol (README, "The `command` brain"): cwd = the workspace; the instruction on stdin; TETHER_RUN_ID,
 TETHER_ITERATION, TETHER_OBJECTIVE_FILE, TETHER_USAGE_FILE in the environment plus
 the variables the instance names, and nothing else of the platform's; stdout is the
 response (capped); exit status 0 = the act succeeded; killed at the act timeout or
