@@ -270,8 +270,10 @@ def prepare(
     writable = [(str(workspace), str(workspace))]
     writable += [(str(b.source), b.dest) for b in spec.binds if b.writable]
     extra_ro = [(str(b.source), b.dest) for b in spec.binds if not b.writable]
+    # /tmp is the program's own, and writable by it (sticky, as a system's /tmp is): bubblewrap
+    # would make it 0755 and root's, which the instance's uid cannot write.
     args += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(settings.TETHER_SANDBOX_TMP_MB) << 20),
-             "--tmpfs", "/tmp"]
+             "--perms", "1777", "--tmpfs", "/tmp"]
     dests = readonly + [d for _, d in writable + extra_ro]
     args += _dirs_for(sorted(dests), {"/usr", "/proc", "/dev"})
     for path in readonly:

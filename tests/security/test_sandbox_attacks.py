@@ -343,3 +343,19 @@ def test_run_command_refuses_a_workspace_reached_through_a_symlink_in_the_worksp
         assert sandbox.checked_workspace(area) == area.resolve()
     finally:
         link.unlink()
+
+
+def test_a_program_has_a_private_tmp_it_can_write(tmp_path):
+    """Tools need a /tmp (pytest's tmp_path, compilers, py_compile): the sandbox's own, writable by its uid."""
+    from instances import sandbox
+    from instances.brains import process
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    marker = f"tether-private-tmp-{os.getpid()}"
+    probe = f"import os, tempfile\nopen('/tmp/{marker}', 'w').write('x')\nprint(tempfile.mkdtemp(), oct(os.stat('/tmp').st_mode))"
+    done = process.run(["python3", "-c", probe], cwd=workspace, env=process.base_env(workspace), timeout=30,
+                       spec=sandbox.Spec(workspace=workspace, instance_id=7))
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.strip().endswith("0o41777")
+    assert not os.path.exists(f"/tmp/{marker}")  # its /tmp, not the host's
