@@ -494,6 +494,13 @@ def iterate(lease: Lease) -> bool:
     workspace = instance.workspace_path()
     changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
     checks = checks_mod.run_checks(list(instance.checks or []), workspace, lease.stop, instance=instance)
+    if lease.stop.is_set():  # a stop during the checks: what ran is no verdict, and a stop is never a done
+        _enter(lease)
+        if not _stop_requested(run.pk):
+            raise LeaseLost
+        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the checks of iteration {begun.number}")
+        decision = decision_mod.Decision("failed", "stopped during the checks")
+        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
     fingerprint = checks_mod.fingerprint(workspace)
     history = run.history or {}
     recent = [*history.get("instructions", []), begun.base_instruction][-policy.KEPT :]

@@ -183,3 +183,16 @@ def test_a_worker_sigkilled_mid_act_leaves_an_attempt_lost_event(user, make_inst
     assert lost.data["reservations"] == [reservation.pk]
     told = "A previous attempt of this iteration was interrupted; it changed keep.txt, notes.txt (added)."
     assert told in run.iterations.get(number=1).response  # what the re-run's agent read on its stdin
+
+
+def test_a_stop_during_the_checks_ends_cancelled_never_done(user, make_instance, script, clusters, start):
+    from loops import services
+
+    check = script("pathlib.Path('checking').write_text('yes')\ntime.sleep(60)\n")
+    inst = make_instance(user, command=script("print('did it')\n"), checks=[{"name": "slow", "command": check}])
+    clusters("w")
+    run = start(inst)
+    wait_for(lambda: (inst.workspace_path() / "checking").exists(), 30, "the check to start")
+    services.run_cancel(run=run, user=user)
+    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status="finished").first(), 10, "the run to stop")
+    assert run.outcome == "cancelled", (run.outcome, run.outcome_detail)
