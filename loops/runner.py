@@ -499,7 +499,7 @@ def iterate(lease: Lease) -> bool:
         if not _stop_requested(run.pk):
             raise LeaseLost
         step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the checks of iteration {begun.number}")
-        decision = decision_mod.Decision("failed", "stopped during the checks")
+        decision = decision_mod.Decision("failed", "stopped by a person during the checks")
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
     fingerprint = checks_mod.fingerprint(workspace)
     history = run.history or {}
