@@ -85,6 +85,16 @@ def _refused(exc: services.Refused) -> ApiError:
     return ApiError(exc.message, exc.status)
 
 
+def _changed(request: HttpRequest, instance_id: int, run_id: int, change: Any, **options: Any) -> Any:
+    """Apply a service's change to the caller's run; answer 202 with the run, or its refusal."""
+    run = _run(request, instance_id, run_id)
+    try:
+        run = change(run=run, user=request.user, request=request, **options)
+    except services.Refused as exc:
+        raise _refused(exc) from None
+    return Status(202, run_json(run))
+
+
 def _usd(value: Any) -> str | None:
     return None if value is None else str(value)
 
@@ -138,12 +148,7 @@ def run_detail(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
     RUN + "/cancel", url_name="run-cancel", response={202: schemas.Run, **errors()}, summary="Stop a run"
 )
 def run_cancel(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Empty = NO_BODY) -> Any:
-    run = _run(request, instance_id, run_id)
-    try:
-        run = services.run_cancel(run=run, user=request.user, request=request)
-    except services.Refused as exc:
-        raise _refused(exc) from None
-    return Status(202, run_json(run))
+    return _changed(request, instance_id, run_id, services.run_cancel)
 
 
 @router.post(
@@ -171,17 +176,9 @@ def run_interject(request: HttpRequest, instance_id: Id, run_id: Id, payload: sc
     summary="Resume a budget_exhausted run (optionally raising its cap first)",
 )
 def run_resume(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.ResumeIn = NO_BODY) -> Any:
-    run = _run(request, instance_id, run_id)
-    try:
-        run = services.run_resume(
-            run=run,
-            user=request.user,
-            request=request,
-            max_cost_usd=_usd(payload.max_cost_usd if payload else None),
-        )
-    except services.Refused as exc:
-        raise _refused(exc) from None
-    return Status(202, run_json(run))
+    return _changed(
+        request, instance_id, run_id, services.run_resume, max_cost_usd=_usd(payload.max_cost_usd if payload else None)
+    )
 
 
 @router.post(
@@ -221,12 +218,7 @@ def run_continue(
     summary="Close a waiting run as escalated",
 )
 def run_close(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Empty = NO_BODY) -> Any:
-    run = _run(request, instance_id, run_id)
-    try:
-        run = services.run_close(run=run, user=request.user, request=request)
-    except services.Refused as exc:
-        raise _refused(exc) from None
-    return Status(202, run_json(run))
+    return _changed(request, instance_id, run_id, services.run_close)
 
 
 @router.post(
