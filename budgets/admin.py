@@ -321,7 +321,10 @@ class ReservationAdmin(ReadOnlyAdmin):
 
     @admin.display(description="paid by (root first)")
     def paid_by(self, reservation: Reservation) -> str:
-        pools = Pool.objects.filter(pk__in=reservation.chain or []).order_by("path")
+        # A leased run pool in the chain draws on its ancestors: they pay too.
+        paths = Pool.objects.filter(pk__in=reservation.chain or []).values_list("path", flat=True)
+        ids = {int(part) for path in paths for part in path.strip("/").split("/") if part}
+        pools = Pool.objects.filter(pk__in=ids).order_by("path")
         return format_html_join(
             " › ",
             '<a href="{}">{}</a>',

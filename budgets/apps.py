@@ -17,3 +17,4 @@ def _close_reservations_of_deleted_run(sender, instance, **kwargs) -> None:
     from budgets import ledger
 
     ledger.close_abandoned(instance, actor="run deleted")
+    ledger.return_run_lease(instance.pk, actor="run deleted")

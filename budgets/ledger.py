@@ -20,6 +20,22 @@ itself — the child's calls lock and spend only its own pool, and can never spe
 was not set aside for it. When the child finishes, `refund_carve` settles the carve at
 what the child's pool spent: the parent's chain books that as spent and has the rest back.
 
+Quota leases keep the shared rows cold. A run pool (`Pool.quota` not None) holds a lease: slices
+of its ancestors' headroom, each a reservation of its own in the ancestors (`lease_for`). Its
+run's reservations (and its children's carves) hold money in the run pool alone (`on_lease`)
+while the lease covers them, so a metered call locks one row. When it does not, the lease draws
+another slice — `TETHER_BUDGET_LEASE_USD` (default 0.25; 0 turns leases off for new runs), at most a quarter of what the tightest
+ancestor has left and no more than the run pool's own limit could use, or just what is missing
+when that is more — locking the run pool first and then its ancestors. A run's own reservation
+is never refused where an exact reservation up the chain would have been granted; what another
+run's lease holds unused is, like any reservation, not free for others until it returns. `return_lease` (the run finished,
+parked or was deleted) settles the slices at what the run pool took of them (what it still holds
+counting as spent: conservative) and gives the rest back. So a run pool's `spent` is exact at
+every settle, its ancestors' `spent + reserved` always covers their subtree's, `spent` up the
+tree is exact once the slices return, and no pool is ever over-admitted. A settle beyond the
+lease (a self-reported overdraft) returns the lease at once, so the overdraft reaches every
+ancestor and blocks it until covered.
+
 `BudgetRefused` is raised after the work is done, so a caller that catches it inside
 its own `atomic()` block can carry on in the same transaction.
 """
@@ -36,11 +52,11 @@ from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import OperationalError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 
 from budgets.models import LedgerEntry, Pool, Reservation
-from budgets.money import format_usd
+from budgets.money import format_usd, usd_to_micros
 
 type Actor = AbstractBaseUser | str | None
 """Who made a change: a user, a label ("runner", "reaper", "admin"), or None for the default."""
@@ -162,13 +178,8 @@ def _lock(pool_ids: Iterable[int], now: datetime, actor: tuple[Any, str]) -> lis
 
 
 def _chain_for_run(run: Any) -> list[int]:
-    """Return the ids of the run's pool chain (the run pool if it has one, else the instance pool's)."""
-    rows = dict(
-        Pool.objects.filter(
-            Q(kind=Pool.Kind.RUN, run_id=run.pk) | Q(kind=Pool.Kind.INSTANCE, instance_id=run.instance_id)
-        ).values_list("kind", "path")
-    )
-    path = rows.get(Pool.Kind.RUN) or (rows.get(Pool.Kind.INSTANCE) if run.max_cost_micros is None else None)
+    """Return the ids of the run's pool chain, root first, opening its pools if they do not exist yet."""
+    path = Pool.objects.filter(kind=Pool.Kind.RUN, run_id=run.pk).values_list("path", flat=True).first()
     if path is None:
         from budgets.services import open_run_pools
 
@@ -229,8 +240,10 @@ def reserve(
     `call` 0 is the iteration's own reservation; 1, 2, ... are metered model calls.
     Idempotent: while a reservation for (run, iteration, call) is held, its id is returned again.
     Opens the run's pools if they do not exist yet. Raises `BudgetRefused` naming the pool.
-    With `run=None`, holds it in `pool`'s chain instead (a model call made for no run, such as
-    a one-off decision asked through the API); such a reservation has no run and no key.
+    A run pool with a lease holds it in itself alone, drawing a slice from its ancestors first
+    when the lease cannot cover it. With `run=None`, holds it in `pool`'s chain instead (a model
+    call made for no run, such as a one-off decision asked through the API); such a reservation
+    has no run and no key.
     """
     amount = _check_amount("amount", amount)
     now = now or timezone.now()
@@ -246,7 +259,7 @@ def reserve(
             raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
     run_id = None if run is None else run.pk
     with transaction.atomic(savepoint=False):
-        pools = _lock(chain, now, who)
+        leaf, locked = _lock_leaf(chain, now, who)
         if run_id is not None:
             held = (
                 Reservation.objects.filter(run_id=run_id, iteration=iteration, call=call, status=HELD)
@@ -255,32 +268,134 @@ def reserve(
             )
             if held is not None:
                 return int(held)
-        refused = _refusal(pools, amount, run, iteration)
+        what = f"iteration {iteration} of run {run_id}" if run_id is not None else ""
+        pools, refused = _admit(chain, leaf, locked, amount, now, who, what)
         if refused is None:
-            reservation = Reservation.objects.create(
-                run_id=run_id, iteration=iteration, call=call, model=model[:100], amount=amount,
-                chain=[p.pk for p in pools], created_at=now,
+            return _hold(
+                pools, amount, who, now, lease=leaf, run_id=run_id, iteration=iteration, call=call, model=model
             )
-            Pool.objects.filter(pk__in=reservation.chain).update(reserved=F("reserved") + amount)
-            entries = []
-            for locked in pools:
-                locked.reserved += amount
-                entries.append(
-                    _entry(
-                        locked,
-                        Kind.RESERVE,
-                        who,
-                        now,
-                        amount=amount,
-                        reserved_delta=amount,
-                        reservation_id=reservation.pk,
-                        run_id=run_id,
-                        iteration=iteration,
-                    )
-                )
-            LedgerEntry.objects.bulk_create(entries)
-            return int(reservation.pk)
     raise refused
+
+
+def _lock_leaf(chain: list[int], now: datetime, who: tuple[Any, str], also: Iterable[int] = ()) -> tuple[Pool | None, list[Pool]]:
+    """Lock the chain's innermost pool if it holds a lease: return (it, []); else lock the chain and `also` (None, them).
+
+    Locks go leased run pools first, then shared pools in ascending id order: a lease draws on
+    its ancestors only after its run pool is locked.
+    """
+    first = _lock([chain[-1]], now, who)
+    if first and first[0].quota is not None and len(chain) > 1:
+        return first[0], []
+    return None, _lock([*chain, *also], now, who)
+
+
+def _admit(
+    chain: list[int], leaf: Pool | None, locked: list[Pool], amount: int, now: datetime, who: tuple[Any, str],
+    what: str, also: Iterable[int] = (),
+) -> tuple[list[Pool], BudgetRefused | None]:
+    """Return the (locked) pools a new reservation of `amount` holds money in, or why it cannot.
+
+    Without a lease (`leaf` None): the whole chain, `locked` already, refused if any limited pool
+    lacks room. With one: the run pool and `also` (refused if they lack room), after drawing the
+    slice its lease is short of from its ancestors.
+    """
+    if leaf is None:
+        return locked, _refusal(locked, amount, None, 0, what)
+    also = [pk for pk in also if pk != leaf.pk]
+    refused = _refusal([leaf], amount, None, 0, what)
+    if refused is not None:
+        return [], refused
+    unused = int(leaf.quota or 0) - leaf.quota_used
+    short = amount - unused
+    shared = _lock([*(chain[:-1] if short > 0 else []), *also], now, who)
+    extra = [p for p in shared if p.pk in also]
+    refused = _refusal(extra, amount, None, 0, what)
+    if refused is not None:
+        return [], refused
+    if short > 0:
+        ancestors = [p for p in shared if p.pk in chain]
+        spare = _slice_size()
+        if leaf.limit is not None:  # never lease more than the run pool could ever use
+            spare = min(spare, leaf.limit - leaf.spent - leaf.reserved - unused)
+        tightest = min((p.limit - p.spent - p.reserved for p in ancestors if p.limit is not None), default=None)
+        if tightest is not None:  # nor more than a quarter of what is left: scarce headroom is shared out
+            spare = min(spare, tightest // 4)
+        draw = spare if spare > short and _refusal(ancestors, spare, None, 0, what) is None else short
+        refused = _refusal(ancestors, draw, None, 0, what)
+        if refused is not None:
+            return [], refused
+        _draw(leaf, ancestors, draw, who, now)
+    return [leaf, *extra], None
+
+
+def _slice_size() -> int:
+    from django.conf import settings
+
+    return usd_to_micros(str(getattr(settings, "TETHER_BUDGET_LEASE_USD", "0.25")))
+
+
+def leasing() -> bool:
+    """Return whether new run pools lease their headroom (`TETHER_BUDGET_LEASE_USD` above 0).
+
+    At 0, every reservation holds money in its whole chain at once: every pool exact at every
+    moment, at the price of locking the shared root and user rows on every call.
+    """
+    return _slice_size() > 0
+
+
+def _draw(
+    leaf: Pool, ancestors: list[Pool], amount: int, who: tuple[Any, str], now: datetime, note: str = ""
+) -> Reservation:
+    """Hold `amount` more in `leaf`'s (locked) ancestors as a slice of its lease (no limit check: the caller's)."""
+    piece = Reservation.objects.create(
+        iteration=0, amount=amount, lease_for=leaf, chain=[p.pk for p in ancestors], created_at=now,
+    )
+    if not amount:  # an empty slice: only what a settle beyond the lease books through it
+        return piece
+    Pool.objects.filter(pk__in=piece.chain).update(reserved=F("reserved") + amount)
+    leaf.quota = int(leaf.quota or 0) + amount
+    Pool.objects.filter(pk=leaf.pk).update(quota=leaf.quota)
+    entries = []
+    for pool in ancestors:
+        pool.reserved += amount
+        entries.append(
+            _entry(
+                pool, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount, reservation_id=piece.pk,
+                run_id=leaf.run_id, note=note or f"a slice of {leaf.name}'s lease",
+            )
+        )
+    LedgerEntry.objects.bulk_create(entries)
+    return piece
+
+
+def _hold(
+    pools: list[Pool], amount: int, who: tuple[Any, str], now: datetime, *, lease: Pool | None,
+    run_id: int | None = None, iteration: int = 0, call: int = 0, model: str = "", carved: Pool | None = None,
+    note: str = "",
+) -> int:
+    """Create the reservation of `amount` in the (locked, admitted) `pools`; return its id."""
+    reservation = Reservation.objects.create(
+        run_id=run_id, iteration=iteration, call=call, model=model[:100], amount=amount, carved=carved,
+        on_lease=lease, chain=[p.pk for p in pools], created_at=now,
+    )
+    if lease is not None:
+        lease.quota_used += amount
+        Pool.objects.filter(pk=lease.pk).update(reserved=F("reserved") + amount, quota_used=lease.quota_used)
+        if len(pools) > 1:
+            Pool.objects.filter(pk__in=[p.pk for p in pools[1:]]).update(reserved=F("reserved") + amount)
+    else:
+        Pool.objects.filter(pk__in=reservation.chain).update(reserved=F("reserved") + amount)
+    entries = []
+    for locked in pools:
+        locked.reserved += amount
+        entries.append(
+            _entry(
+                locked, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount,
+                reservation_id=reservation.pk, run_id=run_id, iteration=iteration, note=note,
+            )
+        )
+    LedgerEntry.objects.bulk_create(entries)
+    return int(reservation.pk)
 
 
 def settle(
@@ -325,24 +440,14 @@ def carve(
         done = Reservation.objects.filter(carved=pool).values_list("pk", flat=True).first()
         if done is not None:
             return int(done)
-        pools = _lock([*_chain_for_run(parent), *also], now, who)
-        refused = _refusal(pools, amount, parent, 0, "the child run's budget")
+        chain = _chain_for_run(parent)
+        leaf, locked = _lock_leaf(chain, now, who, also)
+        pools, refused = _admit(chain, leaf, locked, amount, now, who, "the child run's budget", also)
         if refused is None:
-            reservation = Reservation.objects.create(
-                iteration=0, amount=amount, carved=pool, chain=[p.pk for p in pools], created_at=now,
+            return _hold(
+                pools, amount, who, now, lease=leaf, carved=pool,
+                note=f"carved for {pool.name} from run {parent.pk}'s budget",
             )
-            Pool.objects.filter(pk__in=reservation.chain).update(reserved=F("reserved") + amount)
-            entries = []
-            for locked in pools:
-                locked.reserved += amount
-                entries.append(
-                    _entry(
-                        locked, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount,
-                        reservation_id=reservation.pk, note=f"carved for {pool.name} from run {parent.pk}'s budget",
-                    )
-                )
-            LedgerEntry.objects.bulk_create(entries)
-            return int(reservation.pk)
     raise refused
 
 
@@ -432,13 +537,27 @@ def _apply_close(
     who: tuple[Any, str],
     now: datetime,
     note: str = "",
+    announce: bool = True,
+    cause: Reservation | None = None,
 ) -> list[ThresholdCrossing]:
-    """Move the reservation out of `reserved` and `actual` into `spent` on every (locked) pool."""
+    """Move the reservation out of `reserved` and `actual` into `spent` on every (locked) pool.
+
+    Sends the soft thresholds it crossed after commit unless `announce` is False (then the caller does).
+    `cause`: the run's reservation whose settle this is booking up the chain (a lease slice returned
+    at once for an overdraft); the entries name its run and iteration.
+    """
     amount = reservation.amount
+    run_id, iteration = (cause.run_id, cause.iteration) if cause is not None else (reservation.run_id, reservation.iteration)
     overdraft = max(0, actual - amount)
-    Pool.objects.filter(pk__in=[p.pk for p in pools]).update(
-        reserved=F("reserved") - amount, spent=F("spent") + actual
-    )
+    lease = next((p for p in pools if p.pk == reservation.on_lease_id), None)
+    if lease is not None:
+        lease.quota_used += actual - amount
+        Pool.objects.filter(pk=lease.pk).update(
+            reserved=F("reserved") - amount, spent=F("spent") + actual, quota_used=lease.quota_used
+        )
+    shared = [p.pk for p in pools if p is not lease]
+    if shared:
+        Pool.objects.filter(pk__in=shared).update(reserved=F("reserved") - amount, spent=F("spent") + actual)
     reservation.status, reservation.actual, reservation.overdraft, reservation.closed_at = (
         status,
         actual,
@@ -469,8 +588,8 @@ def _apply_close(
                 spent_delta=actual,
                 reserved_delta=-amount,
                 reservation_id=reservation.pk,
-                run_id=reservation.run_id,
-                iteration=reservation.iteration,
+                run_id=run_id,
+                iteration=iteration,
                 note=note,
             )
         )
@@ -485,8 +604,8 @@ def _apply_close(
                     now,
                     amount=pool.spent + pool.reserved - pool.limit,
                     reservation_id=reservation.pk,
-                    run_id=reservation.run_id,
-                    iteration=reservation.iteration,
+                    run_id=run_id,
+                    iteration=iteration,
                     note=f"over its limit by {format_usd(pool.spent + pool.reserved - pool.limit)}; "
                     "no new reservation until covered",
                 )
@@ -495,7 +614,7 @@ def _apply_close(
             pool.threshold_flagged_at = now
             flagged.append(pool.pk)
             crossing = ThresholdCrossing(
-                pool.pk, pool.name, pool.spent, pool.limit, pool.threshold_percent, reservation.run_id
+                pool.pk, pool.name, pool.spent, pool.limit, pool.threshold_percent, run_id
             )
             crossings.append(crossing)
             entries.append(
@@ -505,15 +624,77 @@ def _apply_close(
                     who,
                     now,
                     amount=pool.spent,
-                    run_id=reservation.run_id,
+                    run_id=run_id,
                     note=crossing.detail,
                 )
             )
     if flagged:
         Pool.objects.filter(pk__in=flagged).update(threshold_flagged_at=now)
     LedgerEntry.objects.bulk_create(entries)
+    if lease is not None and lease.quota_used > int(lease.quota or 0):
+        # Beyond what the lease holds (only a reported cost can be): the ancestors must see it now.
+        crossings += _return(lease, who, now, cause=reservation)
+    elif overdraft and lease is None and len(pools) == 1 and pools[0].quota is not None and len(pools[0].chain_ids()) > 1:
+        # Held when its lease went back (its ancestors booked all of it then): the excess goes up too.
+        leaf = pools[0]
+        ancestors = _lock(leaf.chain_ids()[:-1], now, who)
+        piece = _draw(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond a reservation its lease gave up")
+        crossings += _apply_close(
+            piece, ancestors, overdraft, Kind.SETTLE, status, who, now, announce=False, cause=reservation
+        )
+    if crossings and announce:
+        _announce(crossings)
+    return crossings
+
+
+def return_lease(pool: Pool | int, *, actor: Actor = None, now: datetime | None = None) -> int:
+    """Give back `pool`'s lease: its ancestors book what it took as spent and have the rest back; return that.
+
+    For a run that finished, parked or was deleted (inside the transaction that did it). What the
+    run pool still holds counts as taken (conservative); those reservations settle in the run pool
+    alone from then on. Idempotent: a pool with nothing leased is left alone (returns 0).
+    """
+    now = now or timezone.now()
+    who = _actor(actor, "runner")
+    with transaction.atomic(savepoint=False):
+        locked = _lock([_pool_id(pool)], now, who)
+        if not locked or not locked[0].quota:
+            return 0
+        taken = locked[0].quota_used
+        crossings = _return(locked[0], who, now)
     if crossings:
         _announce(crossings)
+    return taken
+
+
+def return_run_lease(run_id: int, *, actor: Actor = None, now: datetime | None = None) -> int:
+    """Return the lease of run `run_id`'s pool, if it holds one (see `return_lease`); return what it took."""
+    pool = Pool.objects.filter(kind=Pool.Kind.RUN, run_id=run_id, quota__gt=0).values_list("pk", flat=True).first()
+    return 0 if pool is None else return_lease(pool, actor=actor, now=now)
+
+
+def _return(
+    leaf: Pool, who: tuple[Any, str], now: datetime, cause: Reservation | None = None
+) -> list[ThresholdCrossing]:
+    """Settle the (locked) `leaf`'s lease slices at what it took of them; its lease starts again from nothing."""
+    ancestors = _lock(leaf.chain_ids()[:-1], now, who)
+    slices = list(Reservation.objects.select_for_update().filter(lease_for=leaf, status=HELD).order_by("pk"))
+    taken = leaf.quota_used
+    if taken > 0 and not slices:  # nothing leased, yet taken: a $0 reservation settled at a reported cost
+        slices = [_draw(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond its lease")]
+    crossings: list[ThresholdCrossing] = []
+    for index, piece in enumerate(slices):
+        share = taken if index == len(slices) - 1 else min(piece.amount, taken)
+        taken -= share
+        crossings += _apply_close(
+            piece, ancestors, share, Kind.SETTLE, Reservation.Status.SETTLED, who, now,
+            note=f"{leaf.name}'s lease returned: {format_usd(share)} taken of this slice's {format_usd(piece.amount)}",
+            announce=False,
+            cause=cause,
+        )
+    Reservation.objects.filter(on_lease=leaf, status=HELD).update(on_lease=None)
+    leaf.quota, leaf.quota_used = 0, 0
+    Pool.objects.filter(pk=leaf.pk).update(quota=0, quota_used=0)
     return crossings
 
 

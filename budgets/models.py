@@ -28,6 +28,12 @@ class Pool(models.Model):
     reservation made here holds money in. A child run's pool is carved (`Reservation.carved`):
     its limit is money held for it in its parent run's chain, so its own chain starts at itself
     ("/self/") while `parent` still names the pool it was carved from.
+
+    A run pool leases its headroom (`quota`): it draws slices of its ancestors' headroom as
+    reservations of their own (`Reservation.lease_for`), and its run's reservations then hold
+    money in the run pool alone (`Reservation.on_lease`), so a metered call locks one row, not
+    the shared root and user rows. The slices return, booked at what the run spent, when the
+    run finishes or parks (`ledger.return_lease`).
     """
 
     class Kind(models.TextChoices):
@@ -72,6 +78,13 @@ class Pool(models.Model):
     )
     # Set when the soft threshold was crossed in the current period; cleared at a period reset.
     threshold_flagged_at = models.DateTimeField(null=True, blank=True)
+    # A quota lease (run pools): `quota` is the headroom this pool holds in its ancestors (its held
+    # `Reservation.lease_for` slices); `quota_used` what its own reservations have taken of it.
+    # None: not leased (a shared pool, or a carved pool whose limit is already set aside for it).
+    quota = models.BigIntegerField(
+        null=True, blank=True, help_text="micro-dollars leased from the ancestors; empty = no lease"
+    )
+    quota_used = models.BigIntegerField(default=0, help_text="micro-dollars of the lease spent or held here")
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -82,6 +95,9 @@ class Pool(models.Model):
             ),
             models.CheckConstraint(condition=Q(spent__gte=0), name="pool_spent_not_negative"),
             models.CheckConstraint(condition=Q(reserved__gte=0), name="pool_reserved_not_negative"),
+            models.CheckConstraint(
+                condition=Q(quota__isnull=True) | Q(quota__gte=0), name="pool_quota_not_negative"
+            ),
             models.CheckConstraint(
                 condition=Q(threshold_percent__isnull=True) | Q(threshold_percent__lte=100),
                 name="pool_threshold_is_a_percentage",
@@ -154,6 +170,16 @@ class Reservation(models.Model):
         "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="carve",
         help_text="a carve: the child run's pool this holds the budget of",
     )
+    # A slice of a run pool's lease: money held in the pool's ancestors for it (`chain` = them).
+    lease_for = models.ForeignKey(
+        "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="lease_slices",
+        help_text="a lease slice: the run pool this holds headroom for in its ancestors",
+    )
+    # A reservation drawing on its run pool's lease (`chain` = that pool alone).
+    on_lease = models.ForeignKey(
+        "Pool", on_delete=models.PROTECT, null=True, blank=True, related_name="leased_reservations",
+        help_text="the run pool whose lease this reservation draws on",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     closed_at = models.DateTimeField(null=True, blank=True)
 
@@ -175,6 +201,8 @@ class Reservation(models.Model):
     def __str__(self) -> str:
         if self.carved_id is not None:
             return f"reservation {self.pk} (carve of pool {self.carved_id}, {self.status})"
+        if self.lease_for_id is not None:
+            return f"reservation {self.pk} (lease slice of pool {self.lease_for_id}, {self.status})"
         call = f", call {self.call}" if self.call else ""
         return f"reservation {self.pk} (run {self.run_id}, iteration {self.iteration}{call}, {self.status})"
 

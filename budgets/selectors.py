@@ -98,12 +98,20 @@ def pool_headroom(pool: Pool, now: datetime | None = None) -> PoolHeadroom:
 
 
 def chain_headroom(pools: Iterable[Pool], now: datetime | None = None) -> tuple[int | None, Pool | None]:
-    """Return (the least remaining of the limited pools, never below zero, and that pool)."""
+    """Return (the least remaining of the limited pools, never below zero, and that pool).
+
+    A run pool's unused lease (the last pool of its chain, `quota - quota_used`) is headroom
+    its run still has in every ancestor, on top of what they have left.
+    """
+    pools = list(pools)
+    leaf = max(pools, key=lambda p: len(p.path), default=None)
+    leased = leaf is not None and leaf.quota is not None and len(pools) > 1
+    unused = max(0, int(leaf.quota) - leaf.quota_used) if leased and leaf is not None and leaf.quota is not None else 0
     best: tuple[int | None, Pool | None] = (None, None)
     for pool in pools:
         if pool.limit is None:
             continue
-        left = max(0, pool.limit - effective_spent(pool, now) - pool.reserved)
+        left = max(0, pool.limit - effective_spent(pool, now) - pool.reserved + (0 if pool is leaf else unused))
         if best[0] is None or left < best[0]:
             best = (left, pool)
     return best

@@ -35,10 +35,12 @@ def pool_create(
     threshold_percent: int | None = 80,
     actor: ledger.Actor = None,
     own_chain: bool = False,
+    leased: bool = False,
 ) -> Pool:
     """Create a pool under `parent`; a limit given here is logged as the pool's first limit change.
 
     `own_chain`: a carved pool, whose chain starts at itself (see `open_run_pools`).
+    `leased`: a run pool that leases its headroom from its ancestors (see `budgets.ledger`).
     """
     if (kind == Pool.Kind.ROOT) != (parent is None):
         raise InvalidBudget("the root pool, and only it, has no parent")
@@ -61,6 +63,7 @@ def pool_create(
             period=period,
             period_start=ledger.period_floor(period, now) or now,
             threshold_percent=threshold_percent,
+            quota=0 if leased else None,
         )
         pool.path = f"{parent.path if parent and not own_chain else '/'}{pool.pk}/"
         Pool.objects.filter(pk=pool.pk).update(path=pool.path)
@@ -124,19 +127,24 @@ def _create_once(create: Callable[[], Pool], **lookup: Any) -> Pool:
 
 
 def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
-    """Ensure the chain root -> user -> instance exists for `run`, plus a run pool if it has a cap.
+    """Ensure the chain root -> user -> instance -> run exists for `run`; return its run pool.
+
+    The run pool's limit is the run's cap (unlimited without one), and it holds a quota lease
+    (`ledger`): the run's reservations hold money in it alone while the lease covers them.
 
     A child run (started by a `delegate` call) always has a cap, carved from its parent run's
     chain (`ledger.carve`): the cap is held there until the child finishes, and the child's
-    pool (under its parent run's pool, or the parent's instance pool when the parent has no
-    cap) is the root of the child's own chain, so the child can spend only what was set aside.
+    pool (under its parent run's pool) is the root of the child's own chain, so the child can
+    spend only what was set aside; it needs no lease.
 
-    Return the innermost pool (the run pool, or the instance pool). Called by `run_start` inside
-    its transaction. Raises `InvalidBudget` (and changes nothing) for a negative cap or a cap
-    larger than the instance chain's remaining headroom (a child's: its parent's chain's), with
-    periods as they stand at `now` (default: now).
+    Called by `run_start` inside its transaction. Raises `InvalidBudget` (and changes nothing)
+    for a negative cap or a cap larger than the instance chain's remaining headroom (a child's:
+    its parent's chain's), with periods as they stand at `now` (default: now).
     """
     with transaction.atomic():
+        existing: Pool | None = Pool.objects.filter(kind=Pool.Kind.RUN, run=run).first()
+        if existing:
+            return existing
         parent = instance_pool(run.instance)
         child = bool(getattr(run, "parent_id", None))
         if child:
@@ -144,13 +152,8 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
                 Pool.objects.filter(kind=Pool.Kind.RUN, run_id=run.parent_id).first()
                 or instance_pool(run.parent.instance)
             )
-        if run.max_cost_micros is None:
-            return parent
-        existing: Pool | None = Pool.objects.filter(kind=Pool.Kind.RUN, run=run).first()
-        if existing:
-            return existing
-        cap = _check_cap(run.max_cost_micros)
-        if not child:
+        cap = None if run.max_cost_micros is None and not child else _check_cap(run.max_cost_micros)
+        if cap is not None and not child:
             _check_fits(parent, cap, f"run {run.pk}", now=now)
         pool = pool_create(
             kind=Pool.Kind.RUN,
@@ -161,8 +164,10 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
             limit=cap,
             threshold_percent=None,
             own_chain=child,
+            leased=not child and ledger.leasing(),
         )
         if child:
+            assert cap is not None
             try:
                 # A child on another instance is held to that instance's pool too (its limit, its period).
                 also = [] if run.instance_id == run.parent.instance_id else [instance_pool(run.instance).pk]
@@ -195,6 +200,7 @@ def run_set_cap(run: Any, cap: int | None, actor: ledger.Actor) -> Pool:
                 limit=cap,
                 threshold_percent=None,
                 actor=actor,
+                leased=ledger.leasing(),
             )
         if cap is not None:
             cap = _check_cap(cap)

@@ -10,7 +10,6 @@ size of the run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,10 +172,11 @@ def run_spending(
         .only("iteration", "call", "model", "usage", "amount", "actual", "overdraft", "status", "chain")[:calls]
     )
     pools = _pools({pk for r in rows for pk in r.chain}, chain)
-    over = _over_limit([r.pk for r in rows if r.overdraft], pools)
+    paying = _payers(rows, pools, chain)
+    over = _over_limit([r for r in rows if r.overdraft], pools)
     by_iteration: dict[int, list[CallCost]] = {n: [] for n in numbers}
     for r in rows:
-        by_iteration[r.iteration].append(_call(r, pools, over.get(r.pk, [])))
+        by_iteration[r.iteration].append(_call(r, pools, over.get(r.pk, []), paying[r.pk]))
     return RunSpending(
         iterations=[
             IterationCost(
@@ -217,16 +217,55 @@ def _pools(ids: set[int], chain: ChainHeadroom | None) -> dict[int, PaidBy]:
     return known
 
 
-def _over_limit(reservation_ids: Iterable[int], pools: dict[int, PaidBy]) -> dict[int, list[tuple[str, int]]]:
-    """Return, per overdrawn reservation, the pools its settlement took past their limit (from the ledger)."""
-    ids = list(reservation_ids)
-    if not ids:
+def _payers(rows: list[Reservation], pools: dict[int, PaidBy], chain: ChainHeadroom | None) -> dict[int, list[PaidBy]]:
+    """Return, per reservation, the pools that pay for it, root first: its chain, and the ancestors a
+    leased run pool in it draws on (its reservations hold money in the run pool alone)."""
+    line = [p.id for p in chain.pools] if chain else []
+    unknown = {pk for r in rows for pk in r.chain if pk not in line}
+    paths = dict(Pool.objects.filter(pk__in=unknown).values_list("pk", "path")) if unknown else {}
+
+    def up(pk: int) -> list[int]:
+        if pk in line:
+            return line[: line.index(pk) + 1]
+        return [int(part) for part in paths.get(pk, f"/{pk}/").strip("/").split("/")]
+
+    ids = {r.pk: {above for pk in r.chain for above in up(pk)} for r in rows}
+    missing = set().union(set(), *ids.values()) - pools.keys()
+    if missing:
+        pools.update(_pools(missing, None))
+    return {
+        r.pk: sorted((pools.get(pk, PaidBy(pk, f"pool {pk}", "", 0)) for pk in ids[r.pk]), key=lambda p: (p.depth, p.id))
+        for r in rows
+    }
+
+
+def _over_limit(overdrawn: list[Reservation], pools: dict[int, PaidBy]) -> dict[int, list[tuple[str, int]]]:
+    """Return, per overdrawn reservation, the pools its settlement took past their limit (from the ledger).
+
+    Up the chain of a leased run pool the overdraft is booked through a lease slice, on entries
+    naming the reservation's run and iteration.
+    """
+    if not overdrawn:
         return {}
     found: dict[int, list[tuple[str, int]]] = {}
-    entries = LedgerEntry.objects.filter(reservation_id__in=ids, kind=LedgerEntry.Kind.OVERDRAFT).order_by("pk")
-    for reservation, pool, amount in entries.values_list("reservation_id", "pool_id", "amount"):
+    by_iteration = {(r.run_id, r.iteration): r.pk for r in overdrawn}
+    entries = LedgerEntry.objects.filter(
+        Q(reservation_id__in=[r.pk for r in overdrawn])
+        | Q(
+            run_id__in={r.run_id for r in overdrawn if r.run_id is not None},
+            iteration__in={r.iteration for r in overdrawn},
+            reservation__lease_for__isnull=False,
+        ),
+        kind=LedgerEntry.Kind.OVERDRAFT,
+    ).order_by("pk")
+    for reservation, pool, amount, run_id, iteration in entries.values_list(
+        "reservation_id", "pool_id", "amount", "run_id", "iteration"
+    ):
+        owner = reservation if any(r.pk == reservation for r in overdrawn) else by_iteration.get((run_id, iteration))
+        if owner is None:
+            continue
         name = pools[pool].name if pool in pools else f"pool {pool}"
-        found.setdefault(reservation, []).append((name, amount))
+        found.setdefault(owner, []).append((name, amount))
     return found
 
 
@@ -239,7 +278,9 @@ def tokens_of(usage: Any) -> dict[str, int]:
     return found
 
 
-def _call(r: Reservation, pools: dict[int, PaidBy], over_limit: list[tuple[str, int]]) -> CallCost:
+def _call(
+    r: Reservation, pools: dict[int, PaidBy], over_limit: list[tuple[str, int]], paid_by: list[PaidBy]
+) -> CallCost:
     tokens = tokens_of(r.usage)
     return CallCost(
         iteration=r.iteration,
@@ -253,9 +294,7 @@ def _call(r: Reservation, pools: dict[int, PaidBy], over_limit: list[tuple[str, 
         settled=r.actual,
         overdraft=r.overdraft,
         status=r.status,
-        paid_by=sorted(
-            (pools.get(pk, PaidBy(pk, f"pool {pk}", "", 0)) for pk in r.chain), key=lambda p: (p.depth, p.id)
-        ),
+        paid_by=paid_by,
         over_limit=over_limit,
     )
 

@@ -378,9 +378,11 @@ def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = Non
 def after_finish(run_id: int) -> None:
     """Once the transaction that finished the run (or parked it) commits, say so (receipt, review, notify).
 
-    A finished child run's carve goes back to its parent first, inside that transaction.
+    A finished child run's carve goes back to its parent first, inside that transaction, and the
+    run's quota lease goes back to its pools' ancestors (a parked run spends nothing meanwhile).
     """
     delegation.refund_carve(run_id)
+    ledger.return_run_lease(run_id)
     transaction.on_commit(lambda: signals.run_finished.send(sender=Run, run_id=run_id))
 
 

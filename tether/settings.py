@@ -238,6 +238,23 @@ TETHER_ACT_TIMEOUT_SECONDS = _env_float("TETHER_ACT_TIMEOUT_SECONDS", 600)
 TETHER_CHECK_TIMEOUT_SECONDS = _env_float("TETHER_CHECK_TIMEOUT_SECONDS", 300)
 TETHER_OUTPUT_CAP_BYTES = _env_int("TETHER_OUTPUT_CAP_BYTES", 64 * 1024)
 TETHER_WORKSPACES = Path(os.environ.get("TETHER_WORKSPACES", TETHER_HOME / "workspaces")).resolve()
+# A run pool leases headroom from its ancestors in slices of this many dollars (budgets/ledger.py);
+# "0" turns leases off: every reservation then locks the whole pool chain.
+TETHER_BUDGET_LEASE_USD = os.environ.get("TETHER_BUDGET_LEASE_USD", "0.25").strip()
+
+
+def _check_dollars(name: str, value: str) -> None:
+    from decimal import Decimal, InvalidOperation
+
+    try:
+        ok = Decimal(value) >= 0 and Decimal(value).is_finite()
+    except InvalidOperation:
+        ok = False
+    if not ok:
+        raise ImproperlyConfigured(f"{name} must be an amount of dollars such as 0.25 (0 or more), got {value!r}")
+
+
+_check_dollars("TETHER_BUDGET_LEASE_USD", TETHER_BUDGET_LEASE_USD)
 
 # --- the sandbox (instances/sandbox.py) ------------------------------------------
 # "bwrap" (default): every program an agent or a user supplies runs under bubblewrap, and runs

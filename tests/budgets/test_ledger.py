@@ -1,4 +1,8 @@
-"""The ledger, pools and prices against the database: one behaviour per test."""
+"""The ledger, pools and prices against the database: one behaviour per test.
+
+These pin the chain's rules with quota leases off (`TETHER_BUDGET_LEASE_USD=0`: every
+reservation holds money in its whole chain at once); `test_leases.py` pins leases.
+"""
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -16,6 +20,11 @@ from instances.brains.base import Usage
 pytestmark = pytest.mark.django_db
 
 DAY1 = datetime(2026, 3, 10, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def exact_chains(settings):
+    settings.TETHER_BUDGET_LEASE_USD = "0"
 
 
 def chain(run):
@@ -48,17 +57,18 @@ def test_open_run_pools_builds_root_user_instance_and_a_run_pool_for_a_cap(make_
     assert LedgerEntry.objects.filter(pool=leaf, kind="limit").count() == 1
 
 
-def test_a_run_without_a_cap_reserves_in_its_instance_pool(make_run):
+def test_a_run_without_a_cap_has_an_unlimited_pool_of_its_own(make_run):
     run = make_run()
     leaf = services.open_run_pools(run)
-    assert leaf.kind == "instance"
-    assert [p.kind for p in chain(run)] == ["root", "user", "instance"]
+    assert (leaf.kind, leaf.limit, leaf.run) == ("run", None, run)
+    assert [p.kind for p in chain(run)] == ["root", "user", "instance", "run"]
 
 
-def test_runs_of_one_instance_share_its_pool(make_run, make_instance, user):
+def test_runs_of_one_instance_share_its_pool_each_with_its_own(make_run, make_instance, user):
     instance = make_instance(user)
     first, second = make_run(instance), make_run(instance)
-    assert services.open_run_pools(first) == services.open_run_pools(second)
+    one, two = services.open_run_pools(first), services.open_run_pools(second)
+    assert one != two and one.parent_id == two.parent_id == services.instance_pool(instance).pk
 
 
 def test_a_run_cap_larger_than_the_remaining_headroom_is_refused_and_nothing_changes(make_run):
@@ -194,7 +204,7 @@ def test_settle_is_idempotent(make_run):
     ledger.settle(reservation, actual=250)
     ledger.settle(None, actual=5)
     assert chain(run)[0].spent == 100
-    assert LedgerEntry.objects.filter(kind="settle").count() == 3  # one per pool, once
+    assert LedgerEntry.objects.filter(kind="settle").count() == 4  # one per pool, once
 
 
 def test_release_gives_everything_back(make_run):
@@ -202,7 +212,7 @@ def test_release_gives_everything_back(make_run):
     reservation = ledger.reserve(run=run, iteration=1, amount=300)
     ledger.release(reservation)
     ledger.release(reservation)
-    assert [(p.spent, p.reserved) for p in chain(run)] == [(0, 0)] * 3
+    assert [(p.spent, p.reserved) for p in chain(run)] == [(0, 0)] * 4
     assert Reservation.objects.get(pk=reservation).status == "released"
     books_are_sound(*chain(run))
 
@@ -253,7 +263,7 @@ def test_deleting_a_run_closes_its_held_reservations(make_run):
     run.delete()
     assert Reservation.objects.get(pk=reservation).status == "abandoned"
     refresh(*pools)
-    assert [(p.spent, p.reserved) for p in pools] == [(700, 0)] * 3
+    assert [(p.spent, p.reserved) for p in pools] == [(700, 0)] * 4
     books_are_sound(*pools)
 
 
@@ -432,10 +442,10 @@ def test_headroom_for_run_lists_the_chain_root_first_with_the_tightest_pool(make
 def test_pools_visible_to_owners_and_staff(make_run, user, other_user):
     run = make_run()
     services.open_run_pools(run)
-    assert set(selectors.pools_visible_to(user).values_list("kind", flat=True)) == {"user", "instance"}
+    assert set(selectors.pools_visible_to(user).values_list("kind", flat=True)) == {"user", "instance", "run"}
     assert not selectors.pools_visible_to(other_user).exists()
     other_user.is_staff = True
-    assert selectors.pools_visible_to(other_user).count() == 3
+    assert selectors.pools_visible_to(other_user).count() == 4
     assert selectors.pool_as_json(chain(run)[2])["chain"]["pools"][0]["kind"] == "root"
 
 
@@ -510,7 +520,6 @@ def test_an_anthropic_brain_reserves_nothing_up_front_its_calls_are_metered(make
 
 def test_a_cap_that_cannot_be_opened_at_reserve_time_is_a_refusal(make_run):
     run = make_run()
-    services.open_run_pools(run)
     ledger.set_limit(services.instance_pool(run.instance), 100, "admin")
     run.max_cost_micros = 500  # a cap that no longer fits, and no run pool yet
     with transaction.atomic():

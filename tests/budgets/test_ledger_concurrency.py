@@ -60,10 +60,12 @@ def hammer_one_root(django_user_model, *, processes, per_process, root_limit):
     assert granted + refused == requested
     assert [v for r in results for v in r.violations] == []
     # nothing lost, nothing doubled: one reservation row per grant, each held or settled once
-    assert Reservation.objects.count() == granted
+    # (besides the lease slices the run pools drew from their ancestors)
+    calls = Reservation.objects.filter(lease_for=None)
+    assert calls.count() == granted
     held = {pk for r in results for pk in r.held}
-    assert set(Reservation.objects.filter(status="held").values_list("pk", flat=True)) == held
-    assert Reservation.objects.filter(status="settled").count() == granted - len(held)
+    assert set(calls.filter(status="held").values_list("pk", flat=True)) == held
+    assert calls.filter(status="settled").count() == granted - len(held)
     assert sum(r.settled for r in results) == granted - len(held)
     assert selectors.audit_pools() == []
     root.refresh_from_db()
@@ -74,6 +76,14 @@ def hammer_one_root(django_user_model, *, processes, per_process, root_limit):
     )
     assert not over.exists()
     assert granted > 0 and refused > 0, (granted, refused)
+    # the runs finish: their leases return, and the root's spend is exact (what is still held counts)
+    for run in runs:
+        ledger.return_run_lease(run.pk)
+    root.refresh_from_db()
+    assert root.reserved == 0 and not Reservation.objects.filter(status="held").exclude(on_lease=None).exists()
+    settled = sum(calls.filter(status="settled").values_list("actual", flat=True))
+    assert root.spent == settled + sum(calls.filter(status="held").values_list("amount", flat=True))
+    assert selectors.audit_pools() == []
     return results
 
 

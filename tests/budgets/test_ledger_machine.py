@@ -11,6 +11,11 @@ reserved in its parent's chain (the carve) and is the limit of the child's own p
 root of the child's chain; the child spends there (never more than its carve, but for an
 overdraft), and when it finishes the carve settles at what the child's pool spent (and
 still holds), giving the rest back to the parent's chain.
+
+Every run pool of the tree leases its headroom: its reservations (and its children's carves)
+hold money in it alone while its lease covers them, drawing a slice from its ancestors when
+not; the lease returns (booked at what the run pool took) when its run finishes or parks, and
+at once when a settle goes beyond it. The shadow models the slice sizes by the rules.
 """
 
 from dataclasses import dataclass, field
@@ -52,6 +57,8 @@ class Shadow:
     period_start: datetime = START
     flagged: bool = False
     carved: bool = False  # a child run's pool: its limit is its carve and cannot change
+    quota: int | None = None  # a run pool's lease: what it holds in its ancestors
+    used: int = 0  # what its reservations took of the lease
 
     def roll(self, now):
         start = ledger.period_floor(self.period, now)
@@ -73,6 +80,7 @@ class Held:
     iteration: int
     amount: int
     chain: list[int] = field(default_factory=list)
+    lease: int | None = None  # the run pool whose lease it draws on
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -89,8 +97,12 @@ class LedgerMachine(RuleBasedStateMachine):
         self.carves: dict[int, Held] = {}  # by the child's index in self.runs
         self.finished: set[int] = set()  # children whose carve went back
         self.seen_entry = 0
+        self.slice = 0
+        self._slice_setting = None
 
     def teardown(self):
+        if self._slice_setting is not None:
+            self._slice_setting.disable()
         transaction.set_rollback(True)
         self._atomic.__exit__(None, None, None)
 
@@ -104,9 +116,15 @@ class LedgerMachine(RuleBasedStateMachine):
         user_b=LIMITS,
         cap0=st.integers(0, 3000),
         cap2=st.integers(0, 3000),
+        lease_slice=st.sampled_from([0, 1, 300, 250_000]),
     )
-    def build_tree(self, root, user_a, a1, a2, user_b, cap0, cap2):
+    def build_tree(self, root, user_a, a1, a2, user_b, cap0, cap2, lease_slice):
         from django.contrib.auth import get_user_model
+        from django.test import override_settings
+
+        self.slice = lease_slice
+        self._slice_setting = override_settings(TETHER_BUDGET_LEASE_USD=f"{lease_slice / 1_000_000:.6f}")
+        self._slice_setting.enable()
 
         from instances.models import Instance
         from loops.models import Run
@@ -158,6 +176,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 pool.limit,
                 pool.threshold_percent,
                 period_start=pool.period_start,
+                quota=pool.quota,
             )
         for run in self.runs:
             self.chains.append([p.pk for p in selectors.run_chain(run)])
@@ -180,7 +199,76 @@ class LedgerMachine(RuleBasedStateMachine):
                 pool.flagged = True
                 crossed.append(pool.pk)
         self.held.pop(held.pk, None)
+        if held.lease is not None:
+            leaf = self.pools[held.lease]
+            leaf.used += actual - held.amount
+            if leaf.used > leaf.quota:  # beyond the lease: it returns at once
+                crossed += self.return_lease(self.chain_of(leaf.pk))
+        elif len(held.chain) == 1 and self.pools[held.chain[0]].quota is not None and actual > held.amount:
+            # held when its lease went back (booked whole up the chain then): the excess goes up too
+            for pool in self.shadows(self.chain_of(held.chain[0])[:-1]):
+                pool.spent += actual - held.amount
+                if not pool.flagged and pool.over_threshold():
+                    pool.flagged = True
+                    crossed.append(pool.pk)
         return sorted(crossed)
+
+    @staticmethod
+    def fits(pools, amount):
+        return all(
+            p.limit is None or (p.spent + p.reserved <= p.limit and p.spent + p.reserved + amount <= p.limit)
+            for p in pools
+        )
+
+    def chain_of(self, leaf_pk):
+        return next(chain for chain in self.chains if chain[-1] == leaf_pk)
+
+    def admit(self, chain, amount):
+        """Return (the pks the reservation holds money in, the leased run pool or None), or None if refused."""
+        pools = self.shadows(chain)
+        leaf = pools[-1]
+        if leaf.quota is None:  # no lease (a carved pool, or leases turned off): the whole chain holds it
+            if not self.fits(pools, amount):
+                return None
+            for pool in pools:
+                pool.reserved += amount
+            return chain, None
+        if not self.fits([leaf], amount):
+            return None
+        unused = leaf.quota - leaf.used
+        short = amount - unused
+        if short > 0:
+            ancestors = pools[:-1]
+            spare = self.slice
+            if leaf.limit is not None:
+                spare = min(spare, leaf.limit - leaf.spent - leaf.reserved - unused)
+            left = [p.limit - p.spent - p.reserved for p in ancestors if p.limit is not None]
+            if left:
+                spare = min(spare, min(left) // 4)
+            draw = spare if spare > short and self.fits(ancestors, spare) else short
+            if not self.fits(ancestors, draw):
+                return None
+            for pool in ancestors:
+                pool.reserved += draw
+            leaf.quota += draw
+        leaf.reserved += amount
+        leaf.used += amount
+        return [leaf.pk], leaf.pk
+
+    def return_lease(self, chain):
+        leaf = self.pools[chain[-1]]
+        crossed = []
+        for pool in self.shadows(chain[:-1]):
+            pool.reserved -= leaf.quota
+            pool.spent += leaf.used
+            if not pool.flagged and pool.over_threshold():
+                pool.flagged = True
+                crossed.append(pool.pk)
+        leaf.quota, leaf.used = 0, 0
+        for held in [*self.held.values(), *self.carves.values()]:
+            if held.lease == leaf.pk:
+                held.lease = None
+        return crossed
 
     # --- moves -------------------------------------------------------------------------------
 
@@ -193,24 +281,24 @@ class LedgerMachine(RuleBasedStateMachine):
         self.iterations[run.pk] += 1
         iteration = self.iterations[run.pk]
         pools = self.shadows(self.chains[which])
-        fits = all(
-            p.limit is None or (p.spent + p.reserved <= p.limit and p.spent + p.reserved + amount <= p.limit)
-            for p in pools
-        )
+        limited = {p.name for p in pools if p.limit is not None}
         try:
             pk = ledger.reserve(run=run, iteration=iteration, amount=amount, now=self.now)
         except BudgetRefused as refused:
             event("reserve refused")
-            assert not fits, f"refused although every pool had room: {refused.detail}"
-            assert refused.pool_name in {p.name for p in pools if p.limit is not None}
+            assert self.admit(self.chains[which], amount) is None, f"refused although the rules grant it: {refused.detail}"
+            assert refused.pool_name in limited
             return
         event("reserve granted")
-        assert fits, "granted although a pool had no room"
-        for pool in pools:
-            pool.reserved += amount
-        self.held[pk] = Held(pk, which, iteration, amount, self.chains[which])
-        # the invariant at the moment of the grant, on the real rows
-        for pool in Pool.objects.filter(pk__in=self.chains[which]):
+        admitted = self.admit(self.chains[which], amount)
+        assert admitted is not None, "granted although a pool had no room"
+        chain, lease = admitted
+        if lease is not None:
+            event("reserve on a lease")
+        self.held[pk] = Held(pk, which, iteration, amount, chain, lease)
+        # the invariant at the moment of the grant, on the real rows it holds money in (a slice
+        # drawn for it up the chain is checked with every reserve entry, below)
+        for pool in Pool.objects.filter(pk__in=chain):
             assert pool.limit is None or pool.spent + pool.reserved <= pool.limit
 
     @rule(which=st.integers(0, 7), amount=st.integers(0, 150))
@@ -275,32 +363,32 @@ class LedgerMachine(RuleBasedStateMachine):
             instance=above.instance, owner=above.owner, objective="child", max_iterations=10**6,
             parent=above, depth=above.depth + 1, max_cost_micros=cap,
         )
-        pools = self.shadows(self.chains[parent])
-        fits = all(
-            p.limit is None or (p.spent + p.reserved <= p.limit and p.spent + p.reserved + cap <= p.limit)
-            for p in pools
-        )
+        before = {pk: (p.spent, p.reserved, p.quota, p.used) for pk, p in self.pools.items()}
+        admitted = self.admit(self.chains[parent], cap)
         try:
             pool = services.open_run_pools(child, now=self.now)  # the machine's clock, not the wall's
         except InvalidBudget:
             event("carve refused")
-            assert not fits, "a carve that fits the parent's headroom was refused"
+            assert admitted is None, "a carve that fits the parent's headroom was refused"
             assert not Pool.objects.filter(run=child).exists()  # nothing is left behind
+            for pk, (spent, reserved, quota, used) in before.items():  # the rules' draft undone
+                shadow = self.pools[pk]
+                shadow.spent, shadow.reserved, shadow.quota, shadow.used = spent, reserved, quota, used
             return
         event("carve granted")
-        assert fits, "carved more than the parent's chain had left"
+        assert admitted is not None, "carved more than the parent's chain had left"
+        chain, lease = admitted
         assert [p.pk for p in selectors.run_chain(child)] == [pool.pk]  # the child's chain is its own pool
         assert pool.limit == cap and pool.parent_id == (self.chains[parent][-1])
+        assert pool.quota is None  # a carve needs no lease: its limit is set aside already
         held = Reservation.objects.get(carved=pool)
-        assert (held.status, held.amount, held.run_id, held.chain) == ("held", cap, None, self.chains[parent])
-        for shadow in pools:
-            shadow.reserved += cap  # held for the child: the parent's chain cannot spend it meanwhile
+        assert (held.status, held.amount, held.run_id, held.chain) == ("held", cap, None, chain)
         self.pools[pool.pk] = Shadow(pool.pk, pool.name, pool.period, pool.limit, pool.threshold_percent,
                                      period_start=pool.period_start, carved=True)
         self.runs.append(child)
         self.chains.append([pool.pk])
         self.iterations[child.pk] = 0
-        self.carves[len(self.runs) - 1] = Held(held.pk, len(self.runs) - 1, 0, cap, self.chains[parent])
+        self.carves[len(self.runs) - 1] = Held(held.pk, len(self.runs) - 1, 0, cap, chain, lease)
 
     @precondition(lambda self: set(self.carves) - self.finished)
     @rule(data=st.data())
@@ -309,17 +397,24 @@ class LedgerMachine(RuleBasedStateMachine):
         which = data.draw(st.sampled_from(sorted(set(self.carves) - self.finished)))
         carve = self.carves[which]
         (own,) = self.shadows(self.chains[which])
-        before = {p.pk: (p.spent, p.reserved) for p in self.shadows(carve.chain)}
         actual = own.spent + own.reserved
         assert ledger.refund_carve(own.pk, now=self.now) == actual
         assert ledger.refund_carve(own.pk, now=self.now) is None  # exactly once
         event("carve refunded" + (" with money still held" if own.reserved else ""))
         self.close(carve, actual)
         self.finished.add(which)
-        for pool in Pool.objects.filter(pk__in=carve.chain):
-            spent, reserved = before[pool.pk]
-            assert (pool.reserved, pool.spent) == (reserved - carve.amount, spent + actual), pool.name
         assert Reservation.objects.get(pk=carve.pk).actual == actual
+
+    @rule(which=st.integers(0, 3))
+    def run_parks_or_finishes(self, which):
+        """The run's lease goes back: its ancestors book what it took, and have the rest back."""
+        leaf = self.pools[self.chains[which][-1]]
+        expected = leaf.used if leaf.quota else 0
+        assert ledger.return_run_lease(self.runs[which].pk, now=self.now) == expected
+        event("lease returned" if expected or leaf.quota else "no lease to return")
+        if leaf.quota:
+            self.return_lease(self.chains[which])
+        assert ledger.return_run_lease(self.runs[which].pk, now=self.now) == 0  # once
 
     @rule(data=st.data(), amount=st.integers(-5, 3000))
     def top_up(self, data, amount):
@@ -380,7 +475,18 @@ class LedgerMachine(RuleBasedStateMachine):
             ), shadow.name
         held = Reservation.objects.filter(status="held")
         carves = [c.pk for i, c in self.carves.items() if i not in self.finished]
-        assert sorted(held.values_list("pk", flat=True)) == sorted([*self.held, *carves])
+        assert sorted(held.filter(lease_for=None).values_list("pk", flat=True)) == sorted([*self.held, *carves])
+        slices = {}
+        for leaf, amount in held.exclude(lease_for=None).values_list("lease_for", "amount"):
+            slices[leaf] = slices.get(leaf, 0) + amount
+        assert slices == {pk: p.quota for pk, p in self.pools.items() if p.quota}  # a lease is its slices
+
+    @invariant()
+    def a_lease_covers_what_its_run_pool_holds(self):
+        for pool in Pool.objects.filter(pk__in=self.pools, quota__isnull=False):
+            shadow = self.pools[pool.pk]
+            assert (pool.quota, pool.quota_used) == (shadow.quota, shadow.used), shadow.name
+            assert 0 <= pool.quota_used <= pool.quota
 
     @invariant()
     def a_child_spends_within_its_carve(self):

@@ -82,8 +82,10 @@ def overdrawn_run(user, make_instance, script, settings):
 def test_a_metered_run_shows_each_calls_model_tokens_cost_and_payers_on_the_page(client, user, metered_run):
     calls = list(Reservation.objects.filter(run_id=metered_run.pk, call__gt=0).order_by("call"))
     assert [r.call for r in calls] == [1, 2, 3]
-    chain = " › ".join(p.name for p in Pool.objects.filter(pk__in=calls[0].chain).order_by("path"))
-    assert chain.count("›") >= 2  # root › user › instance › run: every pool that paid, root first
+    run_pool = Pool.objects.get(kind="run", run=metered_run)
+    assert calls[0].chain == [run_pool.pk]  # a call holds money in its run pool alone (its lease) ...
+    chain = " › ".join(p.name for p in Pool.objects.filter(pk__in=run_pool.chain_ids()).order_by("path"))
+    assert chain.count("›") == 3  # ... and root › user › instance › run all pay: every pool, root first
     client.force_login(user)
     page = client.get(f"/runs/{metered_run.pk}/").content.decode()
     assert "Where the money went" in page
