@@ -347,7 +347,7 @@ def _draw(
     leaf: Pool, ancestors: list[Pool], amount: int, who: tuple[Any, str], now: datetime, note: str = ""
 ) -> Reservation:
     """Hold `amount` more in `leaf`'s (locked) ancestors as a slice of its lease (no limit check: the caller's)."""
-    piece = Reservation.objects.create(
+    piece: Reservation = Reservation.objects.create(
         iteration=0, amount=amount, lease_for=leaf, chain=[p.pk for p in ancestors], created_at=now,
     )
     if not amount:  # an empty slice: only what a settle beyond the lease books through it
@@ -660,7 +660,7 @@ def return_lease(pool: Pool | int, *, actor: Actor = None, now: datetime | None 
         locked = _lock([_pool_id(pool)], now, who)
         if not locked or not locked[0].quota:
             return 0
-        taken = locked[0].quota_used
+        taken = int(locked[0].quota_used)
         crossings = _return(locked[0], who, now)
     if crossings:
         _announce(crossings)

@@ -1,4 +1,4 @@
-"""Reads for pages, the API and the runner: headroom, thresholds, prices, estimates, audits.
+"""Reads for pages, the API and the runner: headroom, thresholds, prices, audits.
 
 No writes. Balances are shown as they stand now: a pool whose period has ended shows
 zero spent even before the ledger touches it again.
@@ -13,7 +13,6 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from django.conf import settings
 from django.db.models import F, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -217,24 +216,6 @@ def dearest_rates() -> pricing.RatesLike:
     if dearest is None or dearest.output_usd_per_mtok < FALLBACK_RATES.output_usd_per_mtok:
         return FALLBACK_RATES
     return dearest
-
-
-def _setting(name: str, default: Any) -> Any:
-    return getattr(settings, name, default)
-
-
-def estimate_iteration(run: Any) -> int:
-    """Return the micro-dollars to reserve up front for one iteration of `run`: what no meter covers.
-
-    Every model call (the Claude brain's act turns, the `llm` decider, the judge) reserves its
-    own worst case just before it goes out (`budgets.metering`), so an `anthropic`-brain
-    iteration reserves nothing up front. A `command` brain reports its own spend after the
-    act; its iteration reserves TETHER_COMMAND_ITERATION_RESERVE_USD (default 0.05), and a
-    report above that ends the run.
-    """
-    if run.instance.brain == "anthropic":
-        return 0
-    return money.usd_to_micros(_setting("TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05"))
 
 
 # --- audit -------------------------------------------------------------------------------

@@ -25,9 +25,8 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from budgets import ledger, metering, money
-from budgets import selectors as budget_selectors
 from budgets.models import Reservation
-from instances import sandbox
+from instances import brains, sandbox
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from loops import checks as checks_mod
@@ -573,7 +572,7 @@ def _failed_acts(history: dict[str, Any], reply: Reply) -> int:
 def _reported_beyond_reservation(run: Run, reply: Reply) -> str:
     """Return why the act's self-reported spend ends the run (above its iteration's reservation), or ""."""
     _, reported = metering.split_cost(reply.usage, reply.usage.metered_micros)
-    allowance = budget_selectors.estimate_iteration(run)
+    allowance = brains.iteration_reserve(run.instance)
     if reported <= allowance:
         return ""
     return (
@@ -733,7 +732,7 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
                     else [],
                 )
                 # Last write of the transaction: shared pools stay locked only until the commit.
-                reservation = ledger.reserve(run=run, iteration=number, amount=budget_selectors.estimate_iteration(run))
+                reservation = ledger.reserve(run=run, iteration=number, amount=brains.iteration_reserve(run.instance))
         except ledger.BudgetRefused as refused:
             _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
             return None

@@ -85,6 +85,15 @@ class Grading(models.Model):
                 jsonschema.validators.validator_for(self.response_schema).check_schema(self.response_schema)
             except jsonschema.SchemaError as exc:
                 raise ValidationError({"response_schema": f"not a JSON Schema: {exc.message}"}) from None
+        if self.judge_model:
+            # A judge call that cannot be priced could not be metered: it would never be made.
+            from budgets import selectors
+            from budgets.pricing import UnpricedModel
+
+            try:
+                selectors.price_for_model(self.judge_model)
+            except UnpricedModel as exc:
+                raise ValidationError({"judge_model": str(exc)}) from None
 
 
 class GradeRecord(models.Model):

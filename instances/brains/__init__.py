@@ -38,6 +38,20 @@ def get_brain(instance: Instance) -> Brain:
     return brain_class(instance.brain)(instance)  # type: ignore[no-any-return]
 
 
+def iteration_reserve(instance: Instance) -> int:
+    """Return the micro-dollars an iteration of `instance` reserves up front: what no meter covers.
+
+    Asked of the brain (`Brain.unmetered_reserve`); a plugged-in brain that does not say is
+    treated like `command`: its spend is self-reported (TETHER_COMMAND_ITERATION_RESERVE_USD).
+    """
+    brain = get_brain(instance)
+    if hasattr(brain, "unmetered_reserve"):
+        return int(brain.unmetered_reserve())
+    from instances.brains.command import reported_spend_allowance
+
+    return reported_spend_allowance()
+
+
 def _reset(setting: str, **kwargs: Any) -> None:
     if setting == "TETHER_BRAINS":
         brain_class.cache_clear()

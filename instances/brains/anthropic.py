@@ -603,6 +603,9 @@ class AnthropicBrain:
     def __init__(self, instance: Any) -> None:
         self.instance = instance
 
+    def unmetered_reserve(self) -> int:
+        return 0  # every model call reserves its own worst case just before it goes out (budgets.metering)
+
     def act(self, request: ActRequest) -> Reply:
         session = Session(
             self.instance,

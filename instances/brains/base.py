@@ -180,3 +180,11 @@ class Journal(Protocol):
 
 class Brain(Protocol):
     def act(self, request: ActRequest) -> Reply: ...
+
+    def unmetered_reserve(self) -> int:
+        """Return the micro-dollars one act may spend that no meter sees (its iteration reserves this up front).
+
+        A brain whose every model call goes through a meter answers 0; one whose spend is
+        self-reported answers the most it may report before the report ends the run.
+        """
+        ...

@@ -41,9 +41,25 @@ from instances.redaction import redact
 STDERR_TAIL_CHARS = 500
 
 
+def reported_spend_allowance() -> int:
+    """Return what a command's act may report spending (TETHER_COMMAND_ITERATION_RESERVE_USD, default 0.05).
+
+    Its model calls through the gateway are metered one by one; this covers only what it reports
+    itself (`TETHER_USAGE_FILE`), and a report above it ends the run.
+    """
+    from django.conf import settings
+
+    from budgets import money
+
+    return money.usd_to_micros(str(getattr(settings, "TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05")))
+
+
 class CommandBrain:
     def __init__(self, instance: Any) -> None:
         self.instance = instance
+
+    def unmetered_reserve(self) -> int:
+        return reported_spend_allowance()
 
     def act(self, request: ActRequest) -> Reply:
         argv = list(self.instance.command or [])

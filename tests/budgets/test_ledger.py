@@ -505,17 +505,20 @@ def test_usage_cost(usage, expected):
     assert selectors.usage_cost(usage) == expected
 
 
-def test_estimate_for_a_command_brain_is_the_configured_reserve(make_run):
+def test_a_command_brains_iteration_reserves_the_configured_allowance_for_reported_spend(make_run):
+    from instances import brains
+
     run = make_run()
-    assert selectors.estimate_iteration(run) == 50_000
+    assert brains.iteration_reserve(run.instance) == 50_000
     with override_settings(TETHER_COMMAND_ITERATION_RESERVE_USD="0.25"):
-        assert selectors.estimate_iteration(run) == 250_000
+        assert brains.iteration_reserve(run.instance) == 250_000
 
 
 def test_an_anthropic_brain_reserves_nothing_up_front_its_calls_are_metered(make_run, make_instance, user):
+    from instances import brains
+
     instance = make_instance(user, brain="anthropic", decider="llm")
-    run = make_run(instance, objective="x" * 3000)
-    assert selectors.estimate_iteration(run) == 0  # each call reserves its own worst case (budgets.metering)
+    assert brains.iteration_reserve(instance) == 0  # each call reserves its own worst case (budgets.metering)
 
 
 def test_a_cap_that_cannot_be_opened_at_reserve_time_is_a_refusal(make_run):

@@ -238,3 +238,17 @@ def test_a_misconfigured_response_check_sends_the_done_to_a_person_not_back_to_t
     grade = graders.grade(coding, FinalAct(1, "done", fingerprint(coding)), PASSED)
     assert (grade.outcome, grade.verified, grade.review) == ("done", False, True)
     assert "misconfigured" in grade.reasons[0]
+
+
+def test_a_judge_model_with_no_price_cannot_be_saved_in_admin(admin_client, admin_user, make_instance, price):
+    from django.urls import reverse
+
+    instance = make_instance(admin_user, name="judged")
+    form = {"instance": instance.pk, "judge": "true", "judge_criteria": "", "response_pattern": "",
+            "response_schema": "null", "sample_percent": "", "expects_changes": "unknown"}
+    page = admin_client.post(reverse("admin:reviews_grading_add"), {**form, "judge_model": "claude-unpriced-9"})
+    assert page.status_code == 200  # the form again, with the error on the field
+    assert "claude-unpriced-9" in page.content.decode() and "has no price" in page.content.decode()
+    assert not Grading.objects.exists()
+    saved = admin_client.post(reverse("admin:reviews_grading_add"), {**form, "judge_model": price.model})
+    assert saved.status_code == 302 and Grading.objects.get().judge_model == price.model
