@@ -248,33 +248,58 @@ def reserve(
     amount = _check_amount("amount", amount)
     now = now or timezone.now()
     who = _actor(actor, "runner")
+    if run is None and pool is None:
+        raise ValueError("a reservation needs a run or a pool")
+    with transaction.atomic(savepoint=False):
+        refused = _reserve(run, pool, iteration, call, model, amount, now, who)
+        if not isinstance(refused, BudgetRefused):
+            return refused
+    raise refused  # out here: a caller catching it inside its own atomic() can carry on
+
+
+def _reserve(
+    run: Any, pool: Pool | None, iteration: int, call: int, model: str, amount: int, now: datetime,
+    who: tuple[Any, str],
+) -> int | BudgetRefused:
+    """Reserve (inside the caller's transaction); return the reservation's id, or the refusal."""
     if run is None:
-        if pool is None:
-            raise ValueError("a reservation needs a run or a pool")
+        assert pool is not None
         chain = pool.chain_ids()
+        leaf, locked = _lock_leaf(chain, now, who)
     else:
         try:
-            chain = _chain_for_run(run)
-        except InvalidBudget as error:
-            raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
+            chain, leaf, locked = _lock_run(run, now, who)
+        except BudgetRefused as cannot:
+            return cannot
+        held = (
+            Reservation.objects.filter(run_id=run.pk, iteration=iteration, call=call, status=HELD)
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if held is not None:
+            return int(held)
     run_id = None if run is None else run.pk
-    with transaction.atomic(savepoint=False):
-        leaf, locked = _lock_leaf(chain, now, who)
-        if run_id is not None:
-            held = (
-                Reservation.objects.filter(run_id=run_id, iteration=iteration, call=call, status=HELD)
-                .values_list("pk", flat=True)
-                .first()
-            )
-            if held is not None:
-                return int(held)
-        what = f"iteration {iteration} of run {run_id}" if run_id is not None else ""
-        pools, refused = _admit(chain, leaf, locked, amount, now, who, what)
-        if refused is None:
-            return _hold(
-                pools, amount, who, now, lease=leaf, run_id=run_id, iteration=iteration, call=call, model=model
-            )
-    raise refused
+    pools, no = _admit(chain, leaf, locked, amount, now, who, f"iteration {iteration} of run {run_id}" if run else "")
+    if no is not None:
+        return no
+    return _hold(pools, amount, who, now, lease=leaf, run_id=run_id, iteration=iteration, call=call, model=model)
+
+
+def _lock_run(run: Any, now: datetime, who: tuple[Any, str], also: Iterable[int] = ()) -> tuple[list[int], Pool | None, list[Pool]]:
+    """Lock what a reservation of `run` starts with: (its chain, its leased run pool or None, the pools locked).
+
+    One statement when its run pool holds a lease (the pool is found by its run); the whole
+    chain otherwise (see `_lock_leaf`). Opens the run's pools if they do not exist yet.
+    """
+    mine = list(Pool.objects.select_for_update().filter(kind=Pool.Kind.RUN, run_id=run.pk))
+    if mine and mine[0].quota is not None and len(mine[0].chain_ids()) > 1:
+        return mine[0].chain_ids(), mine[0], []
+    try:
+        chain = mine[0].chain_ids() if mine else _chain_for_run(run)
+    except InvalidBudget as error:
+        raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
+    leaf, locked = _lock_leaf(chain, now, who, also)
+    return chain, leaf, locked
 
 
 def _lock_leaf(chain: list[int], now: datetime, who: tuple[Any, str], also: Iterable[int] = ()) -> tuple[Pool | None, list[Pool]]:
@@ -440,8 +465,7 @@ def carve(
         done = Reservation.objects.filter(carved=pool).values_list("pk", flat=True).first()
         if done is not None:
             return int(done)
-        chain = _chain_for_run(parent)
-        leaf, locked = _lock_leaf(chain, now, who, also)
+        chain, leaf, locked = _lock_run(parent, now, who, also)
         pools, refused = _admit(chain, leaf, locked, amount, now, who, "the child run's budget", also)
         if refused is None:
             return _hold(
@@ -516,16 +540,22 @@ def _close(
 ) -> list[ThresholdCrossing]:
     now = now or timezone.now()
     with transaction.atomic(savepoint=False):
-        peek = Reservation.objects.filter(pk=reservation_id).values_list("status", "chain").first()
-        if peek is None:
-            raise Reservation.DoesNotExist(f"no reservation {reservation_id}")
-        if peek[0] != HELD:
-            return []
-        pools = _lock(peek[1], now, who)
-        reservation = Reservation.objects.select_for_update().get(pk=reservation_id)
-        if reservation.status != HELD:
-            return []
-        return _apply_close(reservation, pools, actual, kind, status, who, now)
+        for _ in range(5):
+            reservation = Reservation.objects.filter(pk=reservation_id).only(*_CLOSING).first()
+            if reservation is None:
+                raise Reservation.DoesNotExist(f"no reservation {reservation_id}")
+            if reservation.status != HELD:
+                return []
+            pools = _lock(reservation.chain, now, who)
+            # Guarded: closed (or its lease given back) between the read and the lock, it is read again.
+            closed = _apply_close(reservation, pools, actual, kind, status, who, now, guarded=True)
+            if closed is not None:
+                return list(closed)
+    raise OperationalError(f"reservation {reservation_id} kept changing while it was being closed")
+
+
+# What closing a reservation reads of it.
+_CLOSING = ("status", "chain", "amount", "run_id", "iteration", "on_lease_id")
 
 
 def _apply_close(
@@ -539,16 +569,23 @@ def _apply_close(
     note: str = "",
     announce: bool = True,
     cause: Reservation | None = None,
-) -> list[ThresholdCrossing]:
+    guarded: bool = False,
+) -> Any:
     """Move the reservation out of `reserved` and `actual` into `spent` on every (locked) pool.
 
     Sends the soft thresholds it crossed after commit unless `announce` is False (then the caller does).
     `cause`: the run's reservation whose settle this is booking up the chain (a lease slice returned
-    at once for an overdraft); the entries name its run and iteration.
+    at once for an overdraft); the entries name its run and iteration. `guarded`: the reservation
+    was read without a lock; if it is no longer held as read, nothing is written and None returned.
     """
     amount = reservation.amount
     run_id, iteration = (cause.run_id, cause.iteration) if cause is not None else (reservation.run_id, reservation.iteration)
     overdraft = max(0, actual - amount)
+    closing = Reservation.objects.filter(pk=reservation.pk)
+    if guarded:
+        closing = closing.filter(status=HELD, on_lease_id=reservation.on_lease_id)
+    if not closing.update(status=status, actual=actual, overdraft=overdraft, closed_at=now) and guarded:
+        return None
     lease = next((p for p in pools if p.pk == reservation.on_lease_id), None)
     if lease is not None:
         lease.quota_used += actual - amount
@@ -558,15 +595,7 @@ def _apply_close(
     shared = [p.pk for p in pools if p is not lease]
     if shared:
         Pool.objects.filter(pk__in=shared).update(reserved=F("reserved") - amount, spent=F("spent") + actual)
-    reservation.status, reservation.actual, reservation.overdraft, reservation.closed_at = (
-        status,
-        actual,
-        overdraft,
-        now,
-    )
-    Reservation.objects.filter(pk=reservation.pk).update(
-        status=status, actual=actual, overdraft=overdraft, closed_at=now
-    )
+    reservation.status, reservation.actual, reservation.overdraft, reservation.closed_at = (status, actual, overdraft, now)
     if kind == Kind.ABANDONED:
         note = "its driver died; settled at the full reservation (conservative)"
     elif overdraft:

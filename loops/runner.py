@@ -699,43 +699,36 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         attempt = _attempt(run, number)
         if attempt > 1 and (note := _interrupted(run, number)):
             instruction = f"{base}\n\n{note}"
+        # The reservation comes first: a refusal has written nothing to undo (no savepoint), and
+        # with a quota lease it locks the run's own pool only (its ancestors when a slice is drawn).
         try:
-            with transaction.atomic():  # a savepoint: a refusal undoes the iteration's start
-                pending = list(
-                    run.interjections.filter(
-                        Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number)
-                    )
-                )
-                if pending:
-                    Interjection.objects.filter(pk__in=[i.pk for i in pending]).update(consumed_in_iteration=number)
-                    notes = "\n".join(f"- {i.text}" for i in pending)
-                    instruction = f"{instruction}\n\nA person sent these messages; take them into account first:\n{notes}"
-                # A retry after a cut may find this very begin committed: don't say it twice.
-                begun_before = retried and run.events.filter(
-                    seq__gt=lease.claimed_seq, kind="act.started", data__iteration=number
-                ).exists()
-                events.append_many(
-                    run.pk,
-                    [
-                        (
-                            "iteration.started",
-                            {
-                                "iteration": number,
-                                "instruction": instruction[:EXCERPT],
-                                "interjections": len(pending),
-                                "attempt": attempt,
-                            },
-                        ),
-                        ("act.started", {"iteration": number}),
-                    ]
-                    if not begun_before
-                    else [],
-                )
-                # Last write of the transaction: shared pools stay locked only until the commit.
-                reservation = ledger.reserve(run=run, iteration=number, amount=brains.iteration_reserve(run.instance))
+            reservation = ledger.reserve(run=run, iteration=number, amount=brains.iteration_reserve(run.instance))
         except ledger.BudgetRefused as refused:
             _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
             return None
+        pending = list(
+            run.interjections.filter(Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number))
+        )
+        if pending:
+            Interjection.objects.filter(pk__in=[i.pk for i in pending]).update(consumed_in_iteration=number)
+            notes = "\n".join(f"- {i.text}" for i in pending)
+            instruction = f"{instruction}\n\nA person sent these messages; take them into account first:\n{notes}"
+        # A retry after a cut may find this very begin committed: don't say it twice.
+        begun_before = retried and run.events.filter(
+            seq__gt=lease.claimed_seq, kind="act.started", data__iteration=number
+        ).exists()
+        events.append_many(
+            run.pk,
+            [
+                (
+                    "iteration.started",
+                    {"iteration": number, "instruction": instruction[:EXCERPT], "interjections": len(pending), "attempt": attempt},
+                ),
+                ("act.started", {"iteration": number}),
+            ]
+            if not begun_before
+            else [],
+        )
     return Begun(run, number, instruction, base, reservation, timezone.now(), approved, attempt)
 
 
