@@ -303,12 +303,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pairs", type=int, default=2000, help="reserve+settle pairs per configuration")
     parser.add_argument("--workers", default="1,4,16", help="comma-separated worker process counts")
     parser.add_argument(
+        "--lease-usd",
+        default=None,
+        help="TETHER_BUDGET_LEASE_USD for the runs' pools (default: the setting's, 0.25; 0: no leases, "
+        "every pair locks the whole chain)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="one JSON line per backend and worker count: backend, workers, pairs_per_s, over_admitted",
     )
     args = parser.parse_args(argv or [])
     counts = [int(n) for n in args.workers.split(",") if n]
+    if args.lease_usd is not None:
+        os.environ["TETHER_BUDGET_LEASE_USD"] = args.lease_usd  # the spawned processes inherit it
+    leases = os.environ.get("TETHER_BUDGET_LEASE_USD", "0.25")
     reports = []
     with tempfile.TemporaryDirectory(prefix="tether-bench-ledger-") as tmp:
         sqlite_env: dict[str, str | None] = {
@@ -342,11 +351,13 @@ def main(argv: list[str] | None = None) -> None:
                     "workers": row["workers"],
                     "pairs_per_s": round(row["ledger_per_second"], 1),
                     "over_admitted": row["over_admitted"],
+                    "lease_usd": leases,
                 }
                 print(json.dumps(line))
         return
     print(
         f"ledger: reserve + settle pairs on one shared root pool (chains of 4 pools), {args.pairs} pairs per row;\n"
+        f"each run pool leases slices of ${leases} from its ancestors" + (" (leases off)" if float(leases) == 0 else "") + ";\n"
         "bare: the same number of pairs of one-row write transactions on each worker's own run (no ledger)"
     )
     header = f"{'database':<11} {'workers':>7} {'pairs/s':>8} {'ms/pair':>8} {'bare/s':>7} {'bare ms':>8} {'ledger/bare':>11} {'retries':>7}"
