@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from budgets import selectors
+from budgets import ledger, selectors
+from budgets import services as budget_services
 from budgets.models import LedgerEntry, Pool, Reservation
 from instances.models import Credential
 from loops import services
@@ -109,16 +110,18 @@ def test_a_call_the_headroom_cannot_pay_is_never_sent(user, make_instance, price
     assert run.spent_micros == 0
 
 
-@hsettings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@hsettings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     turns=st.integers(0, 12),
     output_tokens=st.integers(1, 6000),
     cap_cents=st.integers(1, 60),
     output_rate=st.sampled_from(["1", "15", "75"]),
     cancel_at=st.one_of(st.none(), st.integers(1, 8)),
+    capped=st.sampled_from(["run", "user"]),
 )
 def test_property_metered_runs_never_pass_a_cap(django_user_model, tmp_path_factory, turns, output_tokens,
-                                                cap_cents, output_rate, cancel_at):
+                                                cap_cents, output_rate, cancel_at, capped):
+    """The cap is the run's own, or its user's pool's (then the run draws lease slices from it)."""
     from decimal import Decimal
 
     from django.utils import timezone
@@ -141,7 +144,10 @@ def test_property_metered_runs_never_pass_a_cap(django_user_model, tmp_path_fact
             model="claude-test-1", tools=["list_files"], command=[], checks=[], workspace=str(workspace),
             max_tool_turns=50, max_output_tokens=200_000, max_iterations=3,
         )
-        run = services.run_start(instance=inst, user=user, objective="look", max_cost_usd=f"0.{cap_cents:02d}")
+        if capped == "user":
+            ledger.set_limit(budget_services.user_pool(user), cap_cents * 10_000, "test")
+        cap = f"0.{cap_cents:02d}" if capped == "run" else None
+        run = services.run_start(instance=inst, user=user, objective="look", max_cost_usd=cap)
 
         def maybe_cancel(n):
             if cancel_at is not None and n == cancel_at:
@@ -152,3 +158,6 @@ def test_property_metered_runs_never_pass_a_cap(django_user_model, tmp_path_fact
     assert run.status == "finished"
     assert run.spent_micros <= cap_cents * 10_000
     assert_books_hold(run)
+    if capped == "user":  # the run's lease went back: its user's pool books exactly what it spent
+        user_pool = budget_services.user_pool(user)
+        assert (user_pool.spent, user_pool.reserved) == (run.spent_micros, 0)
