@@ -233,23 +233,13 @@ def finish_unheld(
 ) -> None:
     """Finish `run` cancelled where no live driver holds it (queued, waiting, or its driver died).
 
-    Inside the caller's transaction, with `run` locked: its lease is fenced out, a lost attempt
-    recorded (its open reservation closed as abandoned; `changes` from `lost_changes`, asked
-    before the transaction), and its end recorded, as `_finish` does for a driver.
+    Inside the caller's transaction, with `run` locked: a lost attempt is recorded (its open
+    reservation closed as abandoned; `changes` from `lost_changes`, asked before the transaction),
+    then the run finishes with its lease fenced out, as `_finish` does for a driver.
     """
-    Run.objects.filter(pk=run.pk, lease_token=run.lease_token).update(
-        status=Run.Status.FINISHED,
-        outcome=Run.Outcome.CANCELLED,
-        outcome_detail=detail,
-        finished_at=now or timezone.now(),
-        lease_token=None,
-        lease_holder="",
-        lease_expires_at=None,
-    )
     record_lost_attempt(run, run.lease_holder, changes)
+    finish_run(run.pk, run.lease_token, Run.Outcome.CANCELLED, detail, now=now)
     run.refresh_from_db()
-    events.append(run.pk, "run.finished", finished_data(run))
-    after_finish(run.pk)
 
 
 def finish_stopped(run_id: int, token: str, holder: str) -> int:
@@ -355,23 +345,37 @@ def hand_back(lease: Lease) -> None:
 
 def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = None, **extra: Any) -> None:
     """Finish the run (inside the caller's transaction), fenced by the lease."""
-    now = timezone.now()
-    done = Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(
+    if finish_run(lease.run_id, lease.token, outcome, detail, verified, **extra) is None:
+        raise LeaseLost
+
+
+def finish_run(
+    run_id: int, token: str | None, outcome: str, detail: str, verified: bool | None = None,
+    now: datetime | None = None, **extra: Any,
+) -> Run | None:
+    """The one place a run finishes: inside the caller's transaction, fenced by lease `token` (None: held by nobody).
+
+    Writes the outcome and lets the lease go, appends `run.finished` and hands the run to
+    `after_finish` (carve refund, lease return, receipt and notices after commit). Returns the
+    finished run, or None when the fence failed (the run is not held with `token` any more).
+    """
+    done = Run.objects.filter(pk=run_id, lease_token=token).update(
         status=Run.Status.FINISHED,
         outcome=outcome,
         outcome_detail=detail,
         verified=verified,
-        finished_at=now,
+        finished_at=now or timezone.now(),
         lease_token=None,
         lease_holder="",
         lease_expires_at=None,
         **extra,
     )
     if not done:
-        raise LeaseLost
-    run = Run.objects.get(pk=lease.run_id)
+        return None
+    run = Run.objects.get(pk=run_id)
     events.append(run.pk, "run.finished", finished_data(run))
     after_finish(run.pk)
+    return run
 
 
 def after_finish(run_id: int) -> None:

@@ -319,19 +319,13 @@ def run_close(*, run: Run, user, via: str = "api", request=None) -> Run:
             raise Refused(f"only a waiting run can be closed; run {run.pk} is {run.status}", 409)
         if delegation.waiting_for_children(run):
             raise Refused(f"run {run.pk} is waiting for its children, not for a person; stop it instead", 409)
-        Run.objects.filter(pk=run.pk).update(
-            status=Run.Status.FINISHED,
-            outcome=Run.Outcome.ESCALATED,
-            outcome_detail=f"{run.outcome_detail}\n(closed by {user.get_username()} without an answer)".strip(),
-            finished_at=timezone.now(),
-        )
-        run.refresh_from_db()
-        from loops.runner import after_finish, finished_data
+        from loops.runner import finish_run
 
-        events.append(run.pk, "run.finished", finished_data(run))
-        audit.record(user=user, action="run.close", run=run, request=request, via=via, detail={})
-        after_finish(run.pk)
-    return run
+        detail = f"{run.outcome_detail}\n(closed by {user.get_username()} without an answer)".strip()
+        closed = finish_run(run.pk, run.lease_token, Run.Outcome.ESCALATED, detail, run.verified)
+        assert closed is not None  # locked and waiting: nobody else can hold it
+        audit.record(user=user, action="run.close", run=closed, request=request, via=via, detail={})
+    return closed
 
 
 def run_continue(
