@@ -187,10 +187,9 @@ class RunConsumer(TailingConsumer):
 class FleetConsumer(TailingConsumer):
     """`/ws/fleet/`: the fleet page's live blocks, now and whenever the user's runs change."""
 
-    group = events.FLEET_GROUP
-
     async def authorize(self, user: Any) -> bool:
         self.user = user
+        self.group = events.fleet_group(user.pk)  # woken by its owner's runs only
         self.version: tuple[int, int] | None = None
         return True
 

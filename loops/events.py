@@ -9,6 +9,7 @@ after the commit, never before, so they can always read what they are told about
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -83,11 +84,20 @@ def group_name(run_id: int) -> str:
     return f"run.{run_id}"
 
 
-FLEET_GROUP = "fleet"
+def fleet_group(user_id: int) -> str:
+    """The group of `user_id`'s fleet sockets: a doorbell wakes only the fleet pages of the run's owner."""
+    return f"fleet.{user_id}"
+
+
+@functools.lru_cache(maxsize=65536)
+def _owner_of(run_id: int) -> int | None:
+    from loops.models import Run
+
+    return Run.objects.filter(pk=run_id).values_list("owner_id", flat=True).first()  # a run's owner never changes
 
 
 def ring(run_id: int, seq: int) -> None:
-    """Wake viewers of `run_id`; they read the events themselves from the database.
+    """Wake viewers of `run_id` and its owner's fleet pages; they read the events themselves from the database.
 
     Only with REDIS_URL (on the embedded default viewers tail the events table). The send
     happens on this process's doorbell thread, off the caller's path.
@@ -95,7 +105,7 @@ def ring(run_id: int, seq: int) -> None:
     from django.conf import settings
 
     if settings.REDIS_URL:
-        _doorbell().ring(run_id, seq)
+        _doorbell().ring(run_id, seq, _owner_of(run_id))
 
 
 class Doorbell:
@@ -110,10 +120,10 @@ class Doorbell:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="tether-doorbell", daemon=True).start()
 
-    def ring(self, run_id: int, seq: int) -> None:
-        asyncio.run_coroutine_threadsafe(self._send(run_id, seq), self.loop)
+    def ring(self, run_id: int, seq: int, owner_id: int | None) -> None:
+        asyncio.run_coroutine_threadsafe(self._send(run_id, seq, owner_id), self.loop)
 
-    async def _send(self, run_id: int, seq: int) -> None:
+    async def _send(self, run_id: int, seq: int, owner_id: int | None) -> None:
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
@@ -122,7 +132,8 @@ class Doorbell:
         message = {"type": "run.doorbell", "run": run_id, "seq": seq}
         try:
             await layer.group_send(group_name(run_id), message)
-            await layer.group_send(FLEET_GROUP, message)
+            if owner_id is not None:
+                await layer.group_send(fleet_group(owner_id), message)
         except Exception:  # a missed doorbell only delays viewers until their next poll
             log.warning("doorbell for run %s failed", run_id, exc_info=True)
 

@@ -217,7 +217,7 @@ def collect() -> str:
     )
 
     # A child run's carve is left out: the child's own reservations count what it spent.
-    calls = Reservation.objects.filter(carved__isnull=True)
+    calls = Reservation.objects.filter(carved__isnull=True, lease_for__isnull=True)  # not carves or lease slices
     closed = calls.filter(
         status__in=[Reservation.Status.SETTLED, Reservation.Status.ABANDONED]
     ).aggregate(spent=Sum("actual"))

@@ -52,3 +52,30 @@ def test_an_idle_socket_survives_and_is_woken_by_the_next_event(user, instance, 
 
     found = asyncio.run(go())
     assert [seq for seq, _ in found] == [run.last_seq + 1] and "still there?" in found[0][1]
+
+
+def test_a_doorbell_wakes_only_the_fleet_pages_of_the_runs_owner(user, other_user, instance, start_run, redis_layer):
+    from channels.layers import get_channel_layer
+
+    from loops import events
+
+    run = start_run(instance)  # the user's
+
+    async def go():
+        layer = get_channel_layer()
+        mine, theirs = await layer.new_channel(), await layer.new_channel()
+        await layer.group_add(events.fleet_group(user.pk), mine)
+        await layer.group_add(events.fleet_group(other_user.pk), theirs)
+        await database_sync_to_async(events.ring)(run.pk, 7)
+        woken = await asyncio.wait_for(layer.receive(mine), timeout=5)
+        try:
+            leaked = await asyncio.wait_for(layer.receive(theirs), timeout=1.5)
+        except TimeoutError:
+            leaked = None
+        await layer.group_discard(events.fleet_group(user.pk), mine)
+        await layer.group_discard(events.fleet_group(other_user.pk), theirs)
+        return woken, leaked
+
+    woken, leaked = asyncio.run(go())
+    assert (woken["run"], woken["seq"]) == (run.pk, 7)
+    assert leaked is None  # another user's fleet page is not woken by this run

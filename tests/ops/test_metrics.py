@@ -102,6 +102,7 @@ def test_metrics_count_runs_iterations_spend_queue_and_reaper(
         )
     settled = ledger.reserve(run=finished[0], iteration=1, amount=50_000)
     ledger.settle(settled, actual=12_345)
+    ledger.return_run_lease(finished[0].pk)  # it finished: the root books what it spent
     ledger.reserve(run=running, iteration=1, amount=40_000)
     from django.db import transaction
 
