@@ -24,17 +24,18 @@ Quota leases keep the shared rows cold. A run pool (`Pool.quota` not None) holds
 of its ancestors' headroom, each a reservation of its own in the ancestors (`lease_for`). Its
 run's reservations (and its children's carves) hold money in the run pool alone (`on_lease`)
 while the lease covers them, so a metered call locks one row. When it does not, the lease draws
-another slice — `TETHER_BUDGET_LEASE_USD` (default 0.25; 0 turns leases off for new runs), at most a quarter of what the tightest
-ancestor has left and no more than the run pool's own limit could use, or just what is missing
-when that is more — locking the run pool first and then its ancestors. A run's own reservation
-is never refused where an exact reservation up the chain would have been granted; what another
-run's lease holds unused is, like any reservation, not free for others until it returns. `return_lease` (the run finished,
-parked or was deleted) settles the slices at what the run pool took of them (what it still holds
-counting as spent: conservative) and gives the rest back. So a run pool's `spent` is exact at
-every settle, its ancestors' `spent + reserved` always covers their subtree's, `spent` up the
-tree is exact once the slices return, and no pool is ever over-admitted. A settle beyond the
-lease (a self-reported overdraft) returns the lease at once, so the overdraft reaches every
-ancestor and blocks it until covered.
+another slice — `TETHER_BUDGET_LEASE_USD` (default 0.25; 0 turns leases off for new runs), at
+most a quarter of what the tightest ancestor has left and no more than the run pool's own limit
+could use, or just what is missing when that is more — locking the run pool first and then its
+ancestors. A run's own reservation is never refused where an exact reservation up the chain
+would have been granted; what another run's lease holds unused is, like any reservation, not
+free for others until it returns. `return_lease` (the run finished, parked, handed its slice of
+time back, or was deleted) settles the slices at what the run pool spent of them and gives the
+rest back; what is still held there (a child's carve, a call in flight) stays leased, exactly,
+until it settles. So a run pool's `spent` is exact at every settle, its ancestors' `spent +
+reserved` always covers their subtree's, `spent` up the tree is exact once the slices return,
+and no pool is ever over-admitted. A settle beyond the lease (a self-reported overdraft)
+returns the lease at once, so the overdraft reaches every ancestor and blocks it until covered.
 
 `BudgetRefused` is raised after the work is done, so a caller that catches it inside
 its own `atomic()` block can carry on in the same transaction.
@@ -265,7 +266,7 @@ def _reserve(
     if run is None:
         assert pool is not None
         chain = pool.chain_ids()
-        leaf, locked = _lock_leaf(chain, now, who)
+        leaf, locked = None, _lock(chain, now, who)
     else:
         try:
             chain, leaf, locked = _lock_run(run, now, who)
@@ -288,30 +289,22 @@ def _reserve(
 def _lock_run(run: Any, now: datetime, who: tuple[Any, str], also: Iterable[int] = ()) -> tuple[list[int], Pool | None, list[Pool]]:
     """Lock what a reservation of `run` starts with: (its chain, its leased run pool or None, the pools locked).
 
-    One statement when its run pool holds a lease (the pool is found by its run); the whole
-    chain otherwise (see `_lock_leaf`). Opens the run's pools if they do not exist yet.
+    One statement when its run pool holds a lease (found by its run): that pool alone; a slice
+    drawn later locks its ancestors after it. Otherwise (leases off, a carved pool) the whole
+    chain and `also`, in ascending id order like every lock of shared pools. Opens the run's
+    pools if they do not exist yet.
     """
-    mine = list(Pool.objects.select_for_update().filter(kind=Pool.Kind.RUN, run_id=run.pk))
-    if mine and mine[0].quota is not None and len(mine[0].chain_ids()) > 1:
-        return mine[0].chain_ids(), mine[0], []
-    try:
-        chain = mine[0].chain_ids() if mine else _chain_for_run(run)
-    except InvalidBudget as error:
-        raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
-    leaf, locked = _lock_leaf(chain, now, who, also)
-    return chain, leaf, locked
-
-
-def _lock_leaf(chain: list[int], now: datetime, who: tuple[Any, str], also: Iterable[int] = ()) -> tuple[Pool | None, list[Pool]]:
-    """Lock the chain's innermost pool if it holds a lease: return (it, []); else lock the chain and `also` (None, them).
-
-    Locks go leased run pools first, then shared pools in ascending id order: a lease draws on
-    its ancestors only after its run pool is locked.
-    """
-    first = _lock([chain[-1]], now, who)
-    if first and first[0].quota is not None and len(chain) > 1:
-        return first[0], []
-    return None, _lock([*chain, *also], now, who)
+    leased = Pool.objects.select_for_update().filter(kind=Pool.Kind.RUN, run_id=run.pk, quota__isnull=False)
+    mine = leased.first()
+    if mine is None:
+        try:
+            chain = _chain_for_run(run)
+        except InvalidBudget as error:
+            raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
+        mine = leased.first()  # opened just now, with a lease
+        if mine is None:
+            return chain, None, _lock([*chain, *also], now, who)
+    return mine.chain_ids(), mine, []
 
 
 def _admit(
@@ -405,7 +398,10 @@ def _hold(
     )
     if lease is not None:
         lease.quota_used += amount
-        Pool.objects.filter(pk=lease.pk).update(reserved=F("reserved") + amount, quota_used=lease.quota_used)
+        lease.lease_ending = False  # its run goes on (resumed): the lease lives again
+        Pool.objects.filter(pk=lease.pk).update(
+            reserved=F("reserved") + amount, quota_used=lease.quota_used, lease_ending=False
+        )
         if len(pools) > 1:
             Pool.objects.filter(pk__in=[p.pk for p in pools[1:]]).update(reserved=F("reserved") + amount)
     else:
@@ -660,36 +656,33 @@ def _apply_close(
     if flagged:
         Pool.objects.filter(pk__in=flagged).update(threshold_flagged_at=now)
     LedgerEntry.objects.bulk_create(entries)
-    if lease is not None and lease.quota_used > int(lease.quota or 0):
+    if lease is not None and (lease.quota_used > int(lease.quota or 0) or (lease.lease_ending and not lease.reserved)):
         # Beyond what the lease holds (only a reported cost can be): the ancestors must see it now.
+        # Or the last reservation of a finished run's lease: the rest of it goes back.
         crossings += _return(lease, who, now, cause=reservation)
-    elif overdraft and lease is None and len(pools) == 1 and pools[0].quota is not None and len(pools[0].chain_ids()) > 1:
-        # Held when its lease went back (its ancestors booked all of it then): the excess goes up too.
-        leaf = pools[0]
-        ancestors = _lock(leaf.chain_ids()[:-1], now, who)
-        piece = _draw(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond a reservation its lease gave up")
-        crossings += _apply_close(
-            piece, ancestors, overdraft, Kind.SETTLE, status, who, now, announce=False, cause=reservation
-        )
     if crossings and announce:
         _announce(crossings)
     return crossings
 
 
 def return_lease(pool: Pool | int, *, actor: Actor = None, now: datetime | None = None) -> int:
-    """Give back `pool`'s lease: its ancestors book what it took as spent and have the rest back; return that.
+    """Give back `pool`'s lease: its ancestors book what it spent and have the rest back; return what it spent.
 
-    For a run that finished, parked or was deleted (inside the transaction that did it). What the
-    run pool still holds counts as taken (conservative); those reservations settle in the run pool
-    alone from then on. Idempotent: a pool with nothing leased is left alone (returns 0).
+    For a run that finished, parked, handed its slice of time back or was deleted (inside the
+    transaction that did it). What the run pool still holds stays leased until it settles (see
+    `_return`). Idempotent: a pool with nothing leased is left alone (returns 0).
     """
     now = now or timezone.now()
     who = _actor(actor, "runner")
     with transaction.atomic(savepoint=False):
         locked = _lock([_pool_id(pool)], now, who)
         if not locked or not locked[0].quota:
+            return 0  # nothing leased
+        if locked[0].quota == locked[0].reserved == locked[0].quota_used:  # only what is still held:
+            if not locked[0].lease_ending:  # it goes back when that settles
+                Pool.objects.filter(pk=locked[0].pk).update(lease_ending=True)
             return 0
-        taken = int(locked[0].quota_used)
+        taken = int(locked[0].quota_used - locked[0].reserved)
         crossings = _return(locked[0], who, now)
     if crossings:
         _announce(crossings)
@@ -705,25 +698,32 @@ def return_run_lease(run_id: int, *, actor: Actor = None, now: datetime | None =
 def _return(
     leaf: Pool, who: tuple[Any, str], now: datetime, cause: Reservation | None = None
 ) -> list[ThresholdCrossing]:
-    """Settle the (locked) `leaf`'s lease slices at what it took of them; its lease starts again from nothing."""
+    """Settle the (locked) `leaf`'s lease slices at what it spent of them and give the rest back.
+
+    What is still held on the lease (a child's carve, a call in flight) stays leased, as one slice
+    of exactly that, and the lease ends for good when the last of it settles (`lease_ending`).
+    """
     ancestors = _lock(leaf.chain_ids()[:-1], now, who)
     slices = list(Reservation.objects.select_for_update().filter(lease_for=leaf, status=HELD).order_by("pk"))
-    taken = leaf.quota_used
-    if taken > 0 and not slices:  # nothing leased, yet taken: a $0 reservation settled at a reported cost
+    held = int(leaf.reserved)
+    spent = leaf.quota_used - held
+    if spent > 0 and not slices:  # nothing leased, yet spent: a $0 reservation settled at a reported cost
         slices = [_draw(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond its lease")]
     crossings: list[ThresholdCrossing] = []
     for index, piece in enumerate(slices):
-        share = taken if index == len(slices) - 1 else min(piece.amount, taken)
-        taken -= share
+        share = spent if index == len(slices) - 1 else min(piece.amount, spent)
+        spent -= share
         crossings += _apply_close(
             piece, ancestors, share, Kind.SETTLE, Reservation.Status.SETTLED, who, now,
-            note=f"{leaf.name}'s lease returned: {format_usd(share)} taken of this slice's {format_usd(piece.amount)}",
+            note=f"{leaf.name}'s lease returned: {format_usd(share)} spent of this slice's {format_usd(piece.amount)}",
             announce=False,
             cause=cause,
         )
-    Reservation.objects.filter(on_lease=leaf, status=HELD).update(on_lease=None)
-    leaf.quota, leaf.quota_used = 0, 0
-    Pool.objects.filter(pk=leaf.pk).update(quota=0, quota_used=0)
+    leaf.quota, leaf.quota_used, leaf.lease_ending = 0, 0, bool(held)
+    if held:  # never more than the slices just returned held: no limit check needed
+        _draw(leaf, ancestors, held, who, now, note=f"{leaf.name}'s lease kept for what is still held")
+        leaf.quota_used = held
+    Pool.objects.filter(pk=leaf.pk).update(quota=leaf.quota, quota_used=leaf.quota_used, lease_ending=leaf.lease_ending)
     return crossings
 
 

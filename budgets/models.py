@@ -85,6 +85,9 @@ class Pool(models.Model):
         null=True, blank=True, help_text="micro-dollars leased from the ancestors; empty = no lease"
     )
     quota_used = models.BigIntegerField(default=0, help_text="micro-dollars of the lease spent or held here")
+    # Its run finished (or parked) while reservations were still held on the lease (a child's carve,
+    # a call in flight): the lease returns the rest as soon as the last of them settles.
+    lease_ending = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

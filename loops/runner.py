@@ -327,7 +327,7 @@ def record_lost_attempt(run: Run, worker: str, changes: dict[str, Any] | None) -
 
 
 def hand_back(lease: Lease) -> None:
-    """Release the run to the queue at its next iteration (a slice ended)."""
+    """Release the run to the queue at its next iteration (a slice ended), returning its quota lease."""
     from loops import tasks
 
     def once() -> None:
@@ -338,6 +338,8 @@ def hand_back(lease: Lease) -> None:
             Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
                 lease_token=None, lease_holder="", lease_expires_at=timezone.now() + lease_seconds(), attempt=0
             )
+            # Its ancestors book what it spent this slice of time (in this period, not the one it ends in).
+            ledger.return_run_lease(run.pk)
             tasks.schedule(run.pk, run.next_iteration)
 
     dbfaults.retry(once, what=f"run {lease.run_id}: hand back")
@@ -883,11 +885,12 @@ def _record(
                 transaction.on_commit(lambda: delegation.start_pending(run.pk))
             elif isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
                 items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
-                after_finish(run.pk)
             events.append_many(run.pk, items)
-            # The last writes: shared pools stay locked only until the commit. The settle comes
-            # first, so a finishing child's carve is refunded at what it spent, this included.
+            # The settle comes before a finish or a park, so a finishing child's carve is refunded,
+            # and the run's lease returned, at what it spent, this iteration included.
             ledger.settle(begun.reservation, actual=unmetered)
+            if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED and not delegated:
+                after_finish(run.pk)
             if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
                 _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
 

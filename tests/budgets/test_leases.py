@@ -116,13 +116,34 @@ def test_a_finished_run_returns_its_lease_and_the_chain_books_what_it_spent(make
     run, pool = opened(make_run, max_cost_micros=1_000_000)
     ledger.settle(ledger.reserve(run=run, iteration=1, amount=5 * CENT), actual=3 * CENT)
     held = ledger.reserve(run=run, iteration=2, amount=2 * CENT)  # still out when the lease returns
-    assert ledger.return_run_lease(run.pk) == 5 * CENT  # spent, plus what is held (conservative)
+    assert ledger.return_run_lease(run.pk) == 3 * CENT  # what it spent; what is held stays leased
     assert ledger.return_run_lease(run.pk) == 0
     for shared in ancestors_of(pool):
-        assert (shared.spent, shared.reserved) == (5 * CENT, 0), shared.name
-    ledger.settle(held, actual=CENT)  # the late settle changes the run pool alone
+        assert (shared.spent, shared.reserved) == (3 * CENT, 2 * CENT), shared.name
+    ledger.settle(held, actual=CENT)  # the last held settles: the rest of the lease goes back
+    for shared in ancestors_of(pool):
+        assert (shared.spent, shared.reserved) == (4 * CENT, 0), shared.name
     pool.refresh_from_db()
-    assert (pool.spent, pool.reserved, pool.quota, pool.quota_used) == (4 * CENT, 0, 0, 0)
+    assert (pool.spent, pool.reserved, pool.quota, pool.quota_used, pool.lease_ending) == (4 * CENT, 0, 0, 0, False)
+    assert not Reservation.objects.filter(status="held").exists()
+    assert selectors.audit_pools() == []
+
+
+def test_a_parent_stopped_before_its_child_is_charged_only_what_the_child_spent(make_run):
+    from loops.models import Run
+
+    parent, parent_pool = opened(make_run, max_cost_micros=1_000_000)
+    ledger.set_limit(services.user_pool(parent.owner), 10_000_000, "admin")
+    child = Run.objects.create(
+        instance=parent.instance, owner=parent.owner, objective="child", max_iterations=5,
+        parent=parent, depth=1, max_cost_micros=50 * CENT,
+    )
+    child_pool = services.open_run_pools(child)
+    ledger.settle(ledger.reserve(run=child, iteration=1, amount=5 * CENT), actual=CENT)
+    assert ledger.return_run_lease(parent.pk) == 0  # the parent finishes first: its child's carve is still out
+    ledger.refund_carve(child_pool)  # then the child: the rest of the parent's lease goes back
+    for shared in ancestors_of(parent_pool):
+        assert (shared.spent, shared.reserved) == (CENT, 0), shared.name
     assert not Reservation.objects.filter(status="held").exists()
     assert selectors.audit_pools() == []
 

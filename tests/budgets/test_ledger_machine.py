@@ -59,6 +59,7 @@ class Shadow:
     carved: bool = False  # a child run's pool: its limit is its carve and cannot change
     quota: int | None = None  # a run pool's lease: what it holds in its ancestors
     used: int = 0  # what its reservations took of the lease
+    ending: bool = False  # returned while reservations were held: the rest goes back when they settle
 
     def roll(self, now):
         start = ledger.period_floor(self.period, now)
@@ -202,15 +203,9 @@ class LedgerMachine(RuleBasedStateMachine):
         if held.lease is not None:
             leaf = self.pools[held.lease]
             leaf.used += actual - held.amount
-            if leaf.used > leaf.quota:  # beyond the lease: it returns at once
+            # beyond the lease, or the last of an ended run's lease: it returns at once
+            if leaf.used > leaf.quota or (leaf.ending and not leaf.reserved):
                 crossed += self.return_lease(self.chain_of(leaf.pk))
-        elif len(held.chain) == 1 and self.pools[held.chain[0]].quota is not None and actual > held.amount:
-            # held when its lease went back (booked whole up the chain then): the excess goes up too
-            for pool in self.shadows(self.chain_of(held.chain[0])[:-1]):
-                pool.spent += actual - held.amount
-                if not pool.flagged and pool.over_threshold():
-                    pool.flagged = True
-                    crossed.append(pool.pk)
         return sorted(crossed)
 
     @staticmethod
@@ -253,21 +248,21 @@ class LedgerMachine(RuleBasedStateMachine):
             leaf.quota += draw
         leaf.reserved += amount
         leaf.used += amount
+        leaf.ending = False
         return [leaf.pk], leaf.pk
 
     def return_lease(self, chain):
+        """The ancestors book what the run pool spent of its lease; what it still holds stays leased."""
         leaf = self.pools[chain[-1]]
+        held = leaf.reserved
         crossed = []
         for pool in self.shadows(chain[:-1]):
-            pool.reserved -= leaf.quota
-            pool.spent += leaf.used
+            pool.reserved += held - leaf.quota
+            pool.spent += leaf.used - held
             if not pool.flagged and pool.over_threshold():
                 pool.flagged = True
                 crossed.append(pool.pk)
-        leaf.quota, leaf.used = 0, 0
-        for held in [*self.held.values(), *self.carves.values()]:
-            if held.lease == leaf.pk:
-                held.lease = None
+        leaf.quota, leaf.used, leaf.ending = held, held, bool(held)
         return crossed
 
     # --- moves -------------------------------------------------------------------------------
@@ -409,11 +404,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def run_parks_or_finishes(self, which):
         """The run's lease goes back: its ancestors book what it took, and have the rest back."""
         leaf = self.pools[self.chains[which][-1]]
-        expected = leaf.used if leaf.quota else 0
+        only_held = leaf.quota == leaf.reserved == leaf.used
+        expected = leaf.used - leaf.reserved if leaf.quota and not only_held else 0
         assert ledger.return_run_lease(self.runs[which].pk, now=self.now) == expected
-        event("lease returned" if expected or leaf.quota else "no lease to return")
-        if leaf.quota:
+        event("lease returned" + (" with money still held" if leaf.reserved else "") if expected or leaf.quota else "no lease")
+        if leaf.quota and not only_held:
             self.return_lease(self.chains[which])
+        elif leaf.quota:
+            leaf.ending = True
         assert ledger.return_run_lease(self.runs[which].pk, now=self.now) == 0  # once
 
     @rule(data=st.data(), amount=st.integers(-5, 3000))
@@ -485,7 +483,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def a_lease_covers_what_its_run_pool_holds(self):
         for pool in Pool.objects.filter(pk__in=self.pools, quota__isnull=False):
             shadow = self.pools[pool.pk]
-            assert (pool.quota, pool.quota_used) == (shadow.quota, shadow.used), shadow.name
+            assert (pool.quota, pool.quota_used, pool.lease_ending) == (shadow.quota, shadow.used, shadow.ending), shadow.name
             assert 0 <= pool.quota_used <= pool.quota
 
     @invariant()

@@ -106,3 +106,24 @@ def test_a_report_above_the_reservation_ends_the_run_at_once_and_blocks_the_pool
     # The overdrawn instance pool grants nothing more until a person covers it.
     with pytest.raises(services.Refused, match=r"has left \(\$0\.00\)"):
         start(inst, max_cost_usd="0.20")
+
+
+ASKER = """
+json.dump({'cost_usd': 0.01}, open(os.environ['TETHER_USAGE_FILE'], 'w'))
+print("TETHER_ESCALATE: Which colour?", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_a_run_that_asks_a_person_books_what_it_spent_up_the_chain_not_what_it_reserved(
+    user, make_instance, script, start, drive, settings
+):
+    from budgets import services as budget_services
+
+    settings.TETHER_COMMAND_ITERATION_RESERVE_USD = "0.05"
+    run = drive(start(make_instance(user, command=script(ASKER), checks=[])))
+    assert run.status == "waiting"  # parked: its lease went back after the iteration settled
+    assert run.spent_micros == 10_000
+    for pool in Pool.objects.filter(pk__in=budget_services.user_pool(user).chain_ids()):
+        assert (pool.spent, pool.reserved) == (10_000, 0), pool.name  # $0.01, not the $0.05 reserved
+    assert not Reservation.objects.filter(status="held").exists()
