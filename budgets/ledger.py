@@ -656,10 +656,20 @@ def _apply_close(
     if flagged:
         Pool.objects.filter(pk__in=flagged).update(threshold_flagged_at=now)
     LedgerEntry.objects.bulk_create(entries)
-    if lease is not None and (lease.quota_used > int(lease.quota or 0) or (lease.lease_ending and not lease.reserved)):
-        # Beyond what the lease holds (only a reported cost can be): the ancestors must see it now.
-        # Or the last reservation of a finished run's lease: the rest of it goes back.
-        crossings += _return(lease, who, now, cause=reservation)
+    if lease is not None and lease.quota_used > int(lease.quota or 0):
+        # Beyond what the lease holds (only a reported cost can be): the ancestors must see it now,
+        # and are blocked by it. The excess is booked up the chain through an empty slice.
+        excess = lease.quota_used - int(lease.quota or 0)
+        ancestors = _lock(lease.chain_ids()[:-1], now, who)
+        piece = _draw(lease, ancestors, 0, who, now)
+        crossings += _apply_close(
+            piece, ancestors, excess, Kind.SETTLE, Reservation.Status.SETTLED, who, now, announce=False,
+            cause=reservation, note=f"{lease.name} spent {format_usd(excess)} beyond its lease",
+        )
+        lease.quota_used = int(lease.quota or 0)
+        Pool.objects.filter(pk=lease.pk).update(quota_used=lease.quota_used)
+    if lease is not None and lease.lease_ending and not lease.reserved:
+        crossings += _return(lease, who, now)  # the last reservation of an ended run's lease: the rest goes back
     if crossings and announce:
         _announce(crossings)
     return crossings

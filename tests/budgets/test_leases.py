@@ -156,10 +156,31 @@ def test_a_reported_overdraft_reaches_every_ancestor_at_once_and_blocks_them(mak
     held = ledger.reserve(run=run, iteration=1, amount=5 * CENT)
     ledger.settle(held, actual=50_000_000)  # an agent reported $50 against $0.05
     user_pool.refresh_from_db()
-    assert user_pool.spent == 50_000_000 and user_pool.reserved == 0  # booked up the chain now
+    # booked up the chain now: the excess over the lease as spent, the lease itself still held
+    assert user_pool.spent + user_pool.reserved == 50_000_000 and user_pool.spent > user_pool.limit
     assert LedgerEntry.objects.filter(pool=user_pool, kind="overdraft").exists()
     with pytest.raises(BudgetRefused, match="overdrawn"):
         ledger.reserve(run=sibling, iteration=1, amount=1)
+    assert selectors.audit_pools() == []
+
+
+def test_an_overdraft_with_another_call_still_held_is_booked_once_and_never_looks_like_a_grant(make_run):
+    from django.db.models import F
+
+    run, pool = opened(make_run)
+    user_pool = services.user_pool(run.owner)
+    ledger.set_limit(user_pool, 100 * CENT, "admin")
+    first = ledger.reserve(run=run, iteration=1, call=1, amount=CENT)
+    second = ledger.reserve(run=run, iteration=1, call=2, amount=CENT)
+    ledger.settle(first, actual=5_000_000)
+    ledger.settle(second, actual=1)
+    past_a_limit = LedgerEntry.objects.filter(
+        kind="reserve", limit_after__isnull=False, limit_after__lt=F("spent_after") + F("reserved_after")
+    )
+    assert not past_a_limit.exists()
+    ledger.return_run_lease(run.pk)
+    user_pool.refresh_from_db()
+    assert (user_pool.spent, user_pool.reserved) == (5_000_001, 0)
     assert selectors.audit_pools() == []
 
 

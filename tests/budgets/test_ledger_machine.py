@@ -203,8 +203,14 @@ class LedgerMachine(RuleBasedStateMachine):
         if held.lease is not None:
             leaf = self.pools[held.lease]
             leaf.used += actual - held.amount
-            # beyond the lease, or the last of an ended run's lease: it returns at once
-            if leaf.used > leaf.quota or (leaf.ending and not leaf.reserved):
+            if leaf.used > leaf.quota:  # beyond the lease: the excess goes up the chain at once
+                for pool in self.shadows(self.chain_of(leaf.pk)[:-1]):
+                    pool.spent += leaf.used - leaf.quota
+                    if not pool.flagged and pool.over_threshold():
+                        pool.flagged = True
+                        crossed.append(pool.pk)
+                leaf.used = leaf.quota
+            if leaf.ending and not leaf.reserved:  # the last of an ended run's lease: the rest goes back
                 crossed += self.return_lease(self.chain_of(leaf.pk))
         return sorted(crossed)
 
