@@ -316,6 +316,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv or [])
     counts = [int(n) for n in args.workers.split(",") if n]
     if args.lease_usd is not None:
+        from decimal import Decimal, InvalidOperation
+
+        try:
+            valid = Decimal(args.lease_usd) >= 0
+        except InvalidOperation:
+            valid = False
+        if not valid:
+            parser.error(f"--lease-usd must be an amount of dollars such as 0.25 (0 or more), got {args.lease_usd!r}")
         os.environ["TETHER_BUDGET_LEASE_USD"] = args.lease_usd  # the spawned processes inherit it
     leases = os.environ.get("TETHER_BUDGET_LEASE_USD", "0.25")
     reports = []

@@ -104,8 +104,9 @@ def chain_headroom(pools: Iterable[Pool], now: datetime | None = None) -> tuple[
     """
     pools = list(pools)
     leaf = max(pools, key=lambda p: len(p.path), default=None)
-    leased = leaf is not None and leaf.quota is not None and len(pools) > 1
-    unused = max(0, int(leaf.quota) - leaf.quota_used) if leased and leaf is not None and leaf.quota is not None else 0
+    unused = 0
+    if leaf is not None and leaf.quota is not None and len(pools) > 1:
+        unused = max(0, int(leaf.quota) - leaf.quota_used)
     best: tuple[int | None, Pool | None] = (None, None)
     for pool in pools:
         if pool.limit is None:

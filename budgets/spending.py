@@ -230,7 +230,7 @@ def _payers(rows: list[Reservation], pools: dict[int, PaidBy], chain: ChainHeadr
         return [int(part) for part in paths.get(pk, f"/{pk}/").strip("/").split("/")]
 
     ids = {r.pk: {above for pk in r.chain for above in up(pk)} for r in rows}
-    missing = set().union(set(), *ids.values()) - pools.keys()
+    missing = set().union(*ids.values()) - pools.keys()
     if missing:
         pools.update(_pools(missing, None))
     return {
