@@ -6,7 +6,9 @@ descriptors for `subprocess.Popen` that run it under bubblewrap:
 
 - its own user, PID, IPC, UTS, cgroup and network namespaces (`--unshare-all`); no network
   at all unless the instance was granted egress, and even then its loopback is its own, so
-  nothing on this machine's 127.0.0.1 (PostgreSQL, Redis, Tether itself) is reachable;
+  nothing on this machine's 127.0.0.1 (PostgreSQL, Redis, Tether itself) is reachable, and a
+  firewall in its namespace refuses this machine's other addresses, the networks it is attached
+  to, private and link-local ranges (cloud metadata) — egress means the outside world only;
 - a root of its own: the system (`/usr`, a few files of `/etc`, the Python Tether runs on)
   read-only, a private `/tmp`, a private `/proc`, minimal `/dev`, and the workspace as the
   only writable host directory — never `TETHER_HOME`, the database, the secret key or
@@ -31,6 +33,7 @@ No database access; reads settings; may `chown` a workspace tree to its sandbox 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import os
 import shutil
@@ -56,6 +59,13 @@ ETC_FILES = (
     "/etc/ssl", "/etc/ca-certificates", "/etc/mime.types", "/etc/gitconfig", "/etc/python3", "/etc/python3.11",
 )
 SLIRP_DNS = "10.0.2.3"  # slirp4netns's built-in resolver, as the sandbox sees it
+# What a program granted egress may never reach, whatever this machine's own networks are:
+# "this network", private ranges, shared address space, loopback, link-local (cloud metadata),
+# IETF protocol assignments, benchmarking, multicast and reserved.
+EGRESS_DENIED = (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/3",
+)
 MERGED_USR = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SCRATCH = "/run/tether"
 
@@ -305,8 +315,9 @@ def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwarg
     """Start `argv` under `spec`; return the process (in a session of its own) and whether it is sandboxed.
 
     Without a network grant the program's network namespace has only its own loopback. With
-    one, slirp4netns (user-mode networking, `--disable-host-loopback`) gives it a route out that
-    cannot reach this machine's 127.0.0.1; it lives exactly as long as the sandbox.
+    one, slirp4netns (user-mode networking, `--disable-host-loopback`) gives it a route out, and
+    `egress_rules` fence it off this machine and its networks before it starts; the route lives
+    exactly as long as the sandbox.
     """
     if not (spec.network and enabled()):
         launch = prepare(argv, spec, cwd=cwd)
@@ -317,6 +328,7 @@ def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwarg
             "network egress needs slirp4netns (Debian/Ubuntu: apt-get install slirp4netns); "
             "or turn the instance's network grant off"
         )
+    _nft()
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     resolv_r, resolv_w = os.pipe()
@@ -350,6 +362,7 @@ def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwarg
             close(exit_r, ready_w)
             if os.read(ready_r, 1) != b"1":
                 raise SandboxUnavailable("slirp4netns could not give the sandbox its network")
+            _fence(child)
             os.write(block_w, b"go")
         except (OSError, SandboxUnavailable):
             proc.kill()
@@ -358,6 +371,84 @@ def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwarg
     finally:
         close(*list(open_fds))
     return proc, True
+
+
+def egress_rules() -> str:
+    """The nftables ruleset of a sandbox granted egress: out to the world, never to this machine.
+
+    slirp4netns opens the program's connections from this machine's own network stack, so any
+    address that stack can reach would be reachable: its other addresses (a database listening
+    on all interfaces), the networks it is attached to, and private or link-local ranges (another
+    machine's services, a cloud's metadata endpoint). Only slirp4netns's resolver is let through
+    of its virtual network; IPv6 has no route out at all.
+    """
+    nets = {ipaddress.IPv4Network(n) for n in (*EGRESS_DENIED, *_this_machines_networks())}
+    denied = [str(n) for n in ipaddress.collapse_addresses(nets)]  # no overlaps: nft refuses them in a set
+    return (
+        "table inet tether_egress {\n"
+        "  chain out {\n"
+        "    type filter hook output priority 0; policy accept;\n"
+        '    oif "lo" accept\n'
+        f"    ip daddr {SLIRP_DNS} meta l4proto {{ tcp, udp }} th dport 53 accept\n"
+        f"    ip daddr {{ {', '.join(denied)} }} meta l4proto tcp reject with tcp reset\n"
+        f"    ip daddr {{ {', '.join(denied)} }} reject with icmpx type admin-prohibited\n"
+        "    meta nfproto ipv6 reject with icmpx type admin-prohibited\n"
+        "  }\n"
+        "}\n"
+    )
+
+
+def _this_machines_networks() -> list[str]:
+    """Every IPv4 address of this machine (as /32) and every network it is directly attached to."""
+    found: set[str] = set()
+    try:
+        trie = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        trie = []
+    for before, line in zip(trie, trie[1:], strict=False):
+        if "/32 host LOCAL" in line and "|--" in before:
+            found.add(before.split("|--")[1].strip() + "/32")
+    try:
+        routes = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        routes = []
+    for line in routes:
+        fields = line.split()
+        if len(fields) > 7 and fields[2] == "00000000" and fields[1] != "00000000":
+            net, mask = (int(fields[i], 16).to_bytes(4, "little") for i in (1, 7))
+            bits = bin(int.from_bytes(mask, "big")).count("1")
+            found.add(f"{'.'.join(map(str, net))}/{bits}")
+    return sorted(found)
+
+
+def _fence(pid: int) -> None:
+    """Load `egress_rules` into the network namespace of the sandbox whose first process is `pid`.
+
+    Done from outside, before the program is let go: inside, it has no capabilities to change them.
+    """
+    enter = ["nsenter", f"--net=/proc/{pid}/ns/net"]
+    if os.geteuid() != 0:
+        enter += [f"--user=/proc/{pid}/ns/user", "--preserve-credentials"]
+    try:
+        done = subprocess.run([*enter, "--", _nft(), "-f", "-"], input=egress_rules().encode(),
+                              capture_output=True, timeout=10)
+    except subprocess.TimeoutExpired:
+        raise SandboxUnavailable("the sandbox's egress firewall took over 10 s to load") from None
+    if done.returncode != 0:
+        raise SandboxUnavailable(
+            "could not load the sandbox's egress firewall (nft: "
+            + done.stderr.decode(errors="replace").strip()[:200] + "); or turn the instance's network grant off"
+        )
+
+
+def _nft() -> str:
+    nft = shutil.which("nft") or next((p for p in ("/usr/sbin/nft", "/sbin/nft") if os.access(p, os.X_OK)), None)
+    if nft is None:
+        raise SandboxUnavailable(
+            "network egress needs nftables to keep the sandbox off this machine's own networks "
+            "(Debian/Ubuntu: apt-get install nftables); or turn the instance's network grant off"
+        )
+    return nft
 
 
 def _await_block(pid: int, timeout: float = 5.0) -> None:

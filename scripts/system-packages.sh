@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Install the system packages Tether needs when they are missing: bubblewrap (the sandbox every
-# agent program runs in), prlimit and slirp4netns (network egress for instances granted it). With an argument, also those packages (CI adds chromium).
+# agent program runs in), prlimit, slirp4netns and nftables (network egress for instances granted it,
+# fenced off this machine). With an argument, also those packages (CI adds chromium).
 # Needs root (or sudo) to install; without it, says what to install and fails.
 set -eu
 want=()
 command -v bwrap >/dev/null 2>&1 || want+=(bubblewrap)
 command -v prlimit >/dev/null 2>&1 || want+=(util-linux)
 command -v slirp4netns >/dev/null 2>&1 || want+=(slirp4netns)
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || want+=(nftables)
 for extra in "$@"; do
   command -v "$extra" >/dev/null 2>&1 || want+=("$extra")
 done

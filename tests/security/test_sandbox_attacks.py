@@ -11,6 +11,7 @@ itself, so it fails on code that runs programs unsandboxed.
 
 import json
 import os
+import shutil
 import socket
 
 import pytest
@@ -241,39 +242,100 @@ def test_sandbox_off_is_loud_and_explicit(settings, client, user):
 
 
 NET_PROBE = """
-import socket
-for name, host, port in [("outside", "10.0.2.3", 53), ("host_loopback", "10.0.2.2", 5432), ("loopback", "127.0.0.1", 5432)]:
+import json, socket, sys
+seen = {}
+for name, host, port in json.loads(sys.argv[1]):
     try:
         socket.create_connection((host, port), timeout=3).close()
-        print(name, "reached")
+        seen[name] = "reached"
     except OSError as exc:
-        print(name, "refused", type(exc).__name__)
+        seen[name] = "refused " + type(exc).__name__
+print(json.dumps(seen))
 """
 
 
-def probe_network(instance):
+def probe_network(instance, targets):
+    import json
+
     from instances.brains import process
     from instances.sandbox import Spec
 
     workspace = instance.workspace_path()
     workspace.mkdir(parents=True, exist_ok=True)
     (workspace / "net.py").write_text(NET_PROBE)
-    done = process.run(["python3", "net.py"], cwd=workspace, env=process.base_env(workspace), timeout=30,
-                       spec=Spec(workspace=workspace, instance_id=instance.pk, network=instance.network))
+    done = process.run(["python3", "net.py", json.dumps(targets)], cwd=workspace, env=process.base_env(workspace),
+                       timeout=60, spec=Spec(workspace=workspace, instance_id=instance.pk, network=instance.network))
     assert done.sandboxed and done.exit_code == 0, (done.stdout, done.stderr, done.spawn_error)
-    return dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    return json.loads(done.stdout)
 
 
-def test_without_a_network_grant_a_program_reaches_no_network(user, make_instance):
-    seen = probe_network(make_instance(user, network=False))
+@pytest.fixture
+def listener():
+    """A server listening on every address of this machine, as a database with `listen_addresses='*'` does."""
+    import socket
+
+    server = socket.create_server(("0.0.0.0", 0))
+    yield server.getsockname()[1]
+    server.close()
+
+
+def this_machines_addresses():
+    import ipaddress
+
+    from instances.sandbox import _this_machines_networks
+
+    return [str(n.network_address) for n in map(ipaddress.ip_network, _this_machines_networks())
+            if n.prefixlen == 32 and not n.network_address.is_loopback]
+
+
+def forbidden(port):
+    found = [("loopback", "127.0.0.1", port), ("slirp_gateway", "10.0.2.2", port), ("metadata", "169.254.169.254", 80)]
+    found += [(f"own {address}", address, port) for address in this_machines_addresses()]
+    return found
+
+
+def test_without_a_network_grant_a_program_reaches_no_network(user, make_instance, listener):
+    seen = probe_network(make_instance(user, network=False), [("outside", "10.0.2.3", 53), *forbidden(listener)])
     assert all(outcome.startswith("refused") for outcome in seen.values()), seen
 
 
-def test_with_a_network_grant_a_program_gets_out_but_never_to_this_machines_loopback(user, make_instance):
-    seen = probe_network(make_instance(user, network=True))
-    assert seen["outside"] == "reached", seen  # the user-mode network's resolver: a route out exists
-    assert seen["host_loopback"].startswith("refused"), seen
-    assert seen["loopback"].startswith("refused"), seen
+def test_with_a_network_grant_a_program_gets_out_but_never_to_this_machine(user, make_instance, listener):
+    """Egress is the outside world: not this machine's loopback, nor its other addresses (a server
+    listening on all of them), nor the slirp gateway, nor link-local metadata."""
+    seen = probe_network(make_instance(user, network=True), [("outside", "10.0.2.3", 53), *forbidden(listener)])
+    assert seen.pop("outside") == "reached", seen  # the user-mode network's resolver: a route out exists
+    assert seen and all(outcome.startswith("refused") for outcome in seen.values()), seen
+
+
+def test_the_egress_firewall_refuses_every_address_of_this_machine_and_every_private_range():
+    import ipaddress
+    import re
+
+    from instances import sandbox
+
+    rules = sandbox.egress_rules()
+    denied = [ipaddress.ip_network(n) for n in re.search(r"ip daddr \{ ([^}]*) \} meta l4proto tcp reject", rules)[1].split(", ")]
+    must = ["10.0.2.2", "10.1.2.3", "172.17.0.1", "192.168.1.1", "169.254.169.254", "127.0.0.1", "100.64.0.1",
+            *this_machines_addresses()]
+    for address in must:
+        assert any(ipaddress.ip_address(address) in net for net in denied), (address, rules)
+    assert not any(ipaddress.ip_address("1.1.1.1") in net for net in denied)
+    assert "meta nfproto ipv6 reject" in rules
+
+
+def test_without_nftables_egress_is_refused_with_how_to_fix_it(user, make_instance, monkeypatch):
+    from instances.brains import process
+    from instances.sandbox import Spec
+
+    inst = make_instance(user, network=True)
+    workspace = inst.workspace_path()
+    workspace.mkdir(parents=True, exist_ok=True)
+    real_which, real_access = shutil.which, os.access
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "nft" else real_which(name, *a, **k))
+    monkeypatch.setattr(os, "access", lambda path, mode: not str(path).endswith("/nft") and real_access(path, mode))
+    done = process.run(["true"], cwd=workspace, env=process.base_env(workspace), timeout=30,
+                       spec=Spec(workspace=workspace, instance_id=inst.pk, network=True))
+    assert "apt-get install nftables" in done.spawn_error, done
 
 
 def test_without_bubblewrap_a_run_that_starts_programs_is_refused_with_how_to_fix_it(user, make_instance, monkeypatch):
