@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from loops.memory import Memory
+
 CONTINUABLE = ("cancelled", "max_iterations", "no_progress", "failed", "timed_out", "done")
 # How much of the old run the first instruction repeats: its last iterations, each clipped.
 SHOWN_ITERATIONS = 8
@@ -55,9 +57,7 @@ def refusal(*, run_id: int, status: str, outcome: str, verified: bool | None, ne
 def carried_history(history: Mapping[str, Any] | None, *, run_id: int, iterations_done: int) -> dict[str, Any]:
     """Return the new run's starting `history`: the old run's snapshot, numbered before the new run's."""
     carried = []
-    for item in (history or {}).get("snapshot", []) or []:
-        if not isinstance(item, Mapping):
-            continue
+    for item in Memory.of(history).snapshot:
         number = item.get("iteration")
         number = number if isinstance(number, int) and not isinstance(number, bool) else 0
         entry = dict(item)
@@ -65,7 +65,7 @@ def carried_history(history: Mapping[str, Any] | None, *, run_id: int, iteration
         entry.setdefault("from_iteration", number)
         entry["iteration"] = number - iterations_done
         carried.append(entry)
-    return {"snapshot": carried} if carried else {}
+    return Memory(snapshot=tuple(carried)).as_json()
 
 
 def _clip(value: Any, limit: int = FIELD_CHARS) -> str:

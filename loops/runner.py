@@ -33,6 +33,7 @@ from loops import checks as checks_mod
 from loops import decision as decision_mod
 from loops import delegation, events, journal, policy, protected, signals
 from loops.event_kinds import changed_names
+from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run
 from tether import dbfaults, jsonlog
 
@@ -452,7 +453,7 @@ def iterate(lease: Lease) -> bool:
         workspace=instance.workspace_path(),
         stop=lease.stop,
         timeout=float(instance.act_timeout_seconds),
-        snapshot=list((run.history or {}).get("snapshot", [])),
+        snapshot=[dict(s) for s in Memory.of(run.history).snapshot],
         approved_calls=begun.approved_calls,
         meter=meter,
         journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
@@ -509,8 +510,8 @@ def iterate(lease: Lease) -> bool:
         decision = decision_mod.Decision("failed", "stopped by a person during the checks")
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
     fingerprint = checks_mod.fingerprint(workspace)
-    history = run.history or {}
-    recent = [*history.get("instructions", []), begun.base_instruction][-policy.KEPT :]
+    memory = Memory.of(run.history)
+    recent = memory.recent_instructions(begun.base_instruction)
     if instance.decider == instance.Decider.LLM:
         from instances.brains.anthropic import decide  # type: ignore[import-not-found]
 
@@ -533,15 +534,14 @@ def iterate(lease: Lease) -> bool:
             return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage)
     else:
         decision = decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail)
-    progress = [*history.get("progress", []), [fingerprint, policy.checks_signature(checks)]][-policy.KEPT :]
     state = policy.State(
         iteration=begun.number,
         max_iterations=run.max_iterations,
         act_ok=reply.ok,
         act_detail=reply.detail,
-        failed_acts=_failed_acts(history, reply),
-        recent_instructions=tuple(recent),
-        progress=tuple((p[0], p[1]) for p in progress),
+        failed_acts=memory.failed_in_a_row(reply.ok),
+        recent_instructions=recent,
+        progress=memory.recent_progress(fingerprint, policy.checks_signature(checks)),
         has_checks=bool(instance.checks),
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
     )
@@ -568,11 +568,6 @@ def _stop_requested(run_id: int) -> bool:
         lambda: Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists(),
         what=f"run {run_id}: stop requested?",
     )
-
-
-def _failed_acts(history: dict[str, Any], reply: Reply) -> int:
-    """Return how many acts in a row have failed, this one included (0 when it succeeded)."""
-    return 0 if reply.ok else int(history.get("failed_acts", 0)) + 1
 
 
 def _reported_beyond_reservation(run: Run, reply: Reply) -> str:
@@ -646,7 +641,7 @@ def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.
         "act_ok": reply.ok,
         "act_detail": reply.detail,
         "checks": checks_mod.as_json(checks),
-        "history": list((run.history or {}).get("snapshot", [])),
+        "history": [dict(s) for s in Memory.of(run.history).snapshot],
     }
 
 
@@ -699,7 +694,7 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         if run.deadline and timezone.now() >= run.deadline:
             _finish(lease, Run.Outcome.TIMED_OUT, f"the run's wall-clock limit passed before iteration {number}")
             return None
-        approved = list((run.history or {}).get("approved_calls", []))
+        approved = [dict(c) for c in Memory.of(run.history).approved_calls]
         base = run.next_instruction or run.objective
         instruction = base
         attempt = _attempt(run, number)
@@ -761,28 +756,15 @@ def _record(
     decider_cost, decider_unmetered = metering.split_cost(decider_usage, decider_usage.metered_micros)
     cost, unmetered = act_cost + decider_cost, act_unmetered + decider_unmetered
     now = timezone.now()
-    history = dict(run.history or {})
-    history.pop("approved_calls", None)  # handed to this act; never run twice
-    pending = [c for c in reply.tool_calls if c.get("needs_approval")]
-    if pending:
-        history["pending_approval"] = pending
-    history["instructions"] = [*history.get("instructions", []), begun.base_instruction][-policy.KEPT :]
-    history["progress"] = [*history.get("progress", []), [fingerprint, policy.checks_signature(checks)]][-policy.KEPT :]
-    history["failed_acts"] = _failed_acts(history, reply)
-    history["snapshot"] = [
-        *history.get("snapshot", []),
-        {
-            "iteration": number,
-            "instruction": begun.base_instruction[:500],
-            "response": reply.text[-500:],
-            "checks": {c.name: c.passed for c in checks},
-            "verdict": decision.verdict,
-        },
-    ][-20:]
+    memory = Memory.of(run.history).after(  # approvals handed to this act are spent: never run twice
+        instruction=begun.base_instruction, fingerprint=fingerprint, signature=policy.checks_signature(checks),
+        act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
+        number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
+    )
     fields: dict[str, Any] = {
         "next_iteration": number + 1,
         "spent_micros": F("spent_micros") + cost,
-        "history": history,
+        "history": memory.as_json(),
         "attempt": 1,
     }
     if protected_changed:

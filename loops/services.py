@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from loops import delegation, events, liveness, tasks
+from loops.memory import Memory
 from loops.models import Interjection, Run
 from reviews import audit
 
@@ -241,18 +242,16 @@ def run_interject(
             )
         if run.cancel_requested_at is not None:
             raise Refused(f"run {run.pk} is being stopped; the message would never be read", 409)
-        history = dict(run.history or {})
-        pending = history.pop("pending_approval", None)
+        memory = Memory.of(run.history)
         if approve is not None:
-            if run.status != Run.Status.WAITING or not pending:
+            if run.status != Run.Status.WAITING or not memory.pending_approval:
                 raise Refused(f"run {run.pk} has no tool call waiting for approval", 409)
-            calls = ", ".join(str(c.get("name")) for c in pending)
+            calls = ", ".join(str(c.get("name")) for c in memory.pending_approval)
             if approve:
-                history["approved_calls"] = [{"name": c.get("name"), "input": c.get("input")} for c in pending]
                 text = f"{text}\n(The person approved: {calls}; they run first in this act.)"
             else:
                 text = f"{text}\n(The person refused: {calls}. Do not try them again; find another way.)"
-            Run.objects.filter(pk=run.pk).update(history=history)
+            Run.objects.filter(pk=run.pk).update(history=memory.answered(approve).as_json())
         interjection = Interjection.objects.create(run=run, author=user, text=text)
         action = "run.answer" if run.status == Run.Status.WAITING else "run.interject"
         audit.record(

@@ -91,9 +91,12 @@ def retry[T](fn: Callable[[], T], *, what: str, seconds: float | None = None) ->
 
 
 def ensure_usable(*, what: str) -> None:
-    """Make sure this thread's connection answers, reconnecting if it died while idle (say, during an act)."""
-    if connection.in_atomic_block or connection.connection is None:
-        return  # nothing open to check: the next query connects afresh
+    """Make sure this thread's connection answers, reconnecting if it died while idle (say, during an act).
+
+    A server's connection can be cut while it idles; an embedded SQLite file's cannot, so it is not asked.
+    """
+    if connection.in_atomic_block or connection.connection is None or connection.vendor == "sqlite":
+        return  # nothing open to check (the next query connects afresh), or nothing that can be cut
 
     def ping() -> None:
         with connection.cursor() as cursor:

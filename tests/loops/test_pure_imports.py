@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["loops.policy", "loops.decision"]
+PURE = ["loops.policy", "loops.decision", "loops.memory"]
 # What the pure modules may import: computation only.
 ALLOWED = {
     "__future__",
@@ -22,6 +22,7 @@ ALLOWED = {
     "typing",
     "unicodedata",
     "loops.decision",
+    "loops.memory",
     "loops.policy",
 }
 FORBIDDEN_AT_RUNTIME = ("django", "datetime", "socket", "subprocess", "sqlite3", "random")
@@ -29,7 +30,7 @@ FORBIDDEN_AT_RUNTIME = ("django", "datetime", "socket", "subprocess", "sqlite3",
 PROBE = """
 import json, sys
 before = set(sys.modules)
-import loops.policy, loops.decision
+import loops.policy, loops.decision, loops.memory
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 

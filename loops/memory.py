@@ -1,0 +1,115 @@
+"""A run's rolling memory: what one iteration leaves for the next, as one typed value.
+
+Stored in `Run.history` (JSON); read with `Memory.of(run.history)` and written back with
+`as_json()` — nowhere else is that JSON taken apart or put together. It holds:
+
+- `instructions` and `progress`: the last `policy.KEPT` instructions and (workspace
+  fingerprint, checks signature) pairs — what the policy's no-progress and repetition rules
+  look at;
+- `failed_acts`: how many acts in a row have failed;
+- `snapshot`: the last `SNAPSHOT_KEPT` iterations in brief, handed to the next act and to the
+  decider (and carried into a continued run, see `continuation.carried_history`);
+- `pending_approval` / `approved_calls`: tool calls waiting for a person, and the ones a person
+  approved, handed to the next act once and then forgotten.
+
+Pure: no Django, no clock, no I/O. Tolerant of what older versions stored: a missing or
+malformed part reads as empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import loops.policy as policy
+
+SNAPSHOT_KEPT = 20  # iterations in brief handed to the next act
+SNAPSHOT_CHARS = 500  # of an iteration's instruction and response, each
+
+
+@dataclass(frozen=True)
+class Memory:
+    instructions: tuple[str, ...] = ()
+    progress: tuple[tuple[str, str], ...] = ()
+    failed_acts: int = 0
+    snapshot: tuple[Mapping[str, Any], ...] = ()
+    pending_approval: tuple[Mapping[str, Any], ...] = ()
+    approved_calls: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any] | None) -> Memory:
+        """Read a run's stored memory (None or {} is an empty one)."""
+        stored = stored if isinstance(stored, Mapping) else {}
+        failed = stored.get("failed_acts", 0)
+        return cls(
+            instructions=tuple(str(i) for i in _list(stored, "instructions")),
+            progress=tuple((str(p[0]), str(p[1])) for p in _list(stored, "progress") if _pair(p)),
+            failed_acts=failed if isinstance(failed, int) and not isinstance(failed, bool) and failed > 0 else 0,
+            snapshot=_mappings(stored, "snapshot"),
+            pending_approval=_mappings(stored, "pending_approval"),
+            approved_calls=_mappings(stored, "approved_calls"),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """What `Run.history` stores: only the parts that hold something."""
+        parts: dict[str, Any] = {
+            "instructions": list(self.instructions),
+            "progress": [list(p) for p in self.progress],
+            "failed_acts": self.failed_acts,
+            "snapshot": [dict(s) for s in self.snapshot],
+            "pending_approval": [dict(c) for c in self.pending_approval],
+            "approved_calls": [dict(c) for c in self.approved_calls],
+        }
+        return {name: value for name, value in parts.items() if value}
+
+    def recent_instructions(self, instruction: str) -> tuple[str, ...]:
+        """The instructions the policy compares, `instruction` (this iteration's) last."""
+        return (*self.instructions, instruction)[-policy.KEPT :]
+
+    def recent_progress(self, fingerprint: str, signature: str) -> tuple[tuple[str, str], ...]:
+        return (*self.progress, (fingerprint, signature))[-policy.KEPT :]
+
+    def failed_in_a_row(self, act_ok: bool) -> int:
+        """How many acts in a row have failed, this one included (0 when it succeeded)."""
+        return 0 if act_ok else self.failed_acts + 1
+
+    def after(
+        self, *, instruction: str, fingerprint: str, signature: str, act_ok: bool, response: str,
+        checks: Mapping[str, bool], verdict: str, number: int, pending: Sequence[Mapping[str, Any]] = (),
+    ) -> Memory:
+        """The memory once iteration `number` is recorded: approvals handed to it are spent."""
+        brief = {
+            "iteration": number,
+            "instruction": instruction[:SNAPSHOT_CHARS],
+            "response": response[-SNAPSHOT_CHARS:],
+            "checks": dict(checks),
+            "verdict": verdict,
+        }
+        return replace(
+            self,
+            instructions=self.recent_instructions(instruction),
+            progress=self.recent_progress(fingerprint, signature),
+            failed_acts=self.failed_in_a_row(act_ok),
+            snapshot=(*self.snapshot, brief)[-SNAPSHOT_KEPT:],
+            pending_approval=tuple(pending) or self.pending_approval,
+            approved_calls=(),
+        )
+
+    def answered(self, approve: bool) -> Memory:
+        """The memory once a person answered the pending approval: approved calls run first in the next act."""
+        approved = tuple({"name": c.get("name"), "input": c.get("input")} for c in self.pending_approval)
+        return replace(self, pending_approval=(), approved_calls=approved if approve else ())
+
+
+def _list(stored: Mapping[str, Any], name: str) -> list[Any]:
+    value = stored.get(name)
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _pair(value: Any) -> bool:
+    return isinstance(value, list | tuple) and len(value) == 2
+
+
+def _mappings(stored: Mapping[str, Any], name: str) -> tuple[Mapping[str, Any], ...]:
+    return tuple(dict(item) for item in _list(stored, name) if isinstance(item, Mapping))
