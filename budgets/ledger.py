@@ -49,11 +49,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import OperationalError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Subquery
 from django.utils import timezone
 
 from budgets.models import LedgerEntry, Pool, Reservation
@@ -225,6 +225,23 @@ def _check_amount(name: str, value: Any) -> int:
 # --- reserve / settle / release / close -----------------------------------------------------
 
 
+class Held(NamedTuple):
+    """A held reservation as its holder knows it: what closing it needs, so `settle` need not read it again."""
+
+    pk: int
+    chain: list[int]
+    amount: int
+    run_id: int | None
+    iteration: int
+    on_lease_id: int | None
+
+    def as_reservation(self) -> Reservation:
+        return Reservation(
+            pk=self.pk, status=HELD, chain=list(self.chain), amount=self.amount, run_id=self.run_id,
+            iteration=self.iteration, on_lease_id=self.on_lease_id,
+        )
+
+
 def reserve(
     *,
     run: Any,
@@ -235,7 +252,7 @@ def reserve(
     actor: Actor = None,
     now: datetime | None = None,
     pool: Pool | None = None,
-) -> int | None:
+) -> int:
     """Hold `amount` micro-dollars for (run, iteration, call) in every pool of its chain; return the reservation id.
 
     `call` 0 is the iteration's own reservation; 1, 2, ... are metered model calls.
@@ -246,6 +263,21 @@ def reserve(
     call made for no run, such as a one-off decision asked through the API); such a reservation
     has no run and no key.
     """
+    return hold(run=run, iteration=iteration, amount=amount, call=call, model=model, actor=actor, now=now, pool=pool).pk
+
+
+def hold(
+    *,
+    run: Any,
+    iteration: int,
+    amount: int,
+    call: int = 0,
+    model: str = "",
+    actor: Actor = None,
+    now: datetime | None = None,
+    pool: Pool | None = None,
+) -> Held:
+    """`reserve`, returning the reservation as `Held`: a `settle` given it writes without reading it first."""
     amount = _check_amount("amount", amount)
     now = now or timezone.now()
     who = _actor(actor, "runner")
@@ -261,24 +293,22 @@ def reserve(
 def _reserve(
     run: Any, pool: Pool | None, iteration: int, call: int, model: str, amount: int, now: datetime,
     who: tuple[Any, str],
-) -> int | BudgetRefused:
-    """Reserve (inside the caller's transaction); return the reservation's id, or the refusal."""
+) -> Held | BudgetRefused:
+    """Reserve (inside the caller's transaction); return the reservation, or the refusal."""
     if run is None:
         assert pool is not None
         chain = pool.chain_ids()
         leaf, locked = None, _lock(chain, now, who)
     else:
         try:
-            chain, leaf, locked = _lock_run(run, now, who)
+            chain, leaf, locked = _lock_run(run, now, who, key=(iteration, call))
         except BudgetRefused as cannot:
             return cannot
-        held = (
-            Reservation.objects.filter(run_id=run.pk, iteration=iteration, call=call, status=HELD)
-            .values_list("pk", flat=True)
-            .first()
-        )
-        if held is not None:
-            return int(held)
+        # Whether this key is held already came with the leased run pool's lock; else it is asked.
+        if leaf is None or leaf.held_pk is not None:
+            held = _holding(run.pk, iteration, call).values_list(*Held._fields).first()
+            if held is not None:
+                return Held(*held)
     run_id = None if run is None else run.pk
     pools, no = _admit(chain, leaf, locked, amount, now, who, f"iteration {iteration} of run {run_id}" if run else "")
     if no is not None:
@@ -286,15 +316,24 @@ def _reserve(
     return _hold(pools, amount, who, now, lease=leaf, run_id=run_id, iteration=iteration, call=call, model=model)
 
 
-def _lock_run(run: Any, now: datetime, who: tuple[Any, str], also: Iterable[int] = ()) -> tuple[list[int], Pool | None, list[Pool]]:
+def _holding(run_id: int, iteration: int, call: int) -> Any:
+    return Reservation.objects.filter(run_id=run_id, iteration=iteration, call=call, status=HELD)
+
+
+def _lock_run(
+    run: Any, now: datetime, who: tuple[Any, str], also: Iterable[int] = (), key: tuple[int, int] | None = None
+) -> tuple[list[int], Pool | None, list[Pool]]:
     """Lock what a reservation of `run` starts with: (its chain, its leased run pool or None, the pools locked).
 
     One statement when its run pool holds a lease (found by its run): that pool alone; a slice
     drawn later locks its ancestors after it. Otherwise (leases off, a carved pool) the whole
     chain and `also`, in ascending id order like every lock of shared pools. Opens the run's
-    pools if they do not exist yet.
+    pools if they do not exist yet. With `key` (iteration, call), the leased pool comes with
+    `held_pk`: the id of that key's reservation if one is held already, else None.
     """
     leased = Pool.objects.select_for_update().filter(kind=Pool.Kind.RUN, run_id=run.pk, quota__isnull=False)
+    if key is not None:
+        leased = leased.annotate(held_pk=Subquery(_holding(run.pk, *key).values("pk")[:1]))
     mine = leased.first()
     if mine is None:
         try:
@@ -390,8 +429,8 @@ def _hold(
     pools: list[Pool], amount: int, who: tuple[Any, str], now: datetime, *, lease: Pool | None,
     run_id: int | None = None, iteration: int = 0, call: int = 0, model: str = "", carved: Pool | None = None,
     note: str = "",
-) -> int:
-    """Create the reservation of `amount` in the (locked, admitted) `pools`; return its id."""
+) -> Held:
+    """Create the reservation of `amount` in the (locked, admitted) `pools`."""
     reservation = Reservation.objects.create(
         run_id=run_id, iteration=iteration, call=call, model=model[:100], amount=amount, carved=carved,
         on_lease=lease, chain=[p.pk for p in pools], created_at=now,
@@ -416,22 +455,24 @@ def _hold(
             )
         )
     LedgerEntry.objects.bulk_create(entries)
-    return int(reservation.pk)
+    return Held(int(reservation.pk), reservation.chain, amount, run_id, iteration, None if lease is None else lease.pk)
 
 
 def settle(
-    reservation_id: int | None, *, actual: int, actor: Actor = None, now: datetime | None = None
+    reservation: int | Held | None, *, actual: int, actor: Actor = None, now: datetime | None = None,
+    usage: dict[str, int] | None = None,
 ) -> list[ThresholdCrossing]:
-    """Close the reservation at the measured cost `actual`, refunding the rest.
+    """Close the reservation at the measured cost `actual`, refunding the rest; record `usage` (tokens) on it.
 
     Idempotent: a reservation that is no longer held is left alone (returns []). Settles
     beyond the reservation too (an overdraft). Returns the soft thresholds this crossed.
+    Given as `Held`, it is not read first: the write itself is guarded on its being held.
     """
-    if reservation_id is None:
+    if reservation is None:
         return []
     actual = _check_amount("actual", actual)
     return _close(
-        reservation_id, actual, Kind.SETTLE, Reservation.Status.SETTLED, _actor(actor, "runner"), now
+        reservation, actual, Kind.SETTLE, Reservation.Status.SETTLED, _actor(actor, "runner"), now, usage
     )
 
 
@@ -467,7 +508,7 @@ def carve(
             return _hold(
                 pools, amount, who, now, lease=leaf, carved=pool,
                 note=f"carved for {pool.name} from run {parent.pk}'s budget",
-            )
+            ).pk
     raise refused
 
 
@@ -532,19 +573,25 @@ def close_abandoned(run: Any, *, actor: Actor = None, now: datetime | None = Non
 
 
 def _close(
-    reservation_id: int, actual: int, kind: str, status: str, who: tuple[Any, str], now: datetime | None
+    held: int | Held, actual: int, kind: str, status: str, who: tuple[Any, str], now: datetime | None,
+    usage: dict[str, int] | None = None,
 ) -> list[ThresholdCrossing]:
     now = now or timezone.now()
+    reservation_id = held.pk if isinstance(held, Held) else held
     with transaction.atomic(savepoint=False):
-        for _ in range(5):
-            reservation = Reservation.objects.filter(pk=reservation_id).only(*_CLOSING).first()
-            if reservation is None:
-                raise Reservation.DoesNotExist(f"no reservation {reservation_id}")
+        for attempt in range(5):
+            if isinstance(held, Held) and attempt == 0:
+                reservation = held.as_reservation()  # as its holder knows it; the guarded write checks
+            else:
+                found = Reservation.objects.filter(pk=reservation_id).only(*_CLOSING).first()
+                if found is None:
+                    raise Reservation.DoesNotExist(f"no reservation {reservation_id}")
+                reservation = found
             if reservation.status != HELD:
                 return []
             pools = _lock(reservation.chain, now, who)
             # Guarded: closed (or its lease given back) between the read and the lock, it is read again.
-            closed = _apply_close(reservation, pools, actual, kind, status, who, now, guarded=True)
+            closed = _apply_close(reservation, pools, actual, kind, status, who, now, guarded=True, usage=usage)
             if closed is not None:
                 return list(closed)
     raise OperationalError(f"reservation {reservation_id} kept changing while it was being closed")
@@ -566,6 +613,7 @@ def _apply_close(
     announce: bool = True,
     cause: Reservation | None = None,
     guarded: bool = False,
+    usage: dict[str, int] | None = None,
 ) -> Any:
     """Move the reservation out of `reserved` and `actual` into `spent` on every (locked) pool.
 
@@ -580,7 +628,10 @@ def _apply_close(
     closing = Reservation.objects.filter(pk=reservation.pk)
     if guarded:
         closing = closing.filter(status=HELD, on_lease_id=reservation.on_lease_id)
-    if not closing.update(status=status, actual=actual, overdraft=overdraft, closed_at=now) and guarded:
+    written: dict[str, Any] = {"status": status, "actual": actual, "overdraft": overdraft, "closed_at": now}
+    if usage is not None:
+        written["usage"] = usage
+    if not closing.update(**written) and guarded:
         return None
     lease = next((p for p in pools if p.pk == reservation.on_lease_id), None)
     if lease is not None:

@@ -29,14 +29,13 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from budgets import ledger, money, pricing, selectors
-from budgets.models import Reservation
 from instances.brains.base import BudgetExhausted, Grant
 from tether import dbfaults
 
 
 @dataclass(frozen=True)
 class _Held:
-    reservation: int | None
+    reservation: ledger.Held | None
     amount: int
 
 class RunMeter:
@@ -81,7 +80,7 @@ class RunMeter:
         try:
             # Idempotent per (run, iteration, call): a retry after a cut returns the same reservation.
             reservation = dbfaults.retry(
-                lambda: ledger.reserve(
+                lambda: ledger.hold(
                     run=self.run,
                     iteration=self.iteration,
                     call=call,
@@ -113,8 +112,7 @@ class RunMeter:
         }
 
         def close() -> None:  # settling is idempotent: a retry after a cut settles once
-            ledger.settle(grant.handle.reservation, actual=cost)
-            Reservation.objects.filter(pk=grant.handle.reservation).update(usage=tokens)
+            ledger.settle(grant.handle.reservation, actual=cost, usage=tokens)
 
         dbfaults.retry(close, what="meter: settle a call")
         with self._lock:

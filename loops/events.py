@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F, QuerySet
+from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
 from instances.redaction import redact_data
@@ -41,6 +43,35 @@ def append_many(run_id: int, items: Iterable[tuple[str, dict[str, Any]]]) -> int
     with connection.cursor() as cursor:
         cursor.execute(_BUMP, [len(items), run_id])
         last = cursor.fetchone()[0]
+    _insert(run_id, last, items)
+    return last
+
+
+def update_and_append(runs: QuerySet[Run], fields: dict[str, Any], items: Iterable[tuple[str, dict[str, Any]]]) -> int | None:
+    """Write `fields` to the run `runs` selects (by its pk, say, and its lease) and append `items` to it.
+
+    The run's update and its sequence's bump are one `UPDATE … RETURNING`. Returns the last seq,
+    or None when no run matched `runs` (then nothing is written).
+    """
+    items = list(items)
+    query = runs.query.chain(UpdateQuery)
+    query.add_update_values({**fields, "last_seq": F("last_seq") + len(items)})
+    sql, params = query.get_compiler(runs.db).as_sql()
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {quote('id')}, {quote('last_seq')}", params)
+        found = cursor.fetchall()
+    if not found:
+        return None
+    (run_id, last), = found
+    _insert(int(run_id), int(last), items)
+    return int(last)
+
+
+def _insert(run_id: int, last: int, items: list[tuple[str, dict[str, Any]]]) -> None:
+    """Insert `items` as the run's events up to seq `last` (one statement) and ring after commit."""
+    if not items:
+        return
     first = last - len(items) + 1
     now = timezone.now()
     Event.objects.bulk_create(
@@ -48,7 +79,6 @@ def append_many(run_id: int, items: Iterable[tuple[str, dict[str, Any]]]) -> int
         for i, (kind, data) in enumerate(items)
     )
     transaction.on_commit(lambda: ring(run_id, last))
-    return last
 
 
 def append_to_each(kind: str, data: dict[int, dict[str, Any]]) -> dict[int, int]:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.utils import timezone
 
 from budgets import ledger, metering, money
@@ -82,7 +82,7 @@ class Begun:
     number: int
     instruction: str
     base_instruction: str
-    reservation: int | None
+    reservation: ledger.Held | None
     started_at: Any
     approved_calls: list[dict[str, Any]] = field(default_factory=list)
     attempt: int = 1  # 2 and up: an earlier attempt of this iteration was lost
@@ -680,8 +680,12 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
     with transaction.atomic():
         # Locked: a stop that finishes the run meanwhile (judging its driver dead) is waited for,
         # and then fences this begin out; read unlocked, the begin would reserve on a finished run.
-        run = (
+        unread = Interjection.objects.filter(run=OuterRef("pk")).filter(
+            Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=OuterRef("next_iteration"))
+        )
+        run = (  # whether a person's message waits comes with it: read only when one does
             Run.objects.select_related("instance").select_for_update(of=("self",))
+            .annotate(messages_waiting=Exists(unread))
             .filter(pk=lease.run_id, lease_token=lease.token).first()
         )
         if run is None:
@@ -703,13 +707,13 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         # The reservation comes first: a refusal has written nothing to undo (no savepoint), and
         # with a quota lease it locks the run's own pool only (its ancestors when a slice is drawn).
         try:
-            reservation = ledger.reserve(run=run, iteration=number, amount=brains.iteration_reserve(run.instance))
+            reservation = ledger.hold(run=run, iteration=number, amount=brains.iteration_reserve(run.instance))
         except ledger.BudgetRefused as refused:
             _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
             return None
         pending = list(
             run.interjections.filter(Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number))
-        )
+        ) if run.messages_waiting else []
         if pending:
             Interjection.objects.filter(pk__in=[i.pk for i in pending]).update(consumed_in_iteration=number)
             notes = "\n".join(f"- {i.text}" for i in pending)
@@ -808,9 +812,13 @@ def _record(
                     lease_holder="",
                     lease_expires_at=None,
                 )
-            updated = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number).update(**fields)
-            if not updated:
+            items = _closing_events(number, reply, checks, decision, step, usage, extra_events or [], iteration_data,
+                                    delegated)
+            current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
+            if events.update_and_append(current, fields, items) is None:
                 raise LeaseLost
+            if delegated:
+                transaction.on_commit(lambda: delegation.start_pending(run.pk))
             Iteration.objects.create(
                 run=run,
                 number=number,
@@ -828,46 +836,6 @@ def _record(
                 started_at=begun.started_at,
                 finished_at=now,
             )
-            items: list[tuple[str, dict[str, Any]]] = [
-                (
-                    "act.finished",
-                    {
-                        "iteration": number,
-                        "ok": reply.ok,
-                        "detail": reply.detail[:500],
-                        "response": reply.text[-EXCERPT:],
-                        "tool_calls": reply.tool_calls[:50],
-                        "usage": usage.as_json(),
-                    },
-                ),
-            ]
-            if checks:
-                items.append(
-                    (
-                        "checks.finished",
-                        {
-                            "iteration": number,
-                            "checks": [
-                                {"name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:]}
-                                for c in checks
-                            ],
-                        },
-                    )
-                )
-            items.append(
-                (
-                    "decision.made",
-                    {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]},
-                )
-            )
-            items.extend(extra_events or [])
-            items.append(("iteration.finished", iteration_data))
-            if delegated:
-                items.append(("run.delegating", {"iteration": number, "calls": len(delegated)}))
-                transaction.on_commit(lambda: delegation.start_pending(run.pk))
-            elif isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
-                items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
-            events.append_many(run.pk, items)
             # The settle comes before a finish or a park, so a finishing child's carve is refunded,
             # and the run's lease returned, at what it spent, this iteration included.
             ledger.settle(begun.reservation, actual=unmetered)
@@ -878,3 +846,32 @@ def _record(
 
     dbfaults.retry(write, what=f"run {run.pk}: record iteration {number}")
     return isinstance(step, policy.Continue)
+
+
+def _closing_events(
+    number: int, reply: Reply, checks: list[policy.Check], decision: decision_mod.Decision,
+    step: policy.Continue | policy.Stop, usage: Usage, extra: list[tuple[str, dict[str, Any]]],
+    iteration_data: dict[str, Any], delegated: list[dict[str, Any]] | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events that close iteration `number`, in order: act, checks, decision, extras, the end, a park."""
+    items: list[tuple[str, dict[str, Any]]] = [
+        ("act.finished", {
+            "iteration": number, "ok": reply.ok, "detail": reply.detail[:500], "response": reply.text[-EXCERPT:],
+            "tool_calls": reply.tool_calls[:50], "usage": usage.as_json(),
+        }),
+    ]
+    if checks:
+        items.append(("checks.finished", {
+            "iteration": number,
+            "checks": [
+                {"name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:]} for c in checks
+            ],
+        }))
+    items.append(("decision.made", {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]}))
+    items.extend(extra)
+    items.append(("iteration.finished", iteration_data))
+    if delegated:
+        items.append(("run.delegating", {"iteration": number, "calls": len(delegated)}))
+    elif isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
+        items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
+    return items

@@ -220,3 +220,35 @@ def test_with_leases_off_every_reservation_holds_money_in_the_whole_chain(make_r
     held = ledger.reserve(run=run, iteration=1, amount=CENT)
     assert Reservation.objects.get(pk=held).chain == pool.chain_ids()
     assert all(p.reserved == CENT for p in selectors.run_chain(run))
+
+
+def test_a_leased_reserve_is_idempotent_per_key_and_its_held_settle_is_not_read_first(make_run):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run, pool = opened(make_run, max_cost_micros=1_000_000)
+    first = ledger.hold(run=run, iteration=3, call=1, amount=2 * CENT)
+    again = ledger.hold(run=run, iteration=3, call=1, amount=2 * CENT)  # a retry after a cut, say
+    assert again == first and Reservation.objects.filter(run_id=run.pk, status="held").count() == 1
+    pool.refresh_from_db()
+    assert pool.reserved == 2 * CENT  # held once
+    with CaptureQueriesContext(connection) as seen:
+        ledger.settle(first, actual=CENT, usage={"input_tokens": 7, "output_tokens": 3})
+    assert not [q["sql"] for q in seen.captured_queries if q["sql"].startswith('SELECT "budgets_reservation"')]
+    settled = Reservation.objects.get(pk=first.pk)
+    assert (settled.status, settled.actual, settled.usage) == ("settled", CENT, {"input_tokens": 7, "output_tokens": 3})
+    assert ledger.settle(first, actual=5 * CENT) == []  # closed already: the guarded write finds it so
+    pool.refresh_from_db()
+    assert (pool.spent, pool.reserved) == (CENT, 0)
+    assert selectors.audit_pools() == []
+
+
+def test_a_held_settle_of_a_reservation_the_reaper_closed_meanwhile_changes_nothing(make_run):
+    run, pool = opened(make_run, max_cost_micros=1_000_000)
+    held = ledger.hold(run=run, iteration=1, call=1, amount=2 * CENT)
+    assert ledger.close_abandoned(run) == 2 * CENT
+    assert ledger.settle(held, actual=CENT) == []
+    pool.refresh_from_db()
+    assert (pool.spent, pool.reserved) == (2 * CENT, 0)  # the reaper's conservative settle stands
+    assert Reservation.objects.get(pk=held.pk).status == "abandoned"
+    assert selectors.audit_pools() == []

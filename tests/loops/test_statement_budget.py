@@ -17,9 +17,12 @@ from django.test.utils import CaptureQueriesContext
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ITERATIONS = 20
-# Statements per iteration (SQLite's BEGIN/COMMIT included), measured: 25.8 on SQLite. The aim
-# is 10; this pin only keeps it from growing.
-PINNED = 26
+# Statements per iteration (SQLite's BEGIN/COMMIT included), measured: 20.7 on SQLite (25.8 before
+# the run's update carried its events' sequence, a settle stopped re-reading its reservation and
+# the reserve's key check and the waiting messages came with the locks' reads). A steady
+# iteration is two transactions of 9; the aim is 10 in all, and this pin keeps it from growing.
+# PostgreSQL's 21.7 adds the ping that finds a connection cut while the act ran (a file cannot be cut).
+PINNED = {"sqlite": 21, "postgresql": 22}
 
 
 def test_a_steady_iteration_sends_at_most_the_pinned_statements_and_never_locks_a_shared_pool(user, settings):
@@ -44,7 +47,7 @@ def test_a_steady_iteration_sends_at_most_the_pinned_statements_and_never_locks_
     # last one finishes it; the ones between are what a long run pays again and again.
     per_iteration = len(statements) / ITERATIONS
     shape = Counter(re.sub(r"\d+", "N", sql)[:90] for sql in statements)
-    assert per_iteration <= PINNED, f"{per_iteration:.1f} statements per iteration; most sent:\n" + "\n".join(
+    assert per_iteration <= PINNED[connection.vendor], f"{per_iteration:.1f} statements per iteration; most sent:\n" + "\n".join(
         f"{n:4} {sql}" for sql, n in shape.most_common(12)
     )
     shared_writes = [sql for sql in statements if sql.startswith('UPDATE "budgets_pool"') and pool_ids(sql) & shared]
