@@ -86,6 +86,7 @@ class Begun:
     started_at: Any
     approved_calls: list[dict[str, Any]] = field(default_factory=list)
     attempt: int = 1  # 2 and up: an earlier attempt of this iteration was lost
+    memory: Memory = field(default_factory=Memory)  # the run's, as this iteration began
 
 
 def lease_seconds() -> timedelta:
@@ -453,7 +454,7 @@ def iterate(lease: Lease) -> bool:
         workspace=instance.workspace_path(),
         stop=lease.stop,
         timeout=float(instance.act_timeout_seconds),
-        snapshot=[dict(s) for s in Memory.of(run.history).snapshot],
+        snapshot=[dict(s) for s in begun.memory.snapshot],
         approved_calls=begun.approved_calls,
         meter=meter,
         journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
@@ -510,7 +511,7 @@ def iterate(lease: Lease) -> bool:
         decision = decision_mod.Decision("failed", "stopped by a person during the checks")
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
     fingerprint = checks_mod.fingerprint(workspace)
-    memory = Memory.of(run.history)
+    memory = begun.memory
     recent = memory.recent_instructions(begun.base_instruction)
     if instance.decider == instance.Decider.LLM:
         from instances.brains.anthropic import decide  # type: ignore[import-not-found]
@@ -641,7 +642,7 @@ def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.
         "act_ok": reply.ok,
         "act_detail": reply.detail,
         "checks": checks_mod.as_json(checks),
-        "history": [dict(s) for s in Memory.of(run.history).snapshot],
+        "history": [dict(s) for s in begun.memory.snapshot],
     }
 
 
@@ -698,7 +699,8 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         if run.deadline and timezone.now() >= run.deadline:
             _finish(lease, Run.Outcome.TIMED_OUT, f"the run's wall-clock limit passed before iteration {number}")
             return None
-        approved = [dict(c) for c in Memory.of(run.history).approved_calls]
+        memory = Memory.of(run.history)
+        approved = [dict(c) for c in memory.approved_calls]
         base = run.next_instruction or run.objective
         instruction = base
         attempt = _attempt(run, number)
@@ -734,7 +736,7 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
             if not begun_before
             else [],
         )
-    return Begun(run, number, instruction, base, reservation, timezone.now(), approved, attempt)
+    return Begun(run, number, instruction, base, reservation, timezone.now(), approved, attempt, memory)
 
 
 def _record(
@@ -760,7 +762,7 @@ def _record(
     decider_cost, decider_unmetered = metering.split_cost(decider_usage, decider_usage.metered_micros)
     cost, unmetered = act_cost + decider_cost, act_unmetered + decider_unmetered
     now = timezone.now()
-    memory = Memory.of(run.history).after(  # approvals handed to this act are spent: never run twice
+    memory = begun.memory.after(  # approvals handed to this act are spent: never run twice
         instruction=begun.base_instruction, fingerprint=fingerprint, signature=policy.checks_signature(checks),
         act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
