@@ -21,7 +21,7 @@ process(es), and a viewer process holding websocket viewers on the runs:
 Bounded: every wait has a deadline; everything started is stopped. Loopback only.
 
 Run: python -m bench.load [--runs 200] [--iterations 5] [--act 2] [--viewers 500]
-                          [--workers 2] [--web 1] [--brain command,sleep] [--backend postgres]
+                          [--workers 2] [--clusters 1] [--web 1] [--brain command,sleep] [--backend postgres]
 """
 
 from __future__ import annotations
@@ -315,7 +315,8 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
         if args.connections_per_worker is not None:
             knobs["TETHER_CONNECTIONS_PER_WORKER"] = str(args.connections_per_worker)
         workers = env("tether-worker", **knobs)
-        procs.append(h.qcluster("cluster", workers, logs))
+        for c in range(args.clusters):  # two clusters stand for two machines sharing the database
+            procs.append(h.qcluster(f"cluster{c}", workers, logs))
         for port in ports:
             h.wait_http_ok(port, "/healthz", 60)
         h.wait_http_ok(ports[0], "/readyz", 60)
@@ -519,7 +520,7 @@ def summarize(
 def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     print(
         f"\nLoad: {args.runs} runs × {args.iterations} iterations, acts of {args.act:g} s, "
-        f"{args.viewers} websocket viewers, 1 cluster × {args.workers} worker process(es), {args.web} web process(es)"
+        f"{args.viewers} websocket viewers, {args.clusters} cluster(s) × {args.workers} worker process(es), {args.web} web process(es)"
     )
     for r in results:
         ideal = r["ideal_rate"]
@@ -593,6 +594,9 @@ def main() -> None:
     parser.add_argument("--act", type=float, default=2.0)
     parser.add_argument("--viewers", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2, help="worker processes in the cluster")
+    parser.add_argument(
+        "--clusters", type=int, default=1, help="worker clusters (each one stands for a machine of its own)"
+    )
     parser.add_argument("--web", type=int, default=1, help="web processes (viewers spread over them)")
     parser.add_argument(
         "--connections-per-worker",
@@ -605,6 +609,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the throwaway database and the logs")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
+    for flag in ("runs", "iterations", "workers", "clusters", "web"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
+    if args.viewers < 0 or args.act <= 0:
+        parser.error("--viewers must be 0 or more and --act a positive number of seconds")
     backends = [b for b in args.backend.split(",") if b]
     if "postgres" in backends and not h.pg_available():
         raise SystemExit("PostgreSQL does not answer on 127.0.0.1:5432 (use --backend sqlite)")
