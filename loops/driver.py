@@ -6,7 +6,7 @@ by its own lease. A run reaches a driver two ways: its queue task (`tasks.drive`
 one run), and the driver's pickup, which claims the runs waiting for a driver in
 batches while the process has room (`runner.claim_due`), so a flood of runs
 started at once does not wait for one queue task each. The heartbeat renews this
-process's leases, turns stop requests into stop signals for acts in flight (so a
+process's leases (all in one transaction), turns stop requests into stop signals for acts in flight (so a
 stop lands within a second even mid-act), beats (`loops.liveness`: a stop need not
 wait for a dead holder's lease), and runs the reaper, which re-schedules runs whose
 driver died. A transient database error in any of it is retried on the next tick
@@ -191,13 +191,9 @@ class Driver:
             leases[run_id].stop.set()
 
     def _renew(self, leases: dict[int, runner.Lease]) -> None:
-        from loops.models import Run
-
-        # One row per statement: a multi-row UPDATE locks rows in heap order while it waits, and
-        # deadlocks with iteration transactions that hold their run row and wait for a pool row.
-        expires = timezone.now() + runner.lease_seconds()
-        for lease in leases.values():
-            if not Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(lease_expires_at=expires):
+        renewed = runner.renew(list(leases.values()))
+        for run_id, lease in leases.items():
+            if run_id not in renewed:
                 lease.stop.set()  # lost or finished: an act still in flight must end
 
 

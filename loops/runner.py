@@ -93,6 +93,35 @@ def lease_seconds() -> timedelta:
     return timedelta(seconds=settings.TETHER_LEASE_SECONDS)
 
 
+def renew(leases: list[Lease]) -> set[int]:
+    """Extend a driver's leases for another `lease_seconds`; return the runs whose lease it still holds.
+
+    One short transaction renews them all, however many: it takes the rows still under their
+    tokens that no other transaction holds (SKIP LOCKED on PostgreSQL, so it never waits on a
+    run mid-iteration, and never deadlocks with one; SQLite's one writer makes the read and the
+    write one step) and extends them with one UPDATE. A run it skipped — locked by its own
+    iteration, or its token gone — is renewed alone, as before batching, and one whose token is
+    gone is not returned: the driver must stop it.
+    """
+    if not leases:
+        return set()
+    expires = timezone.now() + lease_seconds()
+    mine = Q()
+    for lease in leases:
+        mine |= Q(pk=lease.run_id, lease_token=lease.token)
+    with transaction.atomic():
+        free = list(Run.objects.filter(mine).select_for_update(skip_locked=True).values_list("pk", flat=True))
+        if free:
+            Run.objects.filter(pk__in=free).update(lease_expires_at=expires)
+    renewed = set(free)
+    for lease in leases:
+        if lease.run_id not in renewed and Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(
+            lease_expires_at=expires
+        ):
+            renewed.add(lease.run_id)
+    return renewed
+
+
 # --- claim, hand back, finish --------------------------------------------------------
 
 
