@@ -106,11 +106,10 @@ def renew(leases: list[Lease]) -> set[int]:
     if not leases:
         return set()
     expires = timezone.now() + lease_seconds()
-    mine = Q()
-    for lease in leases:
-        mine |= Q(pk=lease.run_id, lease_token=lease.token)
+    tokens = {lease.run_id: lease.token for lease in leases}
     with transaction.atomic():
-        free = list(Run.objects.filter(mine).select_for_update(skip_locked=True).values_list("pk", flat=True))
+        rows = Run.objects.filter(pk__in=list(tokens)).select_for_update(skip_locked=True)
+        free = [pk for pk, token in rows.values_list("pk", "lease_token") if token == tokens[pk]]
         if free:
             Run.objects.filter(pk__in=free).update(lease_expires_at=expires)
     renewed = set(free)

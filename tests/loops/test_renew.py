@@ -75,3 +75,10 @@ def test_a_run_whose_row_another_transaction_holds_is_renewed_once_it_lets_go(us
         holder.join(10)
     assert renewed == {busy.run_id, other.run_id}
     assert all(expiry(lease) > timezone.now() + timedelta(seconds=5) for lease in leases)
+
+
+def test_a_driver_full_of_runs_renews_them_in_one_statement_a_database_can_parse(user, make_instance, start):
+    # More leases than SQLite's expression depth (1000) allows in an OR of (id, token) pairs.
+    real = held(user, make_instance, start, 2)
+    gone = [runner.Lease(run_id=10_000_000 + i, token=f"t{i}", holder="w1") for i in range(1500)]
+    assert runner.renew([*gone, *real]) == {lease.run_id for lease in real}
