@@ -124,7 +124,11 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     import dj_database_url
 
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    # Connections are kept (and pinged before reuse) rather than opened for every request, socket
+    # handshake and console read: a PostgreSQL connection costs a process on the server.
+    _db = dj_database_url.parse(
+        DATABASE_URL, conn_max_age=_env_int("TETHER_DB_CONN_MAX_AGE", 60), conn_health_checks=True
+    )
     if _db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL (postgres://...), got {_db['ENGINE']}")
     _db.setdefault("TEST", {})

@@ -7,7 +7,10 @@ seen (each rendered once, whatever the number of viewers), the run's state once 
 one fleet version per watching user — so a fleet socket wakes only when its owner's runs change.
 N viewers of a run cost the database what one does.
 
-Each socket's `sent` is the last seq it got, so a socket is sent every event exactly once, in
+The reads and the rendering run in the process's one console reader thread (`reading`), not in
+the thread that every socket's handshake (its session and user) and every HTTP request's database
+work wait for: a flood of sockets replaying their runs, or a long pass, never holds up a handshake
+past daphne's timeout. Each socket's `sent` is the last seq it got, so a socket is sent every event exactly once, in
 order, whichever of its replay and the tail read it first. A read that fails (the database is
 down) is logged and retried at the next interval; the sockets stay open.
 """
@@ -18,6 +21,8 @@ import asyncio
 import logging
 import time
 import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,6 +36,13 @@ from loops.models import Run
 log = logging.getLogger(__name__)
 
 BATCH = 200  # events read per run per pass; a bigger gap is read on the next pass, at once
+
+_reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-console-reader")
+
+
+def reading[**P, R](func: Callable[P, R]) -> Callable[P, Any]:
+    """`func` as a coroutine run in the console's reader thread (one database connection of its own)."""
+    return database_sync_to_async(func, thread_sensitive=False, executor=_reader)
 
 
 class RunWatcher(Protocol):
@@ -79,6 +91,24 @@ class Tail:
         self.task: asyncio.Task[None] | None = None
         self.refreshed: dict[int, float] = {}  # run -> when its state or summary was last sent
         self.stats = Stats()
+        # session key -> (when asked, the answer): its user's pk, None once signed out
+        self.sessions: dict[str, tuple[float, asyncio.Future[Any]]] = {}
+
+    # --- who is signed in -------------------------------------------------------------------------
+
+    async def signed_in_as(self, session_key: str, within: float, ask: Callable[[str], Any]) -> Any:
+        """Return whose sign-in `session_key` is now (a user's pk, None once it ended), by `ask`.
+
+        All of one session's sockets share an answer up to `within` seconds old, so a person with
+        a hundred sockets open costs one check, not a hundred. A failed check fails them all.
+        """
+        now = time.monotonic()
+        known = self.sessions.get(session_key)
+        if known is None or now - known[0] > within:
+            if len(self.sessions) > 1000:  # forget sessions no socket asked about lately
+                self.sessions = {k: v for k, v in self.sessions.items() if now - v[0] <= within}
+            known = self.sessions[session_key] = (now, asyncio.ensure_future(ask(session_key)))
+        return await asyncio.shield(known[1])  # a socket closing while it waits leaves the answer to the rest
 
     # --- who watches ------------------------------------------------------------------------------
 
@@ -117,7 +147,7 @@ class Tail:
         while self.runs or self.fleets:
             self.wake.clear()
             try:
-                found = await database_sync_to_async(self.read)(self._plan(refresh_seconds()))
+                found = await reading(self.read)(self._plan(refresh_seconds()))
             except Exception:
                 log.warning("console tail read failed; retrying at the next interval", exc_info=True)
                 found = None
