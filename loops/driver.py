@@ -6,8 +6,8 @@ by its own lease. A run reaches a driver two ways: its queue task (`tasks.drive`
 one run), and the driver's pickup, which claims the runs waiting for a driver in
 batches while the process has room (`runner.claim_due`), so a flood of runs
 started at once does not wait for one queue task each. The heartbeat renews this
-process's leases (all in one transaction), turns stop requests into stop signals for acts in flight (so a
-stop lands within a second even mid-act), beats (`loops.liveness`: a stop need not
+process's leases (all in one transaction), turns stop requests into stop signals for
+acts in flight (so a stop lands within a second even mid-act), beats (`loops.liveness`: a stop need not
 wait for a dead holder's lease), and runs the reaper, which re-schedules runs whose
 driver died. A transient database error in any of it is retried on the next tick
 with a fresh connection.

@@ -100,7 +100,7 @@ def renew(leases: list[Lease]) -> set[int]:
     tokens that no other transaction holds (SKIP LOCKED on PostgreSQL, so it never waits on a
     run mid-iteration, and never deadlocks with one; SQLite's one writer makes the read and the
     write one step) and extends them with one UPDATE. A run it skipped — locked by its own
-    iteration, or its token gone — is renewed alone, as before batching, and one whose token is
+    iteration, or its token gone — is renewed by a statement of its own, and one whose token is
     gone is not returned: the driver must stop it.
     """
     if not leases:

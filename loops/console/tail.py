@@ -10,7 +10,9 @@ N viewers of a run cost the database what one does.
 The reads and the rendering run in the process's one console reader thread (`reading`), not in
 the thread that every socket's handshake (its session and user) and every HTTP request's database
 work wait for: a flood of sockets replaying their runs, or a long pass, never holds up a handshake
-past daphne's timeout. Each socket's `sent` is the last seq it got, so a socket is sent every event exactly once, in
+past daphne's timeout.
+
+Each socket's `sent` is the last seq it got, so a socket is sent every event exactly once, in
 order, whichever of its replay and the tail read it first. A read that fails (the database is
 down) is logged and retried at the next interval; the sockets stay open.
 """

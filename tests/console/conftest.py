@@ -73,3 +73,12 @@ def record(run, items):
 @pytest.fixture
 def story():
     return lambda run, items=ONE_ITERATION: record(run, items)
+
+
+@pytest.fixture
+def run(instance, start_run):
+    """A run with one iteration recorded, as the console shows it."""
+    run = start_run(instance)
+    record(run, ONE_ITERATION)
+    run.refresh_from_db()
+    return run

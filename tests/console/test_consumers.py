@@ -8,7 +8,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from tests.console.conftest import ONE_ITERATION, record
+from tests.console.conftest import record
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,14 +47,6 @@ async def receive_events(ws, count, timeout=5.0):
         else:
             states.append(message)
     return found, states
-
-
-@pytest.fixture
-def run(instance, start_run):
-    run = start_run(instance)
-    record(run, ONE_ITERATION)
-    run.refresh_from_db()
-    return run
 
 
 def test_replays_the_events_after_the_clients_seq_then_the_runs_state(user, run):

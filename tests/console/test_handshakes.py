@@ -11,18 +11,9 @@ from django.db import connection, connections
 from django.db.backends.signals import connection_created
 from django.test import Client
 
-from tests.console.conftest import ONE_ITERATION, record
 from tests.console.test_consumers import receive_events, session_cookie, socket
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def run(instance, start_run):
-    run = start_run(instance)
-    record(run, ONE_ITERATION)
-    run.refresh_from_db()
-    return run
 
 
 def test_the_console_reads_in_its_own_thread_and_a_handshake_does_not_wait_for_it(user, run):
