@@ -476,6 +476,78 @@ def settle(
     )
 
 
+def roll(held: Held | None, *, actual: int, run: Any, iteration: int, amount: int, now: datetime | None = None) -> Held:
+    """Settle the iteration's reservation `held` at `actual` and hold `amount` for `iteration`: one iteration to the next.
+
+    Inside the caller's transaction. In a steady iteration — the run's lease covers both, no
+    overdraft, no period reset or threshold due — that is one lock of the run's own pool, one
+    write of it, the two reservations and one insert of both entries. Anything else is the
+    `settle` and the `hold` it stands for, one after the other; raises `BudgetRefused` as `hold` does.
+    """
+    actual, amount = _check_amount("actual", actual), _check_amount("amount", amount)
+    now = now or timezone.now()
+    with transaction.atomic(savepoint=False):
+        leaf = (
+            Pool.objects.select_for_update().filter(kind=Pool.Kind.RUN, run_id=run.pk, quota__isnull=False)
+            .annotate(held_pk=Subquery(_holding(run.pk, iteration, 0).values("pk")[:1])).first()
+        )
+        steady = leaf is not None and held is not None and _rolls(leaf, held, actual, amount, now)
+        if steady and not Reservation.objects.filter(pk=held.pk, status=HELD, on_lease_id=leaf.pk).update(
+            status=Reservation.Status.SETTLED, actual=actual, overdraft=0, closed_at=now
+        ):  # closed meanwhile (a stop that judged this driver dead): there is nothing to settle
+            steady, held = False, None
+        if steady:
+            return _rolled(leaf, held, actual, run, iteration, amount, now)
+    settle(held, actual=actual, now=now)  # out here: a refused hold leaves the caller's transaction usable
+    return hold(run=run, iteration=iteration, amount=amount, now=now)
+
+
+def _rolled(leaf: Pool, held: Held, actual: int, run: Any, iteration: int, amount: int, now: datetime) -> Held:
+    """`roll`'s steady case, with `held` settled already: book it, and hold `amount` in the run's pool alone."""
+    who = _actor(None, "runner")
+    reserved_before = leaf.reserved
+    leaf.reserved -= held.amount
+    leaf.spent += actual
+    settled = _entry(
+        leaf, Kind.SETTLE, who, now, amount=actual, spent_delta=actual, reserved_delta=-held.amount,
+        reservation_id=held.pk, run_id=run.pk, iteration=held.iteration,
+    )
+    reservation = Reservation.objects.create(
+        run_id=run.pk, iteration=iteration, amount=amount, on_lease=leaf, chain=[leaf.pk], created_at=now,
+    )
+    leaf.reserved += amount
+    leaf.quota_used += actual - held.amount + amount
+    Pool.objects.filter(pk=leaf.pk).update(
+        reserved=F("reserved") + (leaf.reserved - reserved_before), spent=F("spent") + actual,
+        quota_used=leaf.quota_used,
+    )
+    reserved = _entry(
+        leaf, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount, reservation_id=reservation.pk,
+        run_id=run.pk, iteration=iteration,
+    )
+    LedgerEntry.objects.bulk_create([settled, reserved])
+    return Held(int(reservation.pk), [leaf.pk], amount, run.pk, iteration, leaf.pk)
+
+
+def _rolls(leaf: Pool, held: Held, actual: int, amount: int, now: datetime) -> bool:
+    """Whether settling `held` and holding `amount` in the (locked) leased `leaf` alone is all there is to do."""
+    start = period_floor(leaf.period, now)
+    if start is not None and start > leaf.period_start:
+        return False  # a period reset is due: the general path books it
+    if held.on_lease_id != leaf.pk or held.chain != [leaf.pk] or getattr(leaf, "held_pk", None) is not None:
+        return False
+    if actual > held.amount or leaf.lease_ending:
+        return False  # an overdraft, or a lease that goes back once nothing is held
+    after = Pool(
+        limit=leaf.limit, spent=leaf.spent + actual, reserved=leaf.reserved - held.amount,
+        threshold_percent=leaf.threshold_percent,
+    )
+    if _over_threshold(after) and leaf.threshold_flagged_at is None:
+        return False  # a soft threshold is crossed: the general path announces it
+    unused = int(leaf.quota or 0) - (leaf.quota_used + actual - held.amount)
+    return amount <= unused and _refusal([after], amount, None, 0) is None
+
+
 def release(reservation_id: int | None, *, actor: Actor = None, now: datetime | None = None) -> None:
     """Give the whole reservation back: the act never ran, nothing was spent. Idempotent."""
     if reservation_id is None:

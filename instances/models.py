@@ -145,7 +145,7 @@ class Instance(AgentConfig):
     """One agent: a brain, its checks, its workspace and its bounds."""
 
     # What is not a setting of the agent: who owns it, what it is called, where it came from, when.
-    NOT_SETTINGS = frozenset({"id", "owner", "name", "template", "created_at", "archived_at"})
+    NOT_SETTINGS = frozenset({"id", "owner", "name", "template", "created_at", "updated_at", "archived_at"})
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="instances")
     name = models.CharField(max_length=100)
@@ -165,6 +165,8 @@ class Instance(AgentConfig):
         default=False, help_text="let its programs reach the outside network (never this machine's loopback)"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # Bumped by every save: a live run's driver reads the instance again when it has changed.
+    updated_at = models.DateTimeField(auto_now=True)
     # Set when its owner archives it: it leaves the fleet and starts no new run; its runs stay.
     archived_at = models.DateTimeField(null=True, blank=True)
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, QuerySet
+from django.db.models import Case, F, Q, QuerySet, Value, When
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -53,19 +53,42 @@ def update_and_append(runs: QuerySet[Run], fields: dict[str, Any], items: Iterab
     The run's update and its sequence's bump are one `UPDATE … RETURNING`. Returns the last seq,
     or None when no run matched `runs` (then nothing is written).
     """
-    items = list(items)
+    written = update_and_append_if(runs, fields, items)
+    return None if written is None else written[0]
+
+
+def update_and_append_if(
+    runs: QuerySet[Run], fields: dict[str, Any], items: Iterable[tuple[str, dict[str, Any]]],
+    when: Q | None = None, more: Iterable[tuple[str, dict[str, Any]]] = (),
+) -> tuple[int, bool] | None:
+    """`update_and_append`, appending `more` after `items` too if the run, as updated, matches `when`.
+
+    Still one `UPDATE … RETURNING`: the condition decides the sequence's bump and comes back
+    with it. Returns (the last seq, whether `more` was appended), or None when no run matched.
+    """
+    items, more = list(items), list(more)
+    bump: Any = Value(len(items))
+    if when is not None and more:
+        bump = Case(When(when, then=Value(len(items) + len(more))), default=Value(len(items)))
     query = runs.query.chain(UpdateQuery)
-    query.add_update_values({**fields, "last_seq": F("last_seq") + len(items)})
-    sql, params = query.get_compiler(runs.db).as_sql()
+    query.add_update_values({**fields, "last_seq": F("last_seq") + bump})
+    compiler = query.get_compiler(runs.db)
+    sql, params = compiler.as_sql()
     quote = connection.ops.quote_name
+    returning = f"{quote('id')}, {quote('last_seq')}"
+    if when is not None and more:
+        matched = Case(When(when, then=Value(1)), default=Value(0)).resolve_expression(query, allow_joins=False)
+        matched_sql, matched_params = compiler.compile(matched)
+        returning, params = f"{returning}, {matched_sql}", (*params, *matched_params)
     with connection.cursor() as cursor:
-        cursor.execute(f"{sql} RETURNING {quote('id')}, {quote('last_seq')}", params)
+        cursor.execute(f"{sql} RETURNING {returning}", params)
         found = cursor.fetchall()
     if not found:
         return None
-    (run_id, last), = found
-    _insert(int(run_id), int(last), items)
-    return int(last)
+    run_id, last, *flag = found[0]
+    appended = bool(flag and flag[0])
+    _insert(int(run_id), int(last), items + more if appended else items)
+    return int(last), appended
 
 
 def _insert(run_id: int, last: int, items: list[tuple[str, dict[str, Any]]]) -> None:

@@ -16,12 +16,14 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models.functions import Coalesce
+from django.db.models.lookups import Exact, GreaterThan
 from django.utils import timezone
 
 from budgets import ledger, metering, money
@@ -29,6 +31,7 @@ from budgets.models import Reservation
 from instances import brains, sandbox
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
+from instances.models import Instance
 from loops import checks as checks_mod
 from loops import decision as decision_mod
 from loops import delegation, events, journal, policy, protected, signals
@@ -41,6 +44,7 @@ log = logging.getLogger(__name__)
 
 ACTIVE = (Run.Status.QUEUED, Run.Status.RUNNING)
 EXCERPT = 2000
+IDLE_PING_SECONDS = 1.0  # a connection idle longer than this during an act is pinged before it is written to
 
 
 class LeaseLost(Exception):
@@ -441,10 +445,19 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
     logged = jsonlog.bind(run_id=lease.run_id)  # log lines say which run (and iteration, see _begin)
     try:
         _enter(lease)  # the first begin too: a flood of claimed runs stays within the process's connections
-        while iterate(lease):
-            if time.monotonic() >= ends:
+        begun = _begin(lease)
+        while begun is not None:
+            # Until the slice ends, an iteration's record begins the next one in its transaction.
+            going = iterate(lease, begun, fuse_until=ends)
+            if isinstance(going, Begun):
+                begun = going
+            elif not going:
+                return
+            elif time.monotonic() >= ends:
                 hand_back(lease)
                 return
+            else:
+                begun = _begin(lease)
     except LeaseLost:
         log.info("run %s: lease lost; another driver has it", lease.run_id)
     finally:
@@ -452,9 +465,13 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
         jsonlog.restore(logged)
 
 
-def iterate(lease: Lease) -> bool:
-    """Run one iteration; return True when the loop goes on under this lease."""
-    begun = _begin(lease)
+def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None = None) -> Begun | bool:
+    """Run one iteration (`begun`, or begin one); return whether the loop goes on under this lease.
+
+    Before `fuse_until` (a `time.monotonic()`), an iteration whose policy goes on begins the next
+    one in its record's transaction and returns it (`Begun`); True means it must be begun anew.
+    """
+    begun = begun or _begin(lease)
     if begun is None:
         return False
     run, instance = begun.run, begun.run.instance
@@ -489,6 +506,7 @@ def iterate(lease: Lease) -> bool:
     )
     checks: list[policy.Check] = []
     decider_usage = Usage()
+    acting = time.monotonic()
     try:
         reply = get_brain(instance).act(request)
     except BrainError as exc:
@@ -496,8 +514,10 @@ def iterate(lease: Lease) -> bool:
         step: policy.Continue | policy.Stop = policy.Stop(exc.outcome, exc.detail)
         decision = decision_mod.Decision("failed", exc.detail)
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
-    # A connection kept across the act may have been cut meanwhile: find out now, not mid-write.
-    dbfaults.ensure_usable(what=f"run {run.pk}: after the act")
+    # A connection kept across a long act may have been cut meanwhile: find out now, not mid-write
+    # (an act of a moment leaves it to the record's own retry on a fresh connection).
+    if time.monotonic() - acting > IDLE_PING_SECONDS:
+        dbfaults.ensure_usable(what=f"run {run.pk}: after the act")
 
     if reply.stopped:
         _enter(lease)
@@ -589,7 +609,9 @@ def iterate(lease: Lease) -> bool:
             extra.append(report.as_event(begun.number))
         grades = [report.assessment for report in reports]
         step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
-    return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage, extra, changed)
+    return _record(
+        lease, begun, reply, checks, decision, step, fingerprint, decider_usage, extra, changed, fuse_until=fuse_until
+    )
 
 
 def _stop_requested(run_id: int) -> bool:
@@ -693,14 +715,17 @@ def _attempt(run: Run, number: int) -> int:
     return run.events.filter(kind="iteration.started", data__iteration=number).count() + 1
 
 
-def _begin(lease: Lease) -> Begun | None:
-    """Open the iteration: stop?, deadline?, fold interjections, reserve. One transaction, retried."""
+def _begin(lease: Lease, *, retried: bool = False) -> Begun | None:
+    """Open the iteration: stop?, deadline?, fold interjections, reserve. One transaction, retried.
+
+    `retried`: this begin may have committed already (in a record whose commit was cut).
+    """
     tries = 0
 
     def once() -> Begun | None:
         nonlocal tries
         tries += 1
-        return _begin_once(lease, retried=tries > 1)
+        return _begin_once(lease, retried=retried or tries > 1)
 
     return dbfaults.retry(once, what=f"run {lease.run_id}: begin an iteration")
 
@@ -752,19 +777,13 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         begun_before = retried and run.events.filter(
             seq__gt=lease.claimed_seq, kind="act.started", data__iteration=number
         ).exists()
-        events.append_many(
-            run.pk,
-            [
-                (
-                    "iteration.started",
-                    {"iteration": number, "instruction": instruction[:EXCERPT], "interjections": len(pending), "attempt": attempt},
-                ),
-                ("act.started", {"iteration": number}),
-            ]
-            if not begun_before
-            else [],
-        )
+        if not begun_before:
+            events.append_many(run.pk, _starting_events(number, instruction, attempt=attempt, interjections=len(pending)))
     return Begun(run, number, instruction, base, reservation, timezone.now(), approved, attempt, memory)
+
+
+class _Unfused(Exception):
+    """The next iteration's reservation was refused: record this one alone (the begin says why)."""
 
 
 def _record(
@@ -779,8 +798,15 @@ def _record(
     extra_events: list[tuple[str, dict[str, Any]]] | None = None,
     protected_changed: list[str] | None = None,
     delegated: list[dict[str, Any]] | None = None,
-) -> bool:
-    """Close the iteration: record it, settle its cost, apply the policy. One transaction."""
+    fuse_until: float | None = None,
+) -> Begun | bool:
+    """Close the iteration: record it, settle its cost, apply the policy. One transaction.
+
+    When the policy goes on and `fuse_until` has not passed, the same transaction begins the next
+    iteration if nothing stands in its way (a stop, the deadline, a person's message, an edited
+    instance): its events join this one's, and its reservation is this one's settle rolled on.
+    Returns that `Begun`, else whether the loop goes on.
+    """
     _enter(lease)
     run, number = begun.run, begun.number
     usage = reply.usage.add(decider_usage)
@@ -795,77 +821,51 @@ def _record(
         act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
     )
-    fields: dict[str, Any] = {
-        "next_iteration": number + 1,
-        "spent_micros": F("spent_micros") + cost,
-        "history": memory.as_json(),
-        "attempt": 1,
+    fields = _recorded_fields(begun, step, decision, delegated, now) | {
+        "next_iteration": number + 1, "spent_micros": F("spent_micros") + cost, "history": memory.as_json(), "attempt": 1,
     }
     if protected_changed:
         fields["protected_changed"] = protected_changed
-    duration_ms = int((now - begun.started_at).total_seconds() * 1000)
     iteration_data = {
-        "iteration": number,
-        "cost_usd": money.usd_string(cost),
-        "duration_ms": duration_ms,
-        "act_ok": reply.ok,
+        "iteration": number, "cost_usd": money.usd_string(cost),
+        "duration_ms": int((now - begun.started_at).total_seconds() * 1000), "act_ok": reply.ok,
     }
-    tries = 0
+    items = _closing_events(number, reply, checks, decision, step, usage, extra_events or [], iteration_data, delegated)
+    going = isinstance(step, policy.Continue)
+    fuse = going and fuse_until is not None and time.monotonic() < fuse_until and not lease.stop.is_set()
+    base = (step.instruction if going else "") or run.objective
+    reserve = brains.iteration_reserve(run.instance) if fuse else 0
+    asked, tries = fuse, 0
 
-    def write() -> None:
-        nonlocal tries
+    def write() -> ledger.Held | None:
+        nonlocal tries, fuse
         tries += 1
         if tries > 1 and Iteration.objects.filter(run=run, number=number, lease_token=lease.token).exists():
-            return  # the connection died after this very record had committed
+            fuse = False  # the connection died after this very record had committed; a begin finds what it wrote
+            raise _Committed
         with transaction.atomic():
-            if isinstance(step, policy.Continue):
-                fields.update(next_instruction=step.instruction, lease_expires_at=now + lease_seconds())
-            elif delegated:
-                fields.update(
-                    status=Run.Status.WAITING,
-                    outcome_detail=step.detail,
-                    next_instruction=begun.base_instruction,
-                    lease_token=None,
-                    lease_holder="",
-                    lease_expires_at=None,
-                    delegation={
-                        "state": "starting", "iteration": number, "instruction": begun.base_instruction,
-                        "calls": delegated, "children": [], "refused": [],
-                    },
-                )
-            elif step.outcome == Run.Outcome.ESCALATED:
-                fields.update(
-                    status=Run.Status.WAITING,
-                    outcome_detail=step.detail,
-                    next_instruction=decision.next_instruction or begun.base_instruction,
-                    lease_token=None,
-                    lease_holder="",
-                    lease_expires_at=None,
-                )
-            items = _closing_events(number, reply, checks, decision, step, usage, extra_events or [], iteration_data,
-                                    delegated)
             current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
-            if events.update_and_append(current, fields, items) is None:
+            written = events.update_and_append_if(
+                current, fields, items, _nothing_in_the_way(run, number + 1, now) if fuse else None,
+                _starting_events(number + 1, base, attempt=1, interjections=0),
+            )
+            if written is None:
                 raise LeaseLost
             if delegated:
                 transaction.on_commit(lambda: delegation.start_pending(run.pk))
             Iteration.objects.create(
-                run=run,
-                number=number,
-                instruction=begun.instruction,
-                response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :],
-                act_ok=reply.ok,
-                act_detail=reply.detail[:2000],
+                run=run, number=number, instruction=begun.instruction,
+                response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :], act_ok=reply.ok, act_detail=reply.detail[:2000],
                 checks=checks_mod.as_json(checks),
                 decision={"verdict": decision.verdict, "reason": decision.reason, "next": decision.next_instruction},
-                fingerprint=fingerprint,
-                cost_micros=cost,
-                usage=usage.as_json(),
-                worker=lease.holder,
-                lease_token=lease.token,
-                started_at=begun.started_at,
-                finished_at=now,
+                fingerprint=fingerprint, cost_micros=cost, usage=usage.as_json(), worker=lease.holder,
+                lease_token=lease.token, started_at=begun.started_at, finished_at=now,
             )
+            if written[1]:  # the next iteration has begun: this settle rolls on into its reservation
+                try:
+                    return ledger.roll(begun.reservation, actual=unmetered, run=run, iteration=number + 1, amount=reserve)
+                except ledger.BudgetRefused:
+                    raise _Unfused from None
             # The settle comes before a finish or a park, so a finishing child's carve is refunded,
             # and the run's lease returned, at what it spent, this iteration included.
             ledger.settle(begun.reservation, actual=unmetered)
@@ -873,9 +873,85 @@ def _record(
                 after_finish(run.pk)
             if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
                 _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
+            return None
 
-    dbfaults.retry(write, what=f"run {run.pk}: record iteration {number}")
-    return isinstance(step, policy.Continue)
+    def once() -> ledger.Held | None | type[_Committed]:
+        nonlocal fuse
+        try:
+            return write()
+        except _Unfused:
+            fuse = False
+            return write()
+        except _Committed:
+            return _Committed
+
+    reservation = dbfaults.retry(once, what=f"run {run.pk}: record iteration {number}")
+    if reservation is _Committed:
+        return (_begin(lease, retried=True) or False) if asked else going
+    if not isinstance(reservation, ledger.Held):
+        return going
+    run.next_iteration, run.next_instruction, run.history, run.attempt = number + 1, fields["next_instruction"], fields["history"], 1
+    run.spent_micros += cost
+    run.protected_changed = protected_changed or run.protected_changed
+    jsonlog.bind(iteration=number + 1)
+    next_memory = Memory.of(run.history)
+    approved = [dict(c) for c in next_memory.approved_calls]
+    return Begun(run, number + 1, base, base, reservation, timezone.now(), approved, 1, next_memory)
+
+
+class _Committed(Exception):
+    """A retried record found its first try committed."""
+
+
+def _recorded_fields(
+    begun: Begun, step: policy.Continue | policy.Stop, decision: decision_mod.Decision,
+    delegated: list[dict[str, Any]] | None, now: datetime,
+) -> dict[str, Any]:
+    """What the policy's step writes to the run besides the iteration's count, cost and memory."""
+    if isinstance(step, policy.Continue):
+        return {"next_instruction": step.instruction, "lease_expires_at": now + lease_seconds()}
+    parked = {"status": Run.Status.WAITING, "outcome_detail": step.detail, "lease_token": None, "lease_holder": "",
+              "lease_expires_at": None}
+    if delegated:
+        return parked | {
+            "next_instruction": begun.base_instruction,
+            "delegation": {
+                "state": "starting", "iteration": begun.number, "instruction": begun.base_instruction,
+                "calls": delegated, "children": [], "refused": [],
+            },
+        }
+    if step.outcome == Run.Outcome.ESCALATED:
+        return parked | {"next_instruction": decision.next_instruction or begun.base_instruction}
+    return {}
+
+
+def _nothing_in_the_way(run: Run, number: int, now: datetime) -> Q:
+    """What lets iteration `number` begin in its predecessor's record: what `_begin_once` checks, as a condition.
+
+    No stop asked, the deadline not passed, no person's message waiting, the instance not edited
+    since it was read. The run's own nullable columns are compared through COALESCE, never with
+    IS NULL: SQLite 3.40 answers `IS NULL` wrongly on the updated row in a RETURNING clause.
+    """
+    waiting = Interjection.objects.filter(run=OuterRef("pk")).filter(
+        Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number)
+    )
+    unchanged = Instance.objects.filter(pk=OuterRef("instance_id"), updated_at=run.instance.updated_at)
+    never, forever = Value(datetime.min.replace(tzinfo=UTC)), Value(datetime.max.replace(tzinfo=UTC))
+    return Q(
+        Exact(Coalesce("cancel_requested_at", never), never),
+        GreaterThan(Coalesce("deadline", forever), Value(now)),
+        ~Exists(waiting),
+        Exists(unchanged),
+    )
+
+
+def _starting_events(number: int, instruction: str, *, attempt: int, interjections: int) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        ("iteration.started", {
+            "iteration": number, "instruction": instruction[:EXCERPT], "interjections": interjections, "attempt": attempt,
+        }),
+        ("act.started", {"iteration": number}),
+    ]
 
 
 def _closing_events(

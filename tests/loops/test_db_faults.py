@@ -84,6 +84,54 @@ def test_a_fault_in_a_drivers_transaction_is_retried_and_loses_no_attempt(
     assert "transient database error" in caplog.text
 
 
+def test_a_record_whose_commit_landed_but_whose_answer_was_cut_begins_the_next_iteration_once(
+    user, make_instance, script, start, drive, monkeypatch
+):
+    """Iteration 1's record (which begins iteration 2) commits, then the connection dies before it says so.
+
+    The retry finds the record written and must take iteration 2 as begun: one start, one
+    reservation, a gap-free sequence.
+    """
+    run = start(counting_instance(make_instance, user, script))
+    recorded, cut = [], []
+
+    def watch(execute, sql, params, many, context):
+        if 'INSERT INTO "loops_iteration"' in sql:
+            recorded.append(sql)
+        return execute(sql, params, many, context)
+
+    commit = connection._commit
+
+    def commit_then_cut():
+        commit()
+        if recorded and not cut:
+            cut.append(True)
+            raise lost_answer()
+
+    monkeypatch.setattr(connection, "_commit", commit_then_cut)
+    with connection.execute_wrapper(watch):
+        run = drive(run)
+    assert cut, "the cut never fired"
+    assert (run.outcome, run.verified) == ("done", True)
+    assert Event.objects.filter(run=run, kind="iteration.started", data__iteration=2).count() == 1
+    assert list(
+        Reservation.objects.filter(run_id=run.pk, call=0).order_by("iteration").values_list("iteration", "status")
+    ) == [(1, "settled"), (2, "settled")]
+    seqs = list(Event.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def lost_answer():
+    """The error a connection cut just after its commit raises (transient: the driver retries)."""
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        return wrapped(psycopg.OperationalError("consuming input failed: server closed the connection unexpectedly"))
+    import sqlite3
+
+    return wrapped(sqlite3.OperationalError("database is locked"))
+
+
 def test_a_fault_that_does_not_pass_ends_the_attempt(user, make_instance, script, start, settings):
     """A driver gives up once TETHER_DB_RETRY_SECONDS pass; the error surfaces for the reaper."""
     from loops import runner
