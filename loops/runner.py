@@ -3,7 +3,8 @@
 Runs in a worker thread. Every write is fenced by the run's lease token and its
 `next_iteration`, so a stale or duplicate driver changes nothing. No transaction,
 row lock or (on PostgreSQL) database connection is held across the act or the
-checks: an iteration is two short transactions, `_begin` and `_record`. A transient
+checks: an iteration opens with `_begin` and closes with `_record`, one short transaction
+each, and in a steady run the record begins the next iteration too, so each is one. A transient
 database error (a cut connection, a serialization failure, a lock timeout) in either,
 or in the claim, is retried on a fresh connection (`tether.dbfaults`); only a lost
 lease or a dead process ends an attempt.
