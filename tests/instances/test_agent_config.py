@@ -29,7 +29,7 @@ def _fields(admin_class):
 def test_the_configuration_is_what_template_and_instance_share():
     template_own = {f.name for f in AgentTemplate._meta.concrete_fields} - CONFIG
     instance_own = {f.name for f in Instance._meta.concrete_fields} - CONFIG
-    assert CONFIG and template_own & instance_own == {"id", "name"}
+    assert CONFIG and template_own & instance_own == {"id", "name", "updated_at"}  # and when each was last saved
     differ = {
         name for name in CONFIG
         if AgentTemplate._meta.get_field(name).deconstruct()[1:] != Instance._meta.get_field(name).deconstruct()[1:]
