@@ -13,11 +13,12 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db.models import F, QuerySet, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
@@ -59,27 +60,26 @@ def update_and_append(runs: QuerySet[Run], fields: dict[str, Any], items: Iterab
 
 def update_and_append_if(
     runs: QuerySet[Run], fields: dict[str, Any], items: Iterable[tuple[str, dict[str, Any]]],
-    when: Q | None = None, more: Iterable[tuple[str, dict[str, Any]]] = (),
+    when: tuple[str, Sequence[Any]] | None = None, more: Iterable[tuple[str, dict[str, Any]]] = (),
 ) -> tuple[int, bool] | None:
     """`update_and_append`, appending `more` after `items` too if the run, as updated, matches `when`.
 
+    `when` is an SQL condition on the run's row (its table named as such) with its parameters.
     Still one `UPDATE … RETURNING`: the condition decides the sequence's bump and comes back
     with it. Returns (the last seq, whether `more` was appended), or None when no run matched.
     """
     items, more = list(items), list(more)
     bump: Any = Value(len(items))
     if when is not None and more:
-        bump = Case(When(when, then=Value(len(items) + len(more))), default=Value(len(items)))
+        condition, condition_params = when
+        bump = RawSQL(f"CASE WHEN ({condition}) THEN %s ELSE %s END", (*condition_params, len(items) + len(more), len(items)))
     query = runs.query.chain(UpdateQuery)
     query.add_update_values({**fields, "last_seq": F("last_seq") + bump})
-    compiler = query.get_compiler(runs.db)
-    sql, params = compiler.as_sql()
+    sql, params = query.get_compiler(runs.db).as_sql()
     quote = connection.ops.quote_name
     returning = f"{quote('id')}, {quote('last_seq')}"
     if when is not None and more:
-        matched = Case(When(when, then=Value(1)), default=Value(0)).resolve_expression(query, allow_joins=False)
-        matched_sql, matched_params = compiler.compile(matched)
-        returning, params = f"{returning}, {matched_sql}", (*params, *matched_params)
+        returning, params = f"{returning}, CASE WHEN ({condition}) THEN 1 ELSE 0 END", (*params, *condition_params)
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {returning}", params)
         found = cursor.fetchall()

@@ -23,8 +23,6 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
-from django.db.models.functions import Coalesce
-from django.db.models.lookups import Exact, GreaterThan
 from django.utils import timezone
 
 from budgets import ledger, metering, money
@@ -926,24 +924,27 @@ def _recorded_fields(
     return {}
 
 
-def _nothing_in_the_way(run: Run, number: int, now: datetime) -> Q:
-    """What lets iteration `number` begin in its predecessor's record: what `_begin_once` checks, as a condition.
+def _nothing_in_the_way(run: Run, number: int, now: datetime) -> tuple[str, list[Any]]:
+    """What lets iteration `number` begin in its predecessor's record: what `_begin_once` checks, as SQL.
 
     No stop asked, the deadline not passed, no person's message waiting, the instance not edited
-    since it was read. The run's own nullable columns are compared through COALESCE, never with
-    IS NULL: SQLite 3.40 answers `IS NULL` wrongly on the updated row in a RETURNING clause.
+    since it was read. Written out once (this is every steady iteration's statement, and composing
+    it from querysets cost more than the rest of the record). The run's own nullable columns are
+    compared through COALESCE, never with IS NULL: SQLite 3.40 answers `IS NULL` wrongly on the
+    updated row in a RETURNING clause.
     """
-    waiting = Interjection.objects.filter(run=OuterRef("pk")).filter(
-        Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number)
-    )
-    unchanged = Instance.objects.filter(pk=OuterRef("instance_id"), updated_at=run.instance.updated_at)
-    never, forever = Value(datetime.min.replace(tzinfo=UTC)), Value(datetime.max.replace(tzinfo=UTC))
-    return Q(
-        Exact(Coalesce("cancel_requested_at", never), never),
-        GreaterThan(Coalesce("deadline", forever), Value(now)),
-        ~Exists(waiting),
-        Exists(unchanged),
-    )
+    adapt = connection.ops.adapt_datetimefield_value
+    never, forever = adapt(datetime.min.replace(tzinfo=UTC)), adapt(datetime.max.replace(tzinfo=UTC))
+    return _IN_THE_WAY, [never, never, forever, adapt(now), number, adapt(run.instance.updated_at)]
+
+
+_RUN, _MESSAGE, _INSTANCE = Run._meta.db_table, Interjection._meta.db_table, Instance._meta.db_table
+_IN_THE_WAY = (
+    f'COALESCE("{_RUN}"."cancel_requested_at", %s) = %s AND COALESCE("{_RUN}"."deadline", %s) > %s'
+    f' AND NOT EXISTS (SELECT 1 FROM "{_MESSAGE}" m WHERE m."run_id" = "{_RUN}"."id"'
+    ' AND (m."consumed_in_iteration" IS NULL OR m."consumed_in_iteration" = %s))'
+    f' AND EXISTS (SELECT 1 FROM "{_INSTANCE}" i WHERE i."id" = "{_RUN}"."instance_id" AND i."updated_at" = %s)'
+)
 
 
 def _starting_events(number: int, instruction: str, *, attempt: int, interjections: int) -> list[tuple[str, dict[str, Any]]]:
