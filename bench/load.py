@@ -21,7 +21,7 @@ process(es), and a viewer process holding websocket viewers on the runs:
 Bounded: every wait has a deadline; everything started is stopped. Loopback only.
 
 Run: python -m bench.load [--runs 200] [--iterations 5] [--act 2] [--viewers 500]
-                          [--workers 2] [--clusters 1] [--web 1] [--brain command,sleep] [--backend postgres]
+                          [--workers 2] [--clusters 1] [--web 1] [--starters 4] [--brain command,sleep] [--backend postgres]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +112,13 @@ def prepare(runs: int, iterations: int, act: float, brain: str, home: str) -> di
     return {"cookie": f"sessionid={client.cookies['sessionid'].value}", "instances": ids}
 
 
-def start(instances_file: str) -> dict[str, Any]:
-    """Start one run per instance, as fast as the service allows; return their ids."""
+def start(instances_file: str, part: int = 0, parts: int = 1) -> dict[str, Any]:
+    """Start one run per instance of this starter's share (every `parts`-th from `part`), as fast as the service allows."""
     h.django_setup()
     from instances.models import Instance
     from loops import services
 
-    ids = json.loads(Path(instances_file).read_text())
+    ids = json.loads(Path(instances_file).read_text())[part::parts]
     instances = Instance.objects.select_related("owner").in_bulk(ids)
     began = time.time()
     runs = [
@@ -338,7 +339,19 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
             pg = PgStats(PG_DB)
             before = pg.counters()
 
-        started = h.role("bench.load", env("load-start"), "start", str(home / "instances.json"))
+        # A fleet is started by many clients at once: the starters share the runs out.
+        with ThreadPoolExecutor(args.starters) as pool:
+            shares = list(pool.map(
+                lambda part: h.role(
+                    "bench.load", env("load-start"), "start", str(home / "instances.json"), str(part), str(args.starters)
+                ),
+                range(args.starters),
+            ))
+        started = {
+            "runs": [run for share in shares for run in share["runs"]],
+            "began": min(share["began"] for share in shares),
+            "ended": max(share["ended"] for share in shares),
+        }
         run_ids: list[int] = started["runs"]
         (home / "runs.json").write_text(json.dumps(run_ids))
         spec = {
@@ -598,6 +611,7 @@ def main() -> None:
         "--clusters", type=int, default=1, help="worker clusters (each one stands for a machine of its own)"
     )
     parser.add_argument("--web", type=int, default=1, help="web processes (viewers spread over them)")
+    parser.add_argument("--starters", type=int, default=4, help="processes that start the runs, side by side")
     parser.add_argument(
         "--connections-per-worker",
         type=int,
@@ -609,7 +623,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the throwaway database and the logs")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
-    for flag in ("runs", "iterations", "workers", "clusters", "web"):
+    for flag in ("runs", "iterations", "workers", "clusters", "web", "starters"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
     if args.viewers < 0 or args.act <= 0:
@@ -637,7 +651,7 @@ def sqlite_finished(path: Path, ids: list[int]) -> int:
 
 ROLES = {
     "prepare": lambda a: prepare(int(a[0]), int(a[1]), float(a[2]), a[3], a[4]),
-    "start": lambda a: start(a[0]),
+    "start": lambda a: start(a[0], int(a[1]), int(a[2])),
     "viewers": lambda a: h.run_viewers(a[0], a[1]),
     "queries": lambda a: queries(int(a[0]), float(a[1]), a[2], a[3]),
     "analyze": lambda a: analyze(a[0]),
