@@ -42,6 +42,13 @@ BATCH = 200  # events read per run per pass; a bigger gap is read on the next pa
 _reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-console-reader")
 
 
+def states_per_pass() -> int:
+    """How many runs' states one pass draws at most (`TETHER_CONSOLE_STATES_PER_PASS`)."""
+    from django.conf import settings
+
+    return int(getattr(settings, "TETHER_CONSOLE_STATES_PER_PASS", 20))
+
+
 def reading[**P, R](func: Callable[P, R]) -> Callable[P, Any]:
     """`func` as a coroutine run in the console's reader thread (one database connection of its own)."""
     return database_sync_to_async(func, thread_sensitive=False, executor=_reader)
@@ -71,6 +78,7 @@ class Pass:
     summaries: dict[int, str] = field(default_factory=dict)
     more: bool = False
     fleets: dict[int, tuple[tuple[int, int], str]] = field(default_factory=dict)
+    stale: dict[int, float] = field(default_factory=dict)  # runs whose state is still to render, since when
 
 
 @dataclass
@@ -92,6 +100,7 @@ class Tail:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.refreshed: dict[int, float] = {}  # run -> when its state or summary was last sent
+        self.stale: dict[int, float] = {}  # run -> since when its events are out and its state is not
         self.stats = Stats()
         # session key -> (when asked, the answer): its user's pk, None once signed out
         self.sessions: dict[str, tuple[float, asyncio.Future[Any]]] = {}
@@ -155,7 +164,8 @@ class Tail:
                 found = None
             if found is not None:
                 await self._deliver(found)
-                if found.more:
+                self.stale = {run_id: since for run_id, since in found.stale.items() if run_id in self.runs}
+                if found.more or self.stale:
                     continue
             try:
                 await asyncio.wait_for(self.wake.wait(), timeout=poll_seconds())
@@ -165,6 +175,9 @@ class Tail:
     def _plan(self, refresh: float) -> dict[str, Any]:
         now = time.monotonic()
         return {
+            "now": now,
+            "stale": dict(self.stale),
+            "states": states_per_pass(),
             "runs": {run_id: min(w.sent for w in watchers) for run_id, watchers in self.runs.items()},
             "variants": {run_id: {w.chart_all for w in watchers} for run_id, watchers in self.runs.items()},
             "due": {run_id for run_id, at in self.refreshed.items() if now - at >= refresh},
@@ -175,10 +188,18 @@ class Tail:
         }
 
     def read(self, plan: dict[str, Any]) -> Pass:
-        """Read and render, in a worker thread, what the watchers lack (see the module doc)."""
+        """Read and render, in a worker thread, what the watchers lack (see the module doc).
+
+        Every run's new events go out in this pass; the states (a run page's summary, budget and
+        chart, far dearer to draw) are drawn for at most `plan["states"]` runs, those waiting
+        longest first, and the rest in the passes that follow at once: under a fleet's load the
+        events never wait for the drawing.
+        """
         self.stats.passes += 1
         found = Pass()
         runs: dict[int, int] = plan["runs"]
+        stale: dict[int, float] = {run_id: since for run_id, since in plan["stale"].items() if run_id in runs}
+        rows: dict[int, Run] = {}
         if runs:
             rows = {r.pk: r for r in Run.objects.select_related("instance").filter(pk__in=list(runs))}
             for run_id, low in runs.items():
@@ -192,11 +213,16 @@ class Tail:
                     if len(batch) == BATCH:
                         found.more = True
                         continue
-                    for chart_all in plan["variants"][run_id]:
-                        found.states[(run_id, chart_all)] = live.render_state(run, chart_all)
-                        self.stats.rendered_states += 1
-                elif run_id in plan["due"] and run.status != Run.Status.FINISHED:
+                    stale.setdefault(run_id, plan["now"])
+                elif run_id in plan["due"] and run.status != Run.Status.FINISHED and run_id not in stale:
                     found.summaries[run_id] = live.render_summary(run)
+        for run_id in sorted(stale, key=stale.__getitem__)[: plan["states"]]:
+            if (run := rows.get(run_id)) is not None:
+                for chart_all in plan["variants"][run_id]:
+                    found.states[(run_id, chart_all)] = live.render_state(run, chart_all)
+                    self.stats.rendered_states += 1
+            del stale[run_id]
+        found.stale = stale
         users: dict[int, Any] = plan["users"]
         if users:
             versions = {
@@ -223,7 +249,7 @@ class Tail:
                 messages = [html for seq, html in batch if seq > watcher.sent]
                 last = max([watcher.sent] + [seq for seq, _ in batch])
                 state = found.states.get((run_id, watcher.chart_all))
-                if messages and state is not None:
+                if state is not None:
                     messages.append(state)
                 elif not messages and summary is not None:
                     messages.append(summary)

@@ -88,3 +88,47 @@ def test_a_viewer_that_joins_late_replays_by_itself_then_shares_the_tail(user, m
     assert [s for s, _ in one] == [last + 1]
     assert [s for s, _ in replay] == list(range(1, last + 2))
     assert [s for s, _ in more_early] == [s for s, _ in more_late] == [last + 2, last + 3]
+
+
+class Recording:
+    """A run watcher that notes, per message, which pass of the tail sent it."""
+
+    chart_all = False
+
+    def __init__(self, shared, run):
+        self.shared, self.run_id, self.sent, self.got = shared, run.pk, run.last_seq, []
+
+    async def deliver(self, messages, last_seq):
+        self.sent = last_seq
+        self.got += [(self.shared.stats.passes, "event" if SEQ.match(m) else "state") for m in messages]
+
+
+def test_a_pass_sends_every_runs_events_and_draws_at_most_its_share_of_states(settings, user, make_instance, start_run):
+    settings.TETHER_CONSOLE_REFRESH_SECONDS = 3600
+    settings.TETHER_CONSOLE_STATES_PER_PASS = 1
+    runs = [start_run(make_instance(user, name=f"fleet-{n}")) for n in range(3)]
+    for run in runs:
+        run.refresh_from_db()
+
+    async def go():
+        shared = console_tail.Tail()
+        watchers = [Recording(shared, run) for run in runs]
+        for run in runs:
+            await database_sync_to_async(record)(run, NEW)
+        for watcher in watchers:
+            shared.watch_run(watcher)
+        for _ in range(100):
+            if all(sum(kind == "state" for _, kind in w.got) for w in watchers):
+                break
+            await asyncio.sleep(0.05)
+        for watcher in watchers:
+            shared.forget(watcher)
+        return watchers
+
+    watchers = asyncio.run(go())
+    first = min(pass_ for w in watchers for pass_, _ in w.got)
+    for watcher in watchers:  # every run's events in the first pass
+        assert [p for p, kind in watcher.got if kind == "event"] == [first] * len(NEW)
+    # one state per pass, the runs waiting longest first; every run's state came
+    states = sorted(p for w in watchers for p, kind in w.got if kind == "state")
+    assert states == [first, first + 1, first + 2]

@@ -1,0 +1,30 @@
+"""A bad setting in the environment stops Tether at start with what to fix, never a traceback later."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("TETHER_CONSOLE_STATES_PER_PASS", "0", "TETHER_CONSOLE_STATES_PER_PASS must be 1 or more, got 0"),
+        ("TETHER_CONSOLE_STATES_PER_PASS", "many", "TETHER_CONSOLE_STATES_PER_PASS must be a whole number, got 'many'"),
+        ("TETHER_DB_CONN_MAX_AGE", "abc", "TETHER_DB_CONN_MAX_AGE must be a whole number, got 'abc'"),
+    ],
+)
+def test_a_bad_setting_is_refused_at_start_naming_it(name, value, said, tmp_path):
+    env = {**os.environ, "TETHER_HOME": str(tmp_path), name: value, "DJANGO_SETTINGS_MODULE": "tether.settings"}
+    if name == "TETHER_DB_CONN_MAX_AGE":
+        env["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/unused"  # read only with PostgreSQL
+    done = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert said in done.stderr
