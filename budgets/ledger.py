@@ -491,13 +491,12 @@ def roll(held: Held | None, *, actual: int, run: Any, iteration: int, amount: in
             Pool.objects.select_for_update().filter(kind=Pool.Kind.RUN, run_id=run.pk, quota__isnull=False)
             .annotate(held_pk=Subquery(_holding(run.pk, iteration, 0).values("pk")[:1])).first()
         )
-        steady = leaf is not None and held is not None and _rolls(leaf, held, actual, amount, now)
-        if steady and not Reservation.objects.filter(pk=held.pk, status=HELD, on_lease_id=leaf.pk).update(
-            status=Reservation.Status.SETTLED, actual=actual, overdraft=0, closed_at=now
-        ):  # closed meanwhile (a stop that judged this driver dead): there is nothing to settle
-            steady, held = False, None
-        if steady:
-            return _rolled(leaf, held, actual, run, iteration, amount, now)
+        if leaf is not None and held is not None and _rolls(leaf, held, actual, amount, now):
+            if Reservation.objects.filter(pk=held.pk, status=HELD, on_lease_id=leaf.pk).update(
+                status=Reservation.Status.SETTLED, actual=actual, overdraft=0, closed_at=now
+            ):
+                return _rolled(leaf, held, actual, run, iteration, amount, now)
+            held = None  # closed meanwhile (a stop that judged this driver dead): there is nothing to settle
     settle(held, actual=actual, now=now)  # out here: a refused hold leaves the caller's transaction usable
     return hold(run=run, iteration=iteration, amount=amount, now=now)
 
