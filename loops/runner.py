@@ -836,12 +836,11 @@ def _record(
     reserve = brains.iteration_reserve(run.instance) if fuse else 0
     asked, tries = fuse, 0
 
-    def write() -> ledger.Held | None:
-        nonlocal tries, fuse
+    def write() -> ledger.Held | object | None:
+        nonlocal tries
         tries += 1
         if tries > 1 and Iteration.objects.filter(run=run, number=number, lease_token=lease.token).exists():
-            fuse = False  # the connection died after this very record had committed; a begin finds what it wrote
-            raise _Committed
+            return _COMMITTED  # the connection died after this very record had committed; a begin finds what it wrote
         with transaction.atomic():
             current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
             written = events.update_and_append_if(
@@ -874,18 +873,16 @@ def _record(
                 _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
             return None
 
-    def once() -> ledger.Held | None | type[_Committed]:
+    def once() -> ledger.Held | object | None:
         nonlocal fuse
         try:
             return write()
         except _Unfused:
             fuse = False
             return write()
-        except _Committed:
-            return _Committed
 
     reservation = dbfaults.retry(once, what=f"run {run.pk}: record iteration {number}")
-    if reservation is _Committed:
+    if reservation is _COMMITTED:
         return (_begin(lease, retried=True) or False) if asked else going
     if not isinstance(reservation, ledger.Held):
         return going
@@ -893,13 +890,10 @@ def _record(
     run.spent_micros += cost
     run.protected_changed = protected_changed or run.protected_changed
     jsonlog.bind(iteration=number + 1)
-    next_memory = Memory.of(run.history)
-    approved = [dict(c) for c in next_memory.approved_calls]
-    return Begun(run, number + 1, base, base, reservation, timezone.now(), approved, 1, next_memory)
+    return Begun(run, number + 1, base, base, reservation, timezone.now(), [dict(c) for c in memory.approved_calls], 1, memory)
 
 
-class _Committed(Exception):
-    """A retried record found its first try committed."""
+_COMMITTED = object()  # what a retried record returns when it finds its first try committed
 
 
 def _recorded_fields(
