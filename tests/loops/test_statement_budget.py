@@ -31,6 +31,9 @@ def test_a_steady_iteration_sends_at_most_the_pinned_statements_and_never_locks_
     from budgets.models import Pool
 
     settings.TETHER_BRAINS = {"instant": "bench.loop_bench.InstantBrain"}
+    # The stored credentials redaction looks for are read again every few seconds, not per iteration:
+    # on a slow machine that read must not fall inside the counted window.
+    settings.TETHER_REDACTION_REFRESH_SECONDS = 3600
     statements, run = drive_counted(user, settings, "counted", ITERATIONS)
     shared = set(Pool.objects.exclude(kind="run").values_list("pk", flat=True))
     assert (run.outcome, run.iterations_done) == ("max_iterations", ITERATIONS)
