@@ -1,14 +1,14 @@
 """Snapshot a run's workspace at its start and end, so a reviewer sees what the run changed.
 
-Runs git as a subprocess: call it outside any transaction. Each run gets a shadow git
-directory, `TETHER_HOME/snapshots/run-<id>.git`, whose work tree is the instance's workspace:
-`git add -A` + `git write-tree` stores the workspace's files as a tree without touching the
-workspace (nor its own `.git`, if it is a repository: the shadow directory is separate). The
-diff between the start tree and the end tree is the run's change, new and deleted files
-included; the workspace's `.gitignore` files are honoured, and the directories the fingerprint
-skips (`.git`, `node_modules`, `.venv`, caches) are left out. A workspace larger than
-`TETHER_SNAPSHOT_MAX_BYTES` (100 MB) or `TETHER_SNAPSHOT_MAX_FILES` (20,000 files), or a machine
-without git, gets a fingerprint only and a note saying why there is no diff.
+Runs git (libgit2 in this process for trees, git itself for diffs): call it outside any
+transaction. Each run gets a shadow git directory, `TETHER_HOME/snapshots/run-<id>.git`, whose
+work tree is the instance's workspace: `git add -A` + `git write-tree` stores the workspace's
+files as a tree without touching the workspace (nor its own `.git`, if it is a repository: the
+shadow directory is separate). The diff between the start tree and the end tree is the run's
+change, new and deleted files included; the workspace's `.gitignore` files are honoured, and the
+directories the fingerprint skips (`.git`, `node_modules`, `.venv`, caches) are left out. A
+workspace larger than `TETHER_SNAPSHOT_MAX_BYTES` (100 MB) or `TETHER_SNAPSHOT_MAX_FILES` (20,000
+files), or a machine without git, gets a fingerprint only and a note saying why there is no diff.
 
 The diff is redacted (`instances.redaction`): a key the agent wrote into a file is not shown.
 
@@ -32,9 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pygit2
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from pygit2.enums import ConfigLevel
 
 from instances.redaction import redact
 from loops import checks as checks_mod
@@ -116,16 +118,47 @@ def _too_big(workspace: Path) -> str:
 
 
 def _tree(run_id: int, workspace: Path) -> str:
-    """Store the workspace as a tree in the run's shadow git directory; return the tree id."""
+    """Store the workspace as a tree in the run's shadow git directory; return the tree id.
+
+    In this process, through libgit2 (`pygit2`): what `git add --all` + `git write-tree` do, the
+    same tree id for the same files, without starting two programs on every iteration. The index
+    keeps each file's stat, so only what changed since the last tree is read. libgit2 refuses a
+    workspace holding another repository (a clone inside it); git itself stores that one.
+    """
     gitdir = git_dir(run_id)
-    if not (gitdir / "HEAD").exists():
-        gitdir.mkdir(parents=True, exist_ok=True)
-        _git(gitdir, workspace, "init", "--quiet")
-        exclude = gitdir / "info" / "exclude"
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        exclude.write_text("".join(f"{name}/\n" for name in sorted(checks_mod.SKIP_DIRS)))
-    _git(gitdir, workspace, "add", "--all")
-    return _git(gitdir, workspace, "write-tree").strip()
+    try:
+        if not (gitdir / "HEAD").exists():
+            gitdir.mkdir(parents=True, exist_ok=True)
+            pygit2.init_repository(str(gitdir), bare=True)
+            exclude = gitdir / "info" / "exclude"
+            exclude.parent.mkdir(parents=True, exist_ok=True)
+            exclude.write_text("".join(f"{name}/\n" for name in sorted(checks_mod.SKIP_DIRS)))
+        repo = _repository(gitdir, workspace)
+        index = repo.index
+        index.read()
+        index.add_all()
+        index.write()
+        return str(index.write_tree())
+    except pygit2.GitError:
+        _git(gitdir, workspace, "add", "--all")
+        return _git(gitdir, workspace, "write-tree").strip()
+    except (OSError, ValueError) as exc:
+        raise SnapshotError(f"git failed: {exc}") from None
+
+
+def _repository(gitdir: Path, workspace: Path) -> pygit2.Repository:
+    """Open the shadow directory with `workspace` as its work tree, blind to the server's git configuration."""
+    global _isolated
+    if not _isolated:  # as `_git`'s environment does for git: no system, global or XDG configuration
+        for level in (ConfigLevel.SYSTEM, ConfigLevel.XDG, ConfigLevel.GLOBAL, ConfigLevel.PROGRAMDATA):
+            pygit2.settings.search_path[level] = ""
+        _isolated = True
+    repo = pygit2.Repository(str(gitdir))
+    repo.workdir = str(workspace)
+    return repo
+
+
+_isolated = False
 
 
 def _workspace_head(workspace: Path) -> str:

@@ -110,3 +110,57 @@ def test_a_deleted_runs_snapshots_go_with_it(run):
     assert path.is_dir()
     run.delete()
     assert not path.exists()
+
+
+def _git_tree(gitdir, workspace):
+    """The tree git itself stores for `workspace` in `gitdir` (what `snapshots` stored before libgit2)."""
+    env = {"GIT_DIR": str(gitdir), "GIT_WORK_TREE": str(workspace), "PATH": "/usr/bin:/bin", "HOME": str(gitdir)}
+    git = ["git", "-c", "core.autocrlf=false", "-c", "advice.addEmbeddedRepo=false"]
+    subprocess.run([*git, "add", "--all"], cwd=workspace, env=env, check=True, capture_output=True)
+    return subprocess.run([*git, "write-tree"], cwd=workspace, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_tree_stored_in_process_is_the_tree_git_stores(run, tmp_path):
+    workspace = run.instance.workspace_path()
+    (workspace / "run.sh").write_text("echo hi\n")
+    (workspace / "run.sh").chmod(0o755)
+    (workspace / "link").symlink_to("app.py")
+    (workspace / "crlf.txt").write_bytes(b"a\r\nb\n")
+    (workspace / "pkg").mkdir()
+    (workspace / "pkg" / "mod.py").write_text("x = 1\n")
+    (workspace / ".gitignore").write_text("*.log\n")
+    (workspace / "debug.log").write_text("noise\n")
+    (workspace / "node_modules").mkdir()
+    (workspace / "node_modules" / "dep.js").write_text("skipped\n")
+
+    snap = snapshots.take(run)
+    gitdir = snapshots.git_dir(run.pk)
+    assert snap.start_tree == _git_tree(gitdir, workspace)
+    listed = subprocess.run(
+        ["git", "--git-dir", str(gitdir), "ls-tree", "-r", snap.start_tree], check=True, capture_output=True, text=True
+    ).stdout
+    assert "100755 blob" in listed and "120000 blob" in listed and "pkg/mod.py" in listed
+    assert "debug.log" not in listed and "node_modules" not in listed
+
+    (workspace / "app.py").write_text("changed\n")
+    snapshots.mark_iteration(run, 2)  # the index's stat cache: a changed file is read again
+    marked = (gitdir / "refs" / "tether" / "iteration-2").read_text().strip()
+    assert marked == _git_tree(gitdir, workspace) != snap.start_tree
+
+
+def test_a_workspace_holding_another_repository_is_still_snapshot(run):
+    """libgit2 refuses a clone inside the workspace; git itself stores it (as a gitlink)."""
+    workspace = run.instance.workspace_path()
+    inner = workspace / "vendor"
+    inner.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(inner), "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "init", "-q"], cwd=inner, env=env, check=True)
+    (inner / "lib.py").write_text("v = 1\n")
+    subprocess.run(["git", "add", "lib.py"], cwd=inner, env=env, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "v1"], cwd=inner, env=env, check=True
+    )
+    snap = snapshots.take(run)
+    assert snap.method == "git" and snap.start_tree, snap.note
+    (workspace / "app.py").write_text("def answer():\n    return 42\n")
+    assert "+    return 42" in snapshots.diff(run)
