@@ -22,7 +22,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from instances.redaction import redact_data
+from instances.redaction import redact_each
 from loops.models import Event, Run
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,10 @@ def _insert(run_id: int, last: int, items: list[tuple[str, dict[str, Any]]]) -> 
         return
     first = last - len(items) + 1
     now = timezone.now()
+    datas = redact_each(data for _, data in items)
     Event.objects.bulk_create(
-        Event(run_id=run_id, seq=first + i, kind=kind, data=redact_data(data), created_at=now)
-        for i, (kind, data) in enumerate(items)
+        Event(run_id=run_id, seq=first + i, kind=kind, data=data, created_at=now)
+        for i, ((kind, _), data) in enumerate(zip(items, datas, strict=True))
     )
     transaction.on_commit(lambda: ring(run_id, last))
 
@@ -120,9 +121,10 @@ def append_to_each(kind: str, data: dict[int, dict[str, Any]]) -> dict[int, int]
         )
         seqs = {int(run_id): int(seq) for run_id, seq in cursor.fetchall()}
     now = timezone.now()
+    datas = redact_each(data[run_id] for run_id in seqs)
     Event.objects.bulk_create(
-        Event(run_id=run_id, seq=seq, kind=kind, data=redact_data(data[run_id]), created_at=now)
-        for run_id, seq in seqs.items()
+        Event(run_id=run_id, seq=seq, kind=kind, data=redacted, created_at=now)
+        for (run_id, seq), redacted in zip(seqs.items(), datas, strict=True)
     )
 
     def ring_each() -> None:
