@@ -67,6 +67,9 @@ class Lease:
 
 def _enter(lease: Lease) -> None:
     if lease.gate is not None and not lease.gate_held:
+        # Wait holding no connection (the act's meter or journal may have taken one): with a
+        # pool, the runs waiting here must not hold what the runs let in need.
+        connection.close()
         lease.gate.acquire()
         lease.gate_held = True
 

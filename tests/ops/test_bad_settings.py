@@ -16,11 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
         ("TETHER_CONSOLE_STATES_PER_PASS", "0", "TETHER_CONSOLE_STATES_PER_PASS must be 1 or more, got 0"),
         ("TETHER_CONSOLE_STATES_PER_PASS", "many", "TETHER_CONSOLE_STATES_PER_PASS must be a whole number, got 'many'"),
         ("TETHER_DB_CONN_MAX_AGE", "abc", "TETHER_DB_CONN_MAX_AGE must be a whole number, got 'abc'"),
+        ("TETHER_DB_POOL", "-1", "TETHER_DB_POOL must be 0 (no pool) or more, got -1"),
+        ("TETHER_DB_POOL", "many", "TETHER_DB_POOL must be a whole number, got 'many'"),
     ],
 )
 def test_a_bad_setting_is_refused_at_start_naming_it(name, value, said, tmp_path):
     env = {**os.environ, "TETHER_HOME": str(tmp_path), name: value, "DJANGO_SETTINGS_MODULE": "tether.settings"}
-    if name == "TETHER_DB_CONN_MAX_AGE":
+    if name in ("TETHER_DB_CONN_MAX_AGE", "TETHER_DB_POOL"):
         env["DATABASE_URL"] = "postgres://postgres@127.0.0.1:5432/unused"  # read only with PostgreSQL
     done = subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"], cwd=ROOT, env=env, capture_output=True, text=True,
