@@ -21,7 +21,8 @@ process(es), and a viewer process holding websocket viewers on the runs:
 Bounded: every wait has a deadline; everything started is stopped. Loopback only.
 
 Run: python -m bench.load [--runs 200] [--iterations 5] [--act 2] [--viewers 500]
-                          [--workers 2] [--clusters 1] [--web 1] [--starters 4] [--brain command,sleep] [--backend postgres]
+                          [--workers 2] [--clusters 1] [--web 1] [--starters 4] [--db-pool 40]
+                          [--brain command,sleep] [--backend postgres]
 """
 
 from __future__ import annotations
@@ -291,6 +292,9 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
             extra["REDIS_URL"] = redis
     else:
         extra["TETHER_SQLITE_PATH"] = str(home / "load.sqlite3")
+
+    if args.db_pool is not None:
+        extra["TETHER_DB_POOL"] = str(args.db_pool)
 
     def env(app: str, **more: str) -> dict[str, str]:
         e = h.base_env(home, **extra, **more)
@@ -618,6 +622,12 @@ def main() -> None:
         default=None,
         help="TETHER_CONNECTIONS_PER_WORKER: runs per worker process that keep their connection",
     )
+    parser.add_argument(
+        "--db-pool",
+        type=int,
+        default=None,
+        help="TETHER_DB_POOL: PostgreSQL connections each process pools (0: no pool; the setting's default, 40)",
+    )
     parser.add_argument("--brain", default="command", help="command, sleep or both (comma-separated)")
     parser.add_argument("--backend", default="postgres", help="postgres, sqlite or both (comma-separated)")
     parser.add_argument("--keep", action="store_true", help="keep the throwaway database and the logs")
@@ -626,6 +636,8 @@ def main() -> None:
     for flag in ("runs", "iterations", "workers", "clusters", "web", "starters"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
+    if args.db_pool is not None and args.db_pool < 0:
+        parser.error(f"--db-pool must be 0 (no pool) or more, got {args.db_pool}")
     if args.viewers < 0 or args.act <= 0:
         parser.error("--viewers must be 0 or more and --act a positive number of seconds")
     backends = [b for b in args.backend.split(",") if b]
