@@ -135,12 +135,12 @@ if DATABASE_URL:
     _max_age = _env_int("TETHER_DB_CONN_MAX_AGE", 60)
     _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0 if TETHER_DB_POOL else _max_age, conn_health_checks=True)
     if TETHER_DB_POOL:
-        # A thread waits at most 3 s for a connection (a transient fault after that, retried like a
-        # cut), and the pool gives up reconnecting in the background after 1 s, so the next thread
-        # tries again at once: a server that is down answers 503 within 3 s, and its return is
-        # found within 3 s.
+        # A thread waits at most 10 s for a connection (a new one is made by the pool's own threads,
+        # slow on a machine at full load; a transient fault after that, retried like a cut), and the
+        # pool gives up reconnecting in the background after 1 s, so the next thread tries again at
+        # once: a server that is down answers 503 within 10 s, and its return is found as soon.
         _db.setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 0, "max_size": TETHER_DB_POOL, "max_idle": 60.0, "timeout": 3.0, "reconnect_timeout": 1.0,
+            "min_size": 0, "max_size": TETHER_DB_POOL, "max_idle": 60.0, "timeout": 10.0, "reconnect_timeout": 1.0,
             "name": "tether",
         }
     if _db["ENGINE"] != "django.db.backends.postgresql":

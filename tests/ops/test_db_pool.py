@@ -106,4 +106,4 @@ def test_with_a_pool_a_server_that_does_not_answer_is_a_503_within_seconds(tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     status, seconds, said = json.loads(done.stdout.strip().splitlines()[-1])
     assert status == 503 and said.startswith("failed"), (status, said)
-    assert seconds < 10, seconds  # psycopg_pool's own default would wait 30 s
+    assert seconds < 20, seconds  # psycopg_pool's own default would wait 30 s
