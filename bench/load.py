@@ -626,7 +626,7 @@ def main() -> None:
         "--db-pool",
         type=int,
         default=None,
-        help="TETHER_DB_POOL: PostgreSQL connections each process pools (0: no pool; the setting's default, 40)",
+        help="TETHER_DB_POOL: PostgreSQL connections each worker process pools (0, the default: no pool)",
     )
     parser.add_argument("--brain", default="command", help="command, sleep or both (comma-separated)")
     parser.add_argument("--backend", default="postgres", help="postgres, sqlite or both (comma-separated)")

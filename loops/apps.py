@@ -17,9 +17,6 @@ class LoopsConfig(AppConfig):
 
         from instances import gateway
         from loops import delegation, driver, signals
-        from tether import dbpool
-
-        dbpool.register()  # django-q2 forks its workers: each opens its own connection pool
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
         # drive claimed runs, a heartbeat that renews their leases and watches for

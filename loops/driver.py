@@ -28,7 +28,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from loops import liveness, runner
-from tether import dbfaults, jsonlog
+from tether import dbfaults, dbpool, jsonlog
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def get() -> Driver:
 
 
 def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
-    """django-q2's post_spawn, sent by each new worker process: start its driver."""
+    """django-q2's post_spawn, sent by each new worker process: pool its connections, start its driver."""
+    dbpool.enable()
     get()
 
 

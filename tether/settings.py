@@ -124,25 +124,11 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     import dj_database_url
 
-    # Connections are reused rather than opened for every iteration, request, socket handshake and
-    # console read: a PostgreSQL connection costs a process on the server. With a pool (the
-    # default), a connection given back stays open for the next thread (`tether.dbpool`);
-    # TETHER_DB_POOL is the most one process holds, and 0 turns pooling off: then each thread keeps
-    # its own for TETHER_DB_CONN_MAX_AGE seconds, pinged before reuse.
-    TETHER_DB_POOL = _env_int("TETHER_DB_POOL", 40)
-    if TETHER_DB_POOL < 0:
-        raise ImproperlyConfigured(f"TETHER_DB_POOL must be 0 (no pool) or more, got {TETHER_DB_POOL}")
-    _max_age = _env_int("TETHER_DB_CONN_MAX_AGE", 60)
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0 if TETHER_DB_POOL else _max_age, conn_health_checks=True)
-    if TETHER_DB_POOL:
-        # A thread waits at most 10 s for a connection (a new one is made by the pool's own threads,
-        # slow on a machine at full load; a transient fault after that, retried like a cut), and the
-        # pool gives up reconnecting in the background after 1 s, so the next thread tries again at
-        # once: a server that is down answers 503 within 10 s, and its return is found as soon.
-        _db.setdefault("OPTIONS", {})["pool"] = {
-            "min_size": 0, "max_size": TETHER_DB_POOL, "max_idle": 60.0, "timeout": 10.0, "reconnect_timeout": 1.0,
-            "name": "tether",
-        }
+    # Connections are kept (and pinged before reuse) rather than opened for every request, socket
+    # handshake and console read: a PostgreSQL connection costs a process on the server.
+    _db = dj_database_url.parse(
+        DATABASE_URL, conn_max_age=_env_int("TETHER_DB_CONN_MAX_AGE", 60), conn_health_checks=True
+    )
     if _db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL (postgres://...), got {_db['ENGINE']}")
     _db.setdefault("TEST", {})
@@ -246,6 +232,12 @@ TETHER_CONNECTIONS_PER_WORKER = _env_int("TETHER_CONNECTIONS_PER_WORKER", 16)
 # ...and how many of the others may hold a connection at once (for their short transactions).
 # Keep (this + the above) × worker processes + web processes under the server's max_connections.
 TETHER_DB_GATE_PER_WORKER = _env_int("TETHER_DB_GATE_PER_WORKER", 8)
+# On PostgreSQL a worker process may pool its connections, at most this many (`tether.dbpool`): a
+# run that gives its connection back before its act takes an open one after it. 0 (the default): no
+# pool. Size it to TETHER_CONNECTIONS_PER_WORKER + TETHER_DB_GATE_PER_WORKER + 8 or more.
+TETHER_DB_POOL = _env_int("TETHER_DB_POOL", 0)
+if TETHER_DB_POOL < 0:
+    raise ImproperlyConfigured(f"TETHER_DB_POOL must be 0 (no pool) or more, got {TETHER_DB_POOL}")
 # A driver hands a run back to the queue after this long, so work spreads out.
 TETHER_SLICE_SECONDS = _env_float("TETHER_SLICE_SECONDS", 60)
 # Claims of one iteration before the run is declared crashed.
