@@ -66,6 +66,7 @@ class Lease:
 
 
 def _enter(lease: Lease) -> None:
+    dbfaults.hold_no_connection(False)
     if lease.gate is not None and not lease.gate_held:
         # Wait holding no connection (the act's meter or journal may have taken one): with a
         # pool, the runs waiting here must not hold what the runs let in need.
@@ -491,6 +492,7 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     if not lease.keeps_connection and connection.vendor == "postgresql":
         _leave(lease)
         connection.close()  # the act may be long; don't sit on one of the server's connections
+        dbfaults.hold_no_connection(True)  # ... nor do the act's and the decider's writes, until `_enter`
 
     meter = metering.RunMeter(run, begun.number)  # every model call of this iteration goes through it
     request = ActRequest(

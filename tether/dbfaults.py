@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 
@@ -56,12 +57,25 @@ def reset() -> None:
         log.debug("closing a broken connection failed", exc_info=True)
 
 
+_thread = threading.local()
+
+
+def hold_no_connection(on: bool) -> None:
+    """From now on (`on`), this thread gives its connection back after each transaction `retry` runs.
+
+    For a run that gives its connection back before its act: what the act and its decider write
+    meanwhile (a model call's reservation and settle, a tool call's journal) must not keep a
+    connection through the model call or the tool that follows.
+    """
+    _thread.holds_none = on
+
+
 def retry[T](fn: Callable[[], T], *, what: str, seconds: float | None = None) -> T:
     """Call `fn` until it returns, retrying transient database errors on a fresh connection.
 
     `fn` must be a whole transaction or a read (it runs again from the start). Gives up by
     raising the last error after `seconds` (TETHER_DB_RETRY_SECONDS), and at once inside an
-    outer transaction.
+    outer transaction. Gives the connection back after it, if this thread holds none.
     """
     budget = settings.TETHER_DB_RETRY_SECONDS if seconds is None else seconds
     ends = time.monotonic() + budget
@@ -69,7 +83,10 @@ def retry[T](fn: Callable[[], T], *, what: str, seconds: float | None = None) ->
     tries = 0
     while True:
         try:
-            return fn()
+            result = fn()
+            if getattr(_thread, "holds_none", False) and not connection.in_atomic_block:
+                connection.close()
+            return result
         except (OperationalError, InterfaceError) as exc:
             tries += 1
             if not is_transient(exc) or connection.in_atomic_block:

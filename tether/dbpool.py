@@ -12,9 +12,9 @@ transient fault (retried like a cut).
 A pool keeps what it opened for a while (an idle connection goes after a minute, one at a time), so
 its size counts against the server's `max_connections` whole: every worker process of every cluster
 may hold `TETHER_DB_POOL`. It must leave room beyond the runs that keep a connection and the gate
-(the heartbeat, pickup, queue claims, and the model calls an act meters, which hold one for the
-call when the run gives its own back): at least `TETHER_CONNECTIONS_PER_WORKER +
-TETHER_DB_GATE_PER_WORKER + 8`.
+(the heartbeat, pickup, queue claims, and the short writes of acts in flight — a metered call's
+reservation, a tool call's journal — each given back at once, `dbfaults.hold_no_connection`): at
+least `TETHER_CONNECTIONS_PER_WORKER + TETHER_DB_GATE_PER_WORKER + 8`.
 
 Only those processes: the web process keeps each thread's connection (`TETHER_DB_CONN_MAX_AGE`),
 which fails at once when the server does not answer (a pool's thread would wait), and the cluster's

@@ -125,3 +125,42 @@ def test_the_web_process_does_not_pool_a_server_that_does_not_answer_is_a_503_at
     status, seconds, said = json.loads(done.stdout.strip().splitlines()[-1])
     assert status == 503 and said.startswith("failed"), (status, said)
     assert seconds < 2.5, seconds  # a pool would have waited for a connection (3 s) on every check
+
+
+class WritingBrain:
+    """An act that writes through `dbfaults.retry`, as its meter and journal do, and says whether the
+    thread still held a connection afterwards (what the model call or tool that follows would sit on)."""
+
+    def __init__(self, instance):
+        self.instance = instance
+
+    def act(self, request):
+        from instances.brains.base import Reply, Usage
+        from tether import dbfaults
+
+        dbfaults.retry(lambda: Run.objects.filter(pk=request.run_id).count(), what="an act's write")
+        held = connection.connection is not None
+        return Reply(ok=True, text="held" if held else "given back", usage=Usage(), detail="")
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("gated", "said"), [(True, "given back"), (False, "held")])
+def test_a_run_that_gives_its_connection_back_holds_none_through_its_act(user, settings, gated, said):
+    from instances.models import Instance
+    from loops import runner, services
+
+    settings.TETHER_BRAINS = {"writing": "tests.ops.test_db_pool.WritingBrain"}
+    instance = Instance.objects.create(
+        owner=user, name="writer", brain="writing", workspace=str(Path(settings.TETHER_WORKSPACES) / "w"),
+        max_iterations=1,
+    )
+    run = services.run_start(instance=instance, user=user, objective="write")
+    lease = runner.claim(run.pk, 1, "test")
+    if gated:
+        lease.keeps_connection, lease.gate = False, threading.BoundedSemaphore(1)
+    runner.drive(lease, slice_seconds=3600)
+    finished = Run.objects.get(pk=run.pk)
+    assert finished.iterations_done == 1
+    response = finished.iterations.get(number=1).response
+    assert response == said  # a kept connection stays kept; a run that gives its back keeps none through the act
