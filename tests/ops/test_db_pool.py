@@ -39,20 +39,30 @@ def pooled(settings):
     configured["CONN_MAX_AGE"], configured["OPTIONS"] = saved
 
 
-@postgresql_only
-@pytest.mark.django_db(transaction=True)
-def test_a_run_that_gives_its_connection_back_before_each_act_reuses_the_pools(user, settings, pooled):
+def claimed_run(user, settings, brain, *, iterations, gated):
+    """Start a run of an in-process `brain` and claim it here; `gated`: it gives its connection back
+    before every act, as a driver's runs beyond the ones that keep theirs do."""
     from instances.models import Instance
     from loops import runner, services
 
-    settings.TETHER_BRAINS = {"instant": "bench.loop_bench.InstantBrain"}
+    settings.TETHER_BRAINS = {"test": brain}
     instance = Instance.objects.create(
-        owner=user, name="gated", brain="instant", workspace=str(Path(settings.TETHER_WORKSPACES) / "gated"),
-        max_iterations=8,
+        owner=user, name="gated", brain="test", workspace=str(Path(settings.TETHER_WORKSPACES) / "gated"),
+        max_iterations=iterations,
     )
     run = services.run_start(instance=instance, user=user, objective="reuse")
     lease = runner.claim(run.pk, 1, "test")
-    lease.keeps_connection, lease.gate = False, threading.BoundedSemaphore(1)  # as a driver's gated run
+    if gated:
+        lease.keeps_connection, lease.gate = False, threading.BoundedSemaphore(1)
+    return run, lease
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_gives_its_connection_back_before_each_act_reuses_the_pools(user, settings, pooled):
+    from loops import runner
+
+    run, lease = claimed_run(user, settings, "bench.loop_bench.InstantBrain", iterations=8, gated=True)
     servers = []
 
     def opened(sender, connection, **kwargs):
@@ -147,18 +157,9 @@ class WritingBrain:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("gated", "said"), [(True, "given back"), (False, "held")])
 def test_a_run_that_gives_its_connection_back_holds_none_through_its_act(user, settings, gated, said):
-    from instances.models import Instance
-    from loops import runner, services
+    from loops import runner
 
-    settings.TETHER_BRAINS = {"writing": "tests.ops.test_db_pool.WritingBrain"}
-    instance = Instance.objects.create(
-        owner=user, name="writer", brain="writing", workspace=str(Path(settings.TETHER_WORKSPACES) / "w"),
-        max_iterations=1,
-    )
-    run = services.run_start(instance=instance, user=user, objective="write")
-    lease = runner.claim(run.pk, 1, "test")
-    if gated:
-        lease.keeps_connection, lease.gate = False, threading.BoundedSemaphore(1)
+    run, lease = claimed_run(user, settings, "tests.ops.test_db_pool.WritingBrain", iterations=1, gated=gated)
     runner.drive(lease, slice_seconds=3600)
     finished = Run.objects.get(pk=run.pk)
     assert finished.iterations_done == 1
