@@ -37,7 +37,7 @@ from loops import delegation, events, journal, policy, protected, signals
 from loops.event_kinds import changed_names
 from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run
-from tether import dbfaults, jsonlog
+from tether import dbfaults, dbpool, jsonlog
 
 log = logging.getLogger(__name__)
 
@@ -465,6 +465,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
         log.info("run %s: lease lost; another driver has it", lease.run_id)
     finally:
         _leave(lease)
+        dbfaults.hold_no_connection(False)
         jsonlog.restore(logged)
 
 
@@ -492,7 +493,8 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     if not lease.keeps_connection and connection.vendor == "postgresql":
         _leave(lease)
         connection.close()  # the act may be long; don't sit on one of the server's connections
-        dbfaults.hold_no_connection(True)  # ... nor do the act's and the decider's writes, until `_enter`
+        # ... nor, with a pool to give them back to, do the act's and the decider's writes, until `_enter`
+        dbfaults.hold_no_connection(dbpool.enabled())
 
     meter = metering.RunMeter(run, begun.number)  # every model call of this iteration goes through it
     request = ActRequest(
@@ -742,7 +744,7 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
             Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=OuterRef("next_iteration"))
         )
         run = (  # whether a person's message waits comes with it: read only when one does
-            Run.objects.select_related("instance").select_for_update(of=("self",))
+            Run.objects.select_related("instance", "instance__credential").select_for_update(of=("self",))
             .annotate(messages_waiting=Exists(unread))
             .filter(pk=lease.run_id, lease_token=lease.token).first()
         )

@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -149,16 +150,18 @@ def _tree(run_id: int, workspace: Path) -> str:
 def _repository(gitdir: Path, workspace: Path) -> pygit2.Repository:
     """Open the shadow directory with `workspace` as its work tree, blind to the server's git configuration."""
     global _isolated
-    if not _isolated:  # as `_git`'s environment does for git: no system, global or XDG configuration
-        for level in (ConfigLevel.SYSTEM, ConfigLevel.XDG, ConfigLevel.GLOBAL, ConfigLevel.PROGRAMDATA):
-            pygit2.settings.search_path[level] = ""
-        _isolated = True
+    with _isolating:  # libgit2's global options are set once, before any thread opens a repository
+        if not _isolated:  # as `_git`'s environment does for git: no system, global or XDG configuration
+            for level in (ConfigLevel.SYSTEM, ConfigLevel.XDG, ConfigLevel.GLOBAL, ConfigLevel.PROGRAMDATA):
+                pygit2.settings.search_path[level] = ""
+            _isolated = True
     repo = pygit2.Repository(str(gitdir))
     repo.workdir = str(workspace)
     return repo
 
 
 _isolated = False
+_isolating = threading.Lock()
 
 
 def _workspace_head(workspace: Path) -> str:

@@ -61,13 +61,20 @@ _thread = threading.local()
 
 
 def hold_no_connection(on: bool) -> None:
-    """From now on (`on`), this thread gives its connection back after each transaction `retry` runs.
+    """From now on (`on`), this thread gives its connection back after each transaction `retry` runs,
+    and wherever `give_back` is called (before a program or a model call that may take long).
 
-    For a run that gives its connection back before its act: what the act and its decider write
-    meanwhile (a model call's reservation and settle, a tool call's journal) must not keep a
-    connection through the model call or the tool that follows.
+    For a run that gives its connection back before its act, to a pool: what the act and its
+    decider read and write meanwhile (a model call's reservation and settle, a tool call's journal,
+    a credential) must not keep a connection through the model call or the program that follows.
     """
     _thread.holds_none = on
+
+
+def give_back() -> None:
+    """Close this thread's connection if it holds none between its transactions (`hold_no_connection`)."""
+    if getattr(_thread, "holds_none", False) and not connection.in_atomic_block:
+        connection.close()
 
 
 def retry[T](fn: Callable[[], T], *, what: str, seconds: float | None = None) -> T:
@@ -77,16 +84,19 @@ def retry[T](fn: Callable[[], T], *, what: str, seconds: float | None = None) ->
     raising the last error after `seconds` (TETHER_DB_RETRY_SECONDS), and at once inside an
     outer transaction. Gives the connection back after it, if this thread holds none.
     """
-    budget = settings.TETHER_DB_RETRY_SECONDS if seconds is None else seconds
-    ends = time.monotonic() + budget
+    try:
+        return _retry(fn, what, settings.TETHER_DB_RETRY_SECONDS if seconds is None else seconds)
+    finally:
+        give_back()
+
+
+def _retry[T](fn: Callable[[], T], what: str, seconds: float) -> T:
+    ends = time.monotonic() + seconds
     delay = FIRST_DELAY
     tries = 0
     while True:
         try:
-            result = fn()
-            if getattr(_thread, "holds_none", False) and not connection.in_atomic_block:
-                connection.close()
-            return result
+            return fn()
         except (OperationalError, InterfaceError) as exc:
             tries += 1
             if not is_transient(exc) or connection.in_atomic_block:

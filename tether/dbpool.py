@@ -30,6 +30,11 @@ WAIT_SECONDS = 3.0
 _inherited: list[object] = []
 
 
+def enabled() -> bool:
+    """Whether this process's connections are pooled."""
+    return bool(connections.settings[DEFAULT_DB_ALIAS].get("OPTIONS", {}).get("pool"))
+
+
 def enable() -> bool:
     """Pool this process's PostgreSQL connections (before it opens any); return whether it does."""
     size = int(getattr(settings, "TETHER_DB_POOL", 0))

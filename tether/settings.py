@@ -236,8 +236,12 @@ TETHER_DB_GATE_PER_WORKER = _env_int("TETHER_DB_GATE_PER_WORKER", 8)
 # run that gives its connection back before its act takes an open one after it. 0 (the default): no
 # pool. Size it to TETHER_CONNECTIONS_PER_WORKER + TETHER_DB_GATE_PER_WORKER + 8 or more.
 TETHER_DB_POOL = _env_int("TETHER_DB_POOL", 0)
-if TETHER_DB_POOL < 0:
-    raise ImproperlyConfigured(f"TETHER_DB_POOL must be 0 (no pool) or more, got {TETHER_DB_POOL}")
+_POOL_AT_LEAST = TETHER_CONNECTIONS_PER_WORKER + TETHER_DB_GATE_PER_WORKER + 8  # + heartbeat, pickup, claims, acts' writes
+if TETHER_DB_POOL < 0 or 0 < TETHER_DB_POOL < _POOL_AT_LEAST:
+    raise ImproperlyConfigured(
+        f"TETHER_DB_POOL must be 0 (no pool) or at least {_POOL_AT_LEAST} (TETHER_CONNECTIONS_PER_WORKER + "
+        f"TETHER_DB_GATE_PER_WORKER + 8), got {TETHER_DB_POOL}"
+    )
 # A driver hands a run back to the queue after this long, so work spreads out.
 TETHER_SLICE_SECONDS = _env_float("TETHER_SLICE_SECONDS", 60)
 # Claims of one iteration before the run is declared crashed.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from instances import sandbox
+from tether import dbfaults
 
 # What a program may see of the platform's own environment: nothing but a search
 # path (the system's, plus the interpreter Tether runs on) and a locale.
@@ -77,6 +78,7 @@ def run(
     Never raises for the program's own failure; a sandbox that cannot be set up is a
     `spawn_error` (the program does not run).
     """
+    dbfaults.give_back()  # a run that holds no connection between its writes holds none while its program runs
     started = time.monotonic()
     program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
     if program is None or not os.access(cwd / program if not os.path.isabs(program) else program, os.X_OK):

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("TETHER_CONSOLE_STATES_PER_PASS", "0", "TETHER_CONSOLE_STATES_PER_PASS must be 1 or more, got 0"),
         ("TETHER_CONSOLE_STATES_PER_PASS", "many", "TETHER_CONSOLE_STATES_PER_PASS must be a whole number, got 'many'"),
         ("TETHER_DB_CONN_MAX_AGE", "abc", "TETHER_DB_CONN_MAX_AGE must be a whole number, got 'abc'"),
-        ("TETHER_DB_POOL", "-1", "TETHER_DB_POOL must be 0 (no pool) or more, got -1"),
+        ("TETHER_DB_POOL", "-1", "TETHER_DB_POOL must be 0 (no pool) or at least 32"),
+        ("TETHER_DB_POOL", "10", "TETHER_DB_POOL must be 0 (no pool) or at least 32 (TETHER_CONNECTIONS_PER_WORKER"),
         ("TETHER_DB_POOL", "many", "TETHER_DB_POOL must be a whole number, got 'many'"),
     ],
 )

@@ -127,7 +127,7 @@ def test_the_web_process_does_not_pool_a_server_that_does_not_answer_is_a_503_at
     )
     env = {
         **os.environ, "TETHER_HOME": str(tmp_path), "DJANGO_SETTINGS_MODULE": "tether.settings",
-        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/tether", "TETHER_DB_POOL": "4",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/tether", "TETHER_DB_POOL": "40",
     }
     env.pop("REDIS_URL", None)
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -138,25 +138,34 @@ def test_the_web_process_does_not_pool_a_server_that_does_not_answer_is_a_503_at
 
 
 class WritingBrain:
-    """An act that writes through `dbfaults.retry`, as its meter and journal do, and says whether the
-    thread still held a connection afterwards (what the model call or tool that follows would sit on)."""
+    """An act that writes through `dbfaults.retry`, as its meter and journal do, and reads plainly, as a
+    credential is read, then runs a program; it says whether the thread still held a connection after
+    each (what the model call or the program would sit on)."""
 
     def __init__(self, instance):
         self.instance = instance
 
     def act(self, request):
+        from instances import sandbox
+        from instances.brains import process
         from instances.brains.base import Reply, Usage
         from tether import dbfaults
 
         dbfaults.retry(lambda: Run.objects.filter(pk=request.run_id).count(), what="an act's write")
-        held = connection.connection is not None
-        return Reply(ok=True, text="held" if held else "given back", usage=Usage(), detail="")
+        after_write = connection.connection is not None
+        Run.objects.filter(pk=request.run_id).exists()  # a plain read, outside `retry`
+        spec = sandbox.Spec(workspace=request.workspace, instance_id=self.instance.pk)
+        request.workspace.mkdir(parents=True, exist_ok=True)
+        process.run(["true"], cwd=request.workspace, env=process.base_env(request.workspace), timeout=30, spec=spec)
+        during_program = connection.connection is not None
+        said = " ".join("held" if held else "given back" for held in (after_write, during_program))
+        return Reply(ok=True, text=said, usage=Usage(), detail="")
 
 
 @postgresql_only
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("gated", "said"), [(True, "given back"), (False, "held")])
-def test_a_run_that_gives_its_connection_back_holds_none_through_its_act(user, settings, gated, said):
+@pytest.mark.parametrize(("gated", "said"), [(True, "given back given back"), (False, "held held")])
+def test_a_run_that_gives_its_connection_back_holds_none_through_its_act(user, settings, pooled, gated, said):
     from loops import runner
 
     run, lease = claimed_run(user, settings, "tests.ops.test_db_pool.WritingBrain", iterations=1, gated=gated)
@@ -165,3 +174,14 @@ def test_a_run_that_gives_its_connection_back_holds_none_through_its_act(user, s
     assert finished.iterations_done == 1
     response = finished.iterations.get(number=1).response
     assert response == said  # a kept connection stays kept; a run that gives its back keeps none through the act
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_without_a_pool_an_act_keeps_the_connection_it_opens(user, settings):
+    """Without a pool, giving a connection back costs a new server process each time: the act keeps its."""
+    from loops import runner
+
+    run, lease = claimed_run(user, settings, "tests.ops.test_db_pool.WritingBrain", iterations=1, gated=True)
+    runner.drive(lease, slice_seconds=3600)
+    assert Run.objects.get(pk=run.pk).iterations.get(number=1).response == "held held"

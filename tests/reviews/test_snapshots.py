@@ -1,6 +1,8 @@
 """Workspace snapshots: the diff a reviewer reads is what the run changed, and nothing else."""
 
+import os
 import subprocess
+import time
 
 import pytest
 
@@ -113,8 +115,12 @@ def test_a_deleted_runs_snapshots_go_with_it(run):
 
 
 def _git_tree(gitdir, workspace):
-    """The tree git itself stores for `workspace` in `gitdir` (what `snapshots` stored before libgit2)."""
-    env = {"GIT_DIR": str(gitdir), "GIT_WORK_TREE": str(workspace), "PATH": "/usr/bin:/bin", "HOME": str(gitdir)}
+    """The tree git itself stores for `workspace` in `gitdir` (what `snapshots` stored before libgit2),
+    from an index of its own: every file read afresh, nothing taken from the index libgit2 wrote."""
+    env = {
+        "GIT_DIR": str(gitdir), "GIT_WORK_TREE": str(workspace), "PATH": "/usr/bin:/bin", "HOME": str(gitdir),
+        "GIT_INDEX_FILE": str(gitdir / f"git-index-{os.getpid()}-{time.monotonic_ns()}"),
+    }
     git = ["git", "-c", "core.autocrlf=false", "-c", "advice.addEmbeddedRepo=false"]
     subprocess.run([*git, "add", "--all"], cwd=workspace, env=env, check=True, capture_output=True)
     return subprocess.run([*git, "write-tree"], cwd=workspace, env=env, check=True, capture_output=True, text=True).stdout.strip()
