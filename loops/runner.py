@@ -66,13 +66,13 @@ class Lease:
 
 
 def _enter(lease: Lease) -> None:
-    dbfaults.hold_no_connection(False)
     if lease.gate is not None and not lease.gate_held:
-        # Wait holding no connection (the act's meter or journal may have taken one): with a
-        # pool, the runs waiting here must not hold what the runs let in need.
-        connection.close()
+        # With a pool, wait holding no connection: the runs waiting here must not hold what the
+        # runs let in need.
+        dbfaults.give_back()
         lease.gate.acquire()
         lease.gate_held = True
+    dbfaults.hold_no_connection(False)
 
 
 def _leave(lease: Lease) -> None:
