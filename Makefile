@@ -6,8 +6,11 @@ export TETHER_HOME ?= $(CURDIR)/var
 # `make test` never shares a home with `make run` in the same checkout (database, the workers'
 # status cache, workspaces, static files): the suite and its lint get their own.
 TETHER_TEST_HOME ?= $(TETHER_HOME)/test
+# Test processes side by side (pytest-xdist; each has its own database, home and Redis database).
+# Most tests wait on processes, sockets and leases rather than the CPU, so more than the cores.
+TEST_WORKERS ?= 4
 
-.PHONY: run test lint unit bench chaos chaos-ci chaos-cuts load install clean
+.PHONY: run test check lint unit bench chaos chaos-ci chaos-cuts load install clean
 
 $(STAMP): pyproject.toml scripts/requirements.py scripts/system-packages.sh
 	@scripts/system-packages.sh
@@ -27,9 +30,17 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# The whole suite on the embedded default (SQLite + the ORM broker).
 test: export TETHER_HOME := $(TETHER_TEST_HOME)
 test: lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@scripts/system-packages.sh chromium
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+
+# The fast lane while changing code: lint, then every test that starts no browser, no server or
+# worker process and waits on nothing slow (`-m "not slow and not browser"`).
+check: export TETHER_HOME := $(TETHER_TEST_HOME)
+check: lint
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not browser" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench

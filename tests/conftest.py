@@ -99,3 +99,34 @@ def shipped_prices():
     from django.apps import apps
 
     importlib.import_module("budgets.migrations.0004_price_shipped_models").seed(apps, None)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark what the fast lane leaves out.
+
+    A test that needs committed data (`django_db(transaction=True)`) does so because another thread or
+    process reads it: a driver, a worker cluster, a server. It is `slow` like those that say so.
+    (Collection order is kept: starting every slow test first put all the clusters side by side.)
+    """
+    for item in items:
+        db = item.get_closest_marker("django_db")
+        if db is not None and db.kwargs.get("transaction"):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def clusters(tmp_path):
+    """Start real worker clusters by name (`clusters("w1", **env)`); each is stopped as serve stops it."""
+    from tests.support.cluster import Cluster
+
+    started = []
+
+    def start(name, **env):
+        cluster = Cluster(name, tmp_path, **env)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+        print(f"--- {cluster.name} log (tail) ---\n{cluster.tail()}")  # shown when the test fails

@@ -252,3 +252,37 @@ def test_a_held_settle_of_a_reservation_the_reaper_closed_meanwhile_changes_noth
     assert (pool.spent, pool.reserved) == (2 * CENT, 0)  # the reaper's conservative settle stands
     assert Reservation.objects.get(pk=held.pk).status == "abandoned"
     assert selectors.audit_pools() == []
+
+
+def test_a_lease_returned_past_an_overdraft_keeps_what_is_held_on_its_slice_and_grants_nothing(make_run):
+    # The run parks with a call still out after an overdraft took its ancestors past their limit:
+    # what is still held stays on the slice that holds it — never a new reserve on an overdrawn pool.
+    from django.db.models import F
+
+    run, pool = opened(make_run)
+    user_pool = services.user_pool(run.owner)
+    ledger.set_limit(user_pool, 100 * CENT, "admin")
+    still_out = ledger.reserve(run=run, iteration=1, call=1, amount=2 * CENT)
+    (slice_,) = Reservation.objects.filter(lease_for=pool, status="held")
+    ledger.settle(ledger.reserve(run=run, iteration=1, call=2, amount=CENT), actual=5_000_000)
+    last = LedgerEntry.objects.order_by("-pk").values_list("pk", flat=True).first()
+    assert ledger.return_run_lease(run.pk) == 25 * CENT - 2 * CENT  # the rest of the slice, spent
+    assert not LedgerEntry.objects.filter(pk__gt=last, kind="reserve").exists()  # nothing granted anew
+    past_a_limit = LedgerEntry.objects.filter(
+        kind="reserve", limit_after__isnull=False, limit_after__lt=F("spent_after") + F("reserved_after")
+    )
+    assert not past_a_limit.exists()
+    held = Reservation.objects.filter(lease_for=pool, status="held")
+    assert [(r.pk, r.amount) for r in held] == [(slice_.pk, 2 * CENT)]  # kept on its slice, exactly
+    user_pool.refresh_from_db()
+    pool.refresh_from_db()
+    assert (user_pool.spent, user_pool.reserved) == (5_000_000, 2 * CENT)
+    assert (pool.quota, pool.quota_used, pool.lease_ending) == (2 * CENT, 2 * CENT, True)
+    assert selectors.audit_pools() == []
+    ledger.settle(still_out, actual=CENT)  # the last held settles: the rest goes back
+    for shared in ancestors_of(pool):
+        assert (shared.spent, shared.reserved) == (5_010_000, 0), shared.name
+    pool.refresh_from_db()
+    assert (pool.quota, pool.quota_used, pool.lease_ending) == (0, 0, False)
+    assert not Reservation.objects.filter(status="held").exists()
+    assert selectors.audit_pools() == []

@@ -511,6 +511,7 @@ class LedgerMachine(RuleBasedStateMachine):
         )
 
 
+@pytest.mark.slow  # hundreds of ledger moves, checked after each
 @pytest.mark.django_db
 def test_the_books_balance_after_any_sequence_of_ledger_moves():
     run_state_machine_as_test(

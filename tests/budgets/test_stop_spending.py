@@ -14,7 +14,6 @@ from instances.models import Credential
 from loops import services
 from loops.models import Iteration, Run
 from tests.fakes.messages_server import MessagesServer, Trickle, text, tool_use
-from tests.loops.test_durability import clusters  # noqa: F401 - the fixture
 from tests.support.cluster import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,7 +24,7 @@ SLOW = "Thinking it over, one careful word at a time. " * 40
 
 
 def test_a_stop_mid_stream_closes_the_connection_at_once_and_counts_what_arrived(
-    user, make_instance, price, clusters  # noqa: F811
+    user, make_instance, price, clusters
 ):
     with MessagesServer(api_key=KEY) as server:
         credential = Credential.create_for(user, label="k", secret=KEY)
@@ -52,7 +51,7 @@ def test_a_stop_mid_stream_closes_the_connection_at_once_and_counts_what_arrived
 
 
 def test_a_stop_during_a_slow_decider_ends_the_run_within_two_seconds(
-    user, make_instance, script, price, clusters  # noqa: F811
+    user, make_instance, script, price, clusters
 ):
     with MessagesServer(api_key=KEY) as server:
         credential = Credential.create_for(user, label="k", secret=KEY)

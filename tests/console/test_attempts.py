@@ -3,6 +3,7 @@
 import re
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.utils import timezone
@@ -55,8 +56,11 @@ def test_an_iteration_started_again_after_its_worker_died_says_attempt_2(
     inst = make_instance(user, command=agent)
     run = start_run(inst)
     first = Background(run).start()
+    # The agent's own marker, not `act.started` (recorded before its program is spawned): the
+    # worker must die under a running act, or the second attempt is the one that hangs.
+    marker = Path(inst.workspace) / "started-once"
     deadline = time.monotonic() + 20
-    while not Event.objects.filter(run=run, kind="act.started").exists():
+    while not marker.exists():
         assert time.monotonic() < deadline, "the first act did not start"
         time.sleep(0.05)
     first.lease.stop.set()  # the worker goes away mid-act: the act ends, nothing is recorded

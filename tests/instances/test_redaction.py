@@ -10,6 +10,9 @@ from instances.redaction import REDACTED, Redactor, redact
 from tests.instances.conftest import KEY
 
 LONG = "sk-ant-api03-" + secrets.token_urlsafe(72)
+# A key is also matched across whitespace and in any case, so the text around a piece of it in
+# these tests is set off by "|", a character no form of a key has: "x" next to a piece whose key
+# has an "x" there would rightly be redacted with it.
 
 
 def test_every_whole_key_is_replaced():
@@ -19,12 +22,12 @@ def test_every_whole_key_is_replaced():
 @pytest.mark.parametrize(("start", "length"), [(0, 12), (20, 12), (30, 48), (40, 60), (len(LONG) - 12, 12)])
 def test_any_run_of_twelve_or_more_characters_is_replaced_whole(start, length):
     piece = LONG[start : start + length]
-    assert Redactor([LONG]).redact(f"before {piece} after") == f"before {REDACTED} after"
+    assert Redactor([LONG]).redact(f"before | {piece} | after") == f"before | {REDACTED} | after"
 
 
 @pytest.mark.parametrize("start", [0, 17, 50, len(LONG) - 11])
 def test_eleven_characters_are_ordinary_text(start):
-    text = f"before {LONG[start : start + 11]} after"
+    text = f"before | {LONG[start : start + 11]} | after"
     assert Redactor([LONG]).redact(text) == text
 
 
@@ -56,11 +59,11 @@ def test_short_keys_are_not_redacted_from_ordinary_text():
 
 
 def test_data_is_redacted_all_the_way_down():
-    data = {"a": [LONG[:20], {"b": f"x {LONG[30:70]} y", LONG[1:20]: 3}], "n": 4, "ok": True}
+    data = {"a": [LONG[:20], {"b": f"x | {LONG[30:70]} | y", LONG[1:20]: 3}], "n": 4, "ok": True}
     out = Redactor([LONG]).redact(str(data))
     assert LONG[:20] not in out
     redacted = redaction.redact_data(data, [LONG])
-    assert redacted == {"a": [REDACTED, {"b": f"x {REDACTED} y", REDACTED: 3}], "n": 4, "ok": True}
+    assert redacted == {"a": [REDACTED, {"b": f"x | {REDACTED} | y", REDACTED: 3}], "n": 4, "ok": True}
 
 
 def test_the_servers_own_keys_are_redacted_without_being_named(settings, monkeypatch):

@@ -268,3 +268,39 @@ def test_the_reaper_leaves_a_run_whose_live_driver_lost_renewals_to_a_cut(user, 
     expire(killed)
     assert driver.reap() == 1
     assert Event.objects.filter(run=killed, kind="run.reaped").exists()
+
+
+def test_a_lease_renewed_after_waiting_for_its_row_counts_from_when_it_is_written(
+    user, make_instance, script, start, settings
+):
+    """A renewal that waited longer than the lease for its row must not write an expiry already past."""
+    import threading
+    import time
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from loops import runner
+
+    settings.TETHER_LEASE_SECONDS = 1
+    run = start(make_instance(user, command=script("pass\n")))
+    lease = runner.claim(run.pk, 1, "elsewhere:1")
+    locked = threading.Event()
+
+    def hold_the_row():  # as a long iteration's transaction does
+        try:
+            with transaction.atomic():
+                list(Run.objects.select_for_update().filter(pk=run.pk))
+                locked.set()
+                time.sleep(1.5)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    assert locked.wait(10)
+    assert runner.renew([lease]) == {run.pk}
+    holder.join()
+    expires = Run.objects.get(pk=run.pk).lease_expires_at
+    assert expires > timezone.now() + timedelta(seconds=0.5), "renewed to an expiry that had already passed"

@@ -5,23 +5,9 @@ import time
 import pytest
 
 from loops.models import Event, Iteration, Run
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def clusters(tmp_path):
-    started = []
-
-    def start(name, **env):
-        cluster = Cluster(name, tmp_path, **env)
-        started.append(cluster)
-        return cluster
-
-    yield start
-    for cluster in started:
-        cluster.stop()
 
 
 def counting_agent(script, seconds):
@@ -84,6 +70,30 @@ def test_run_survives_a_sigkilled_worker_cluster(client, user, make_instance, sc
     statuses = list(Reservation.objects.filter(run_id=run.pk).order_by("iteration").values_list("iteration", "status"))
     assert ("held" not in {s for _, s in statuses}), statuses
     assert (2, "abandoned") in statuses  # the killed act's reservation, closed by the reaper
+
+
+def test_a_driver_whose_database_is_busy_longer_than_its_lease_keeps_its_run(user, make_instance, script, clusters, start):
+    """A heartbeat that waits on the database is a live driver: it still beats, and nobody reaps its run."""
+    from django.db import transaction
+
+    from loops import liveness
+
+    clusters("w")
+    run = start(make_instance(user, command=script("time.sleep(2)\n")))
+    wait_for(lambda: Event.objects.filter(run=run, kind="act.started").exists(), 30, "the act to start")
+    holder = Run.objects.get(pk=run.pk).lease_holder
+    silent = []
+    with transaction.atomic():  # the run's row (SQLite: the one writer) held past the lease and the beat's patience
+        list(Run.objects.select_for_update().filter(pk=run.pk))
+        ends = time.monotonic() + 6.5
+        while time.monotonic() < ends:
+            if not liveness.still_driving(holder, run.pk):
+                silent.append(round(6.5 - (ends - time.monotonic()), 1))
+            time.sleep(0.25)
+    assert not silent, f"the driver's beat went silent while it waited on the database, at {silent} s"
+    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status="finished").first(), 30, "the run to finish")
+    assert run.outcome == "done" and run.attempt == 1, (run.outcome, run.attempt)
+    assert not Event.objects.filter(run=run, kind="run.reaped").exists()
 
 
 def test_two_clusters_never_drive_one_run_at_once(user, make_instance, script, clusters, start):

@@ -58,7 +58,7 @@ def test_cli_start_watch_and_cancel(admin, make_instance, script, tmp_path):
     # Cancel on a finished run is refused with a message, and changes nothing.
     refused = subprocess.run(
         [sys.executable, "manage.py", "loop", "cancel", str(run.pk)],
-        cwd=settings.BASE_DIR, env=worker_env(), capture_output=True, text=True, timeout=30,
+        cwd=settings.BASE_DIR, env=worker_env(), capture_output=True, text=True, timeout=120,
     )
     assert refused.returncode != 0 and "already finished" in refused.stderr
     run.refresh_from_db()

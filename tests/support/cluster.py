@@ -67,13 +67,19 @@ class Cluster:
         self.proc.wait(timeout=10)
 
     def stop(self, grace: float = 10) -> None:
-        """SIGTERM the cluster; SIGKILL it if it is still there after `grace` seconds."""
+        """SIGTERM the cluster's master, as `manage.py serve` does; SIGKILL what is left after `grace` s.
+
+        Only the master: django-q2's sentinel keeps SIGTERM's default action, so a SIGTERM to the
+        whole group kills it at once while the master, stopping, waits on an event the dead
+        sentinel was sleeping on -- forever (it was the 10 s every clustered test's teardown took).
+        """
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                self.kill()
+                pass
+        self.kill()  # the group: a worker the master left behind, or the master itself after `grace`
         self.log.close()
 
 
