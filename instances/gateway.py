@@ -6,12 +6,20 @@ relay on the sandbox's own loopback, or straight at the unix socket `TETHER_GATE
 `POST /v1/messages` (streamed or not) is forwarded to the instance owner's endpoint with the
 owner's key — the agent never sees it — and metered through the iteration's
 `budgets.metering.RunMeter`, the path every model call in Tether takes: the call's worst case
-is reserved before it goes out (`max_tokens` clamped to the headroom, in the forwarded body
-too), and settled at the usage the provider returned (for a stream: from `message_start` and
+is reserved before it goes out (its input bounded by `instances.gateway_bounds`, which refuses
+what it cannot bound; `max_tokens` clamped to the headroom, in the forwarded body too), and
+settled at the usage the provider returned (for a stream: from `message_start` and
 `message_delta`; a stream cut short is settled at what arrived). Once the headroom cannot pay
 for a call the agent gets HTTP 402 `budget_exhausted` in the API's error shape, and the act
 ends the run `budget_exhausted`. `POST /v1/messages/count_tokens` is forwarded unmetered (it
-is free). Bad input is a 4xx in the same shape, never a 5xx of Tether's own.
+is free), under the same size cap and refusals. Bad input is a 4xx in the same shape, never a
+5xx of Tether's own.
+
+An instance's own `base_url` names a host its owner chose: at each call the host is resolved
+once, every address is checked by the rule the URL was saved under
+(`capabilities.check_base_url`), and the call goes to the checked address, the name kept in
+the Host header and TLS (a name cannot resolve to one address for the check and to another
+for the connection).
 
 A token is a value signed with the server's secret, naming its run, iteration, a nonce and the
 worker's socket; it is honoured only while its act is registered in the worker that runs the
@@ -34,6 +42,7 @@ database connection.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -59,7 +68,7 @@ from django.core import signing
 from django.db import connection
 
 from budgets import pricing, selectors
-from instances import credentials, redaction, sandbox
+from instances import capabilities, credentials, gateway_bounds, redaction, sandbox
 from instances.brains.base import BudgetExhausted, Grant, Meter, Usage
 
 log = logging.getLogger(__name__)
@@ -119,6 +128,7 @@ class Act:
     exhausted: str = ""  # why a call was refused for budget, if one was
     ended: threading.Event = field(default_factory=threading.Event)
     may_delegate: bool = False  # the instance enables `delegate`: the act's MCP endpoint takes calls
+    own_base_url: bool = False  # `base_url` is the instance's own: its host is checked at each call
     # The delegate calls the act's MCP endpoint accepted, as the loop reads tool calls; final once closed.
     delegated: list[dict[str, Any]] = field(default_factory=list)
     _inflight: int = 0
@@ -212,7 +222,7 @@ def open_act(
     act = Act(
         token=token, nonce=nonce, run_id=run_id, iteration=iteration, meter=meter, key=key or "",
         base_url=credentials.resolve_base_url(instance) if key else "", stop=stop,
-        usage=Usage(model=instance.model or ""), may_delegate=delegation,
+        usage=Usage(model=instance.model or ""), may_delegate=delegation, own_base_url=bool(instance.base_url),
     )
     with _acts_lock:
         _acts[nonce] = act
@@ -296,61 +306,89 @@ def handle(method: str, path: str, headers: dict[str, str], raw: bytes, *, gone:
             raise GatewayError(400, "invalid_request_error", "model: Field required")
         if not act.key:
             raise GatewayError(401, "authentication_error", "this act has no model credential: its instance has no key")
-        if route.endswith("/count_tokens"):
-            return _forward(act, route, headers, body, None, gone)
-        max_tokens = body.get("max_tokens")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise GatewayError(400, "invalid_request_error", "max_tokens: must be a positive integer")
-        if why := unmeterable(body, headers):
-            raise GatewayError(400, "invalid_request_error", f"{why}; the gateway forwards only calls it can cap")
-        return _metered(act, route, headers, body, len(raw), gone)
+        counting = route.endswith("/count_tokens")
+        if not counting:
+            max_tokens = body.get("max_tokens")
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+                raise GatewayError(400, "invalid_request_error", "max_tokens: must be a positive integer")
+        try:
+            worst = gateway_bounds.input_tokens(body, headers, len(raw))
+        except gateway_bounds.Unbounded as why:
+            raise GatewayError(400, "invalid_request_error", f"{why}; the gateway forwards only calls it can cap") from None
+        target = _target(act, route)
+        if counting:
+            return _forward(act, target, headers, body, None, gone)
+        return _metered(act, target, headers, body, len(raw), worst, gone)
     except GatewayError as refused:
         return refused.answer()
 
 
-# Anthropic-defined tools the agent's own program executes (billed as tokens only); every other
-# typed tool runs on Anthropic's side (web search, web fetch, code execution): billed apart from
-# tokens and a way out to the network that the sandbox does not give the act.
-CLIENT_TOOL_PREFIXES = ("bash_", "text_editor_", "computer_", "memory_")
-
-
 def unmeterable(body: dict[str, Any], headers: dict[str, str]) -> str:
-    """Say why a Messages request could cost more than its reservation bounds, or "" if it cannot.
-
-    The reservation counts the request's bytes as input and `max_tokens` as output at the
-    model's 5-minute cache rates; what the provider adds on its side is refused.
-    """
-    if body.get("mcp_servers"):
-        return "mcp_servers: MCP connectors run on the provider's side and are neither metered nor sandboxed"
-    for tool in body.get("tools") or []:
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if isinstance(kind, str) and kind != "custom" and not kind.startswith(CLIENT_TOOL_PREFIXES):
-            return f"tools: {kind!r} is a server tool, billed apart from tokens and run outside the sandbox"
-    stack: list[Any] = [body.get("messages"), body.get("system"), body.get("tools")]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            source = item.get("source")
-            if isinstance(source, dict) and source.get("type") == "url":
-                return "a content block's source is a URL: the provider would fetch it, unmetered, from outside the sandbox"
-            cache = item.get("cache_control")
-            if isinstance(cache, dict) and cache.get("ttl") not in (None, "5m"):
-                return f"cache_control ttl {cache.get('ttl')!r}: only the 5-minute cache is priced"
-            stack.extend(v for k, v in item.items() if k in ("content", "source"))
-    if "context-1m" in headers.get("anthropic-beta", ""):
-        return "anthropic-beta context-1m: long-context rates are not priced"
+    """Say why a Messages request could cost more than any reservation bounds, or "" if it cannot."""
+    try:
+        gateway_bounds.input_tokens(body, headers, 0)
+    except gateway_bounds.Unbounded as why:
+        return str(why)
     return ""
 
 
-def _metered(act: Act, route: str, headers: dict[str, str], body: dict[str, Any], size: int, gone: Any) -> Answer:
+@dataclass(frozen=True)
+class _Target:
+    """Where a call goes: its URL, and the Host header and TLS name when the URL names a checked address."""
+
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+
+def _target(act: Act, route: str) -> _Target:
+    """Return where to send a call; for the instance's own base_url, its host resolved and checked now.
+
+    Every address the name resolves to must pass the rule the URL was saved under; the call goes
+    to the first, so the address checked is the address connected to.
+    """
+    try:
+        url = httpx2.URL(act.base_url + route)
+    except httpx2.InvalidURL:
+        raise GatewayError(502, "api_error", "the model endpoint's URL is not usable") from None
+    if not act.own_base_url or _is_address(url.host):
+        return _Target(str(url))
+    name = url.raw_host.decode("ascii")
+    try:
+        found = socket.getaddrinfo(name, url.port or (443 if url.scheme == "https" else 80), proto=socket.IPPROTO_TCP)
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in found)) or [""]
+    except (OSError, UnicodeError):
+        raise GatewayError(502, "api_error", f"the model endpoint's host {name!r} does not resolve") from None
+    for address in addresses:
+        try:
+            capabilities.check_base_url(str(url.copy_with(host=address)))
+        except (capabilities.CapabilityError, httpx2.InvalidURL) as refused:
+            raise GatewayError(
+                403, "permission_error", f"base_url host {name!r} resolves to {address} now, which is refused: {refused}"
+            ) from None
+    host = name if url.port is None else f"{name}:{url.port}"
+    tls = {"sni_hostname": name} if url.scheme == "https" else {}
+    return _Target(str(url.copy_with(host=addresses[0])), {"host": host}, tls)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _metered(
+    act: Act, target: _Target, headers: dict[str, str], body: dict[str, Any], size: int, worst: int, gone: Any
+) -> Answer:
     model = body["model"]
     if act.ended.is_set() or act.stop.is_set():
         raise GatewayError(401, "authentication_error", "this gateway token's act has ended; it is no longer valid")
     try:
         selectors.price_for_model(model)  # an unpriced model is the agent's mistake, not the budget's end
-        grant = act.meter.before(model=model, request_bytes=size, max_tokens=body["max_tokens"])
+        # The meter prices `request_bytes` as input tokens (one per byte at most): given the bound in tokens.
+        grant = act.meter.before(model=model, request_bytes=worst, max_tokens=body["max_tokens"])
     except pricing.UnpricedModel as exc:
         raise GatewayError(400, "invalid_request_error", f"{exc}; ask the operator to add a price for it") from None
     except BudgetExhausted as exc:
@@ -360,11 +398,11 @@ def _metered(act: Act, route: str, headers: dict[str, str], body: dict[str, Any]
         connection.close()
     body = {**body, "max_tokens": grant.max_tokens}
     call = _Call(act, grant, model, size, stream=body.get("stream") is True)
-    return _forward(act, route, headers, body, call, gone)
+    return _forward(act, target, headers, body, call, gone)
 
 
 def _forward(
-    act: Act, route: str, headers: dict[str, str], body: dict[str, Any], call: _Call | None, gone: Any
+    act: Act, target: _Target, headers: dict[str, str], body: dict[str, Any], call: _Call | None, gone: Any
 ) -> Answer:
     """Send the request upstream with the owner's key; return the answer (streamed when it is a stream).
 
@@ -374,6 +412,7 @@ def _forward(
     outgoing.setdefault("anthropic-version", "2023-06-01")
     outgoing["content-type"] = "application/json"
     outgoing["x-api-key"] = act.key
+    outgoing.update(target.headers)
     timeout = float(getattr(settings, "TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0))
     client = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)))
     watch = _Watch(act, gone)
@@ -383,8 +422,8 @@ def _forward(
         act.enter()
     try:
         request = client.build_request(
-            "POST", act.base_url + route, headers=outgoing, content=json.dumps(body).encode(),
-            extensions={"trace": watch.trace},
+            "POST", target.url, headers=outgoing, content=json.dumps(body).encode(),
+            extensions={"trace": watch.trace, **target.extensions},
         )
         watch.start()
         try:

@@ -37,6 +37,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+
+from instances import pinned
+from instances.pinned import Pinned
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +101,25 @@ class Spec:
 
 @dataclass
 class Launch:
-    """What `subprocess.Popen` needs to start the program, and whether it is sandboxed."""
+    """What `subprocess.Popen` needs to start the program, and whether it is sandboxed.
+
+    `held` are the directories the sandbox mounts, held open until `close()`: bubblewrap mounts
+    the descriptor (`--bind-fd`, passed in `kwargs`), or for a starter that cannot pass
+    descriptors, the `/proc/<pid>/fd/<n>` link naming it; either way what was checked is what
+    is mounted, whatever was swapped on its path since.
+    """
 
     argv: list[str]
     cwd: Path
     kwargs: dict[str, Any]
     sandboxed: bool
+    held: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        """Let the held directories go (once the program has started and bubblewrap has them)."""
+        for pinned_dir in self.held:
+            pinned_dir.close()
+        self.held.clear()
 
 
 def mode() -> str:
@@ -127,7 +144,12 @@ def _probe() -> str:
     probe = Path(tempfile.mkdtemp(prefix="tether-sandbox-probe-"))
     try:
         launch = prepare(["true"], Spec(workspace=probe), _probing=True)
-        done = subprocess.run(launch.argv, capture_output=True, timeout=15, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+        try:
+            done = subprocess.run(
+                launch.argv, capture_output=True, timeout=15, env={"PATH": "/usr/bin:/bin"}, cwd="/", **launch.kwargs
+            )
+        finally:
+            launch.close()
     except (OSError, subprocess.SubprocessError) as exc:
         return f"bubblewrap could not start: {exc}"
     finally:
@@ -181,17 +203,13 @@ def _merged_usr_links() -> list[str]:
     return args
 
 
-def give_to(path: Path, uid: int | None) -> None:
-    """Make `path` (a tree) owned by `uid`, so the sandbox user can write what the server wrote."""
-    if uid is None or not path.exists():
-        return
-    for root, dirs, files in os.walk(path):
-        for name in (root, *(os.path.join(root, n) for n in dirs + files)):
-            try:
-                if os.lstat(name).st_uid != uid:
-                    os.lchown(name, uid, uid)
-            except OSError:
-                pass
+def give_to(directory: Pinned, uid: int | None) -> None:
+    """Make the held `directory` (a tree) owned by `uid`, so the sandbox user can write what the server wrote.
+
+    Through its descriptor, one component at a time, never through a link (`pinned.chown_tree`).
+    """
+    if uid is not None:
+        pinned.chown_tree(directory.fd, uid)
 
 
 def _dirs_for(dests: list[str], bound: set[str]) -> list[str]:
@@ -213,48 +231,96 @@ def _dirs_for(dests: list[str], bound: set[str]) -> list[str]:
     return args
 
 
-def checked_workspace(path: Path) -> Path:
+def checked_workspace(path: Path, *, instance_id: int | None = None) -> Path:
     """Return a workspace's real path; raise WorkspaceRefused if it no longer leads where it was allowed to.
 
     A workspace was checked when its instance was saved, but a program of another instance
     can later swap a directory on its path for a symlink (to `TETHER_HOME`, another user's
     workspace, `/`). So the path is walked again before anything is mounted, chowned or read:
     a symlink inside the workspaces area or an operator's workspace root (where agents write)
-    is refused, and so is a real path that is `/` or holds Tether's own files.
+    is refused, and so is a real path that is `/` or holds Tether's own files. With the
+    `instance_id` whose workspace it is, it must also still nest with no other instance's
+    (`validation.workspace_conflict`: one read of the instances' workspaces).
     """
     areas = [Path(settings.TETHER_WORKSPACES).resolve(), *(Path(r).resolve() for r in settings.TETHER_WORKSPACE_ROOTS)]
     current = Path("/")
     for part in Path(os.path.abspath(path)).parts[1:]:
         step = current / part
-        if step.is_symlink() and any(current.is_relative_to(a) for a in areas):
+        # One look at each component decides it: a directory is kept by its name (what is then
+        # opened below it never follows a link), a link is followed only outside the areas. Asking
+        # "is it a link?" and then resolving it would be two looks, and a swap between them would
+        # be followed.
+        try:
+            is_link = stat.S_ISLNK(os.lstat(step).st_mode)
+        except FileNotFoundError:
+            is_link = False  # not made yet: the rest of the path is names only
+        if is_link and any(current.is_relative_to(a) for a in areas):
             raise WorkspaceRefused(
                 f"workspace {path} passes through a symlink at {step} (an agent's program could have made it); "
                 "refused: replace it with a directory or choose another workspace"
             )
-        current = step.resolve()
+        current = step.resolve() if is_link else step
     home, workspaces = Path(settings.TETHER_HOME).resolve(), areas[0]
     exposes = current == Path("/") or home.is_relative_to(current) or (
         current.is_relative_to(home) and not current.is_relative_to(workspaces)
     )
     if exposes:
         raise WorkspaceRefused(f"workspace {path} leads to {current}, which would expose Tether's own files; refused")
+    if instance_id is not None:
+        from instances.validation import workspace_conflict
+
+        if why := workspace_conflict(path, instance_id=instance_id):
+            raise WorkspaceRefused(f"{why}; refused")
     return current
 
 
 def prepare(
-    argv: list[str], spec: Spec, *, cwd: Path | None = None, _probing: bool = False, _net: tuple[int, ...] = ()
+    argv: list[str], spec: Spec, *, cwd: Path | None = None, _probing: bool = False, _net: tuple[int, ...] = (),
+    passes_fds: bool = True,
 ) -> Launch:
-    """Return how to launch `argv` for `spec`; raise SandboxUnavailable when it cannot be sandboxed."""
+    """Return how to launch `argv` for `spec`; raise SandboxUnavailable when it cannot be sandboxed.
+
+    The caller starts it, then calls `launch.close()`. `passes_fds=False` is for a starter that
+    cannot pass descriptors (the MCP SDK's): it must keep the launch open until the program ends.
+    """
     workspace = spec.workspace.resolve() if _probing else checked_workspace(spec.workspace)
     if not enabled():
         return Launch(list(argv), cwd or workspace, {"start_new_session": True}, sandboxed=False)
     if not _probing:
         ensure()
     uid = _uid(spec.instance_id)
-    give_to(workspace, uid)
-    for bind in spec.binds:
-        if bind.writable:
-            give_to(bind.source, uid)
+    launch = Launch([], Path("/"), {"start_new_session": True}, sandboxed=True)
+    try:
+        return _prepare(launch, argv, spec, workspace, uid, cwd, _net, passes_fds)
+    except BaseException:
+        launch.close()
+        raise
+
+
+def _prepare(
+    launch: Launch, argv: list[str], spec: Spec, workspace: Path, uid: int | None, cwd: Path | None,
+    _net: tuple[int, ...], passes_fds: bool,
+) -> Launch:
+    def hold(source: Path) -> str:
+        """Hold `source` open (never through a link) for the sandbox; return how bubblewrap names it.
+
+        A directory is walked to from `/`; a file bound alone (the gateway's socket, which the
+        server made) is held as a path descriptor.
+        """
+        if source.is_dir():
+            held = Pinned(source)
+        else:
+            held = Pinned(source, fd=os.open(source, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC))
+        launch.held.append(held)
+        return str(held.fd) if passes_fds else f"/proc/{os.getpid()}/fd/{held.fd}"
+
+    bind, ro_bind = ("--bind-fd", "--ro-bind-fd") if passes_fds else ("--bind", "--ro-bind")
+    sources = {str(workspace): hold(workspace)}
+    give_to(launch.held[0], uid)
+    for extra in spec.binds:
+        sources[str(extra.source)] = hold(extra.source.resolve())
+        if extra.writable:
+            give_to(launch.held[-1], uid)
     inner = cwd.resolve() if cwd is not None else workspace
 
     if uid is None:
@@ -290,13 +356,19 @@ def prepare(
         args += ["--ro-bind", path, path]
     args += _merged_usr_links()
     for source, dest in writable:
-        args += ["--bind", source, dest]
+        args += [bind, sources[source], dest]
     for source, dest in extra_ro:
-        args += ["--ro-bind", source, dest]
+        args += [ro_bind, sources[source], dest]
     args += ["--chdir", str(inner), "--"]
-    if uid is not None:
+    if uid is None:
+        args.insert(1, "--disable-userns")  # no user namespace of its own inside (a kernel surface less)
+    else:
         args += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
                  "--bounding-set=-all", "--pdeathsig=KILL", "--"]
+        # A user namespace of its own, mapping the instance's uid to itself, in which no other can
+        # be made: the program cannot `unshare -U` its way to a kernel surface root mode leaves open.
+        args += ["bwrap", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(uid),
+                 "--die-with-parent", "--dev-bind", "/", "/", "--chdir", str(inner), "--"]
     limits = [
         "prlimit",
         f"--as={int(settings.TETHER_SANDBOX_MEMORY_MB) << 20}",
@@ -306,7 +378,10 @@ def prepare(
     ]
     if uid is not None:
         limits.append(f"--nproc={int(settings.TETHER_SANDBOX_MAX_PROCESSES)}")
-    return Launch([*limits, "--", *args, *argv], Path("/"), {"start_new_session": True}, sandboxed=True)
+    launch.argv = [*limits, "--", *args, *argv]
+    if passes_fds:
+        launch.kwargs["pass_fds"] = tuple(held.fd for held in launch.held)
+    return launch
 
 
 def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwargs: Any) -> tuple[
@@ -321,7 +396,10 @@ def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwarg
     """
     if not (spec.network and enabled()):
         launch = prepare(argv, spec, cwd=cwd)
-        return subprocess.Popen(launch.argv, cwd=launch.cwd, **launch.kwargs, **popen_kwargs), launch.sandboxed
+        try:
+            return subprocess.Popen(launch.argv, cwd=launch.cwd, **launch.kwargs, **popen_kwargs), launch.sandboxed
+        finally:
+            launch.close()  # the child has its own copies of the held directories
     slirp = shutil.which("slirp4netns")
     if slirp is None:
         raise SandboxUnavailable(
@@ -346,8 +424,11 @@ def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwarg
         os.write(resolv_w, f"nameserver {SLIRP_DNS}\n".encode())
         close(resolv_w)
         launch = prepare(argv, spec, cwd=cwd, _net=(info_w, block_r, resolv_r))
-        kwargs = {**launch.kwargs, "pass_fds": (info_w, block_r, resolv_r, exit_w)}
-        proc = subprocess.Popen(launch.argv, cwd=launch.cwd, **kwargs, **popen_kwargs)
+        kwargs = {**launch.kwargs, "pass_fds": (*launch.kwargs.get("pass_fds", ()), info_w, block_r, resolv_r, exit_w)}
+        try:
+            proc = subprocess.Popen(launch.argv, cwd=launch.cwd, **kwargs, **popen_kwargs)
+        finally:
+            launch.close()
         close(info_w, block_r, resolv_r, exit_w)
         try:
             child = _child_pid(info_r)

@@ -1,21 +1,41 @@
 """Snapshot a run's workspace at its start and end, so a reviewer sees what the run changed.
 
-Runs git (libgit2 in this process for trees, git itself for diffs): call it outside any
-transaction. Each run gets a shadow git directory, `TETHER_HOME/snapshots/run-<id>.git`, whose
-work tree is the instance's workspace: `git add -A` + `git write-tree` stores the workspace's
-files as a tree without touching the workspace (nor its own `.git`, if it is a repository: the
-shadow directory is separate). The diff between the start tree and the end tree is the run's
-change, new and deleted files included; the workspace's `.gitignore` files are honoured, and the
-directories the fingerprint skips (`.git`, `node_modules`, `.venv`, caches) are left out. A
-workspace larger than `TETHER_SNAPSHOT_MAX_BYTES` (100 MB) or `TETHER_SNAPSHOT_MAX_FILES` (20,000
-files), or a machine without git, gets a fingerprint only and a note saying why there is no diff.
+Each run gets a shadow git directory, `TETHER_HOME/snapshots/run-<id>.git`, holding the
+workspace's files as git trees; the diff between the start tree and the end tree is the run's
+change, new and deleted files included. The directories the fingerprint skips (`.git`,
+`node_modules`, `.venv`, caches) are left out. A workspace larger than `TETHER_SNAPSHOT_MAX_BYTES`
+(100 MB) or `TETHER_SNAPSHOT_MAX_FILES` (20,000 files), or a machine without git, gets a
+fingerprint only and a note saying why there is no diff.
+
+What the workspace's `.gitignore` files hide is kept too, since an agent writes `.gitignore`:
+one that hid itself and a `_pytest.py` once emptied the review diff. It has limits of its own,
+`TETHER_SNAPSHOT_HIDDEN_MAX_FILES` (2,000) and `TETHER_SNAPSHOT_HIDDEN_MAX_BYTES` (20 MB), not
+counted in the ones above: over them, the largest groups (an ignored directory with all it holds,
+or one ignored file) are left out of the tree until the rest fit, and a record beside the tree
+names them (`tether-left-out/<tree>`), so build output costs no run its diff and no amount of it
+puts a small hidden file out of sight. `diff_sections(run)` splits the diff in two: the files
+`.gitignore` (at the start or the end) does not hide, and those it hides, with a sentence naming
+what was left out; `diff(run)` gives both, the second under the heading "Files .gitignore hides".
+
+Trees are built in this process (libgit2, `pygit2`) from the workspace held open
+(`instances.pinned`), never from its path: an agent's programs can swap a directory, or the
+workspace itself, for a symlink while a snapshot is taken, and the server may run as root. So
+every entry is reached one component at a time without following links: a file is stored as
+its content, a link as its target (as git stores it), a FIFO, socket or device is left out, and
+git itself only ever compares trees in the shadow directory. The tree of the same files is the
+one `git add --all --force` + `git write-tree` would store; a repository inside the workspace is stored
+as its files (its `.git` left out), not as a gitlink, so its changes show in the review. Names
+libgit2 cannot store (not UTF-8, or reserved such as `.git`) are left out.
+
+An unchanged file is not read again: each run keeps (in this process) the blob of every file by
+its path, size, times and inode, as git's index does.
 
 The diff is redacted (`instances.redaction`): a key the agent wrote into a file is not shown.
 
 `take(run)` at the start (idempotent: the first snapshot of a run is kept; a workspace that does
 not exist yet is created empty, so everything the run writes shows in the diff), `finish(run)` when the
 run finishes or waits (the end tree, replaced each time), `diff(run)` for the review page and the
-judge (against the end tree, or the live workspace while the run is not finished).
+judge (against the end tree, or the workspace as it is now while the run is not finished).
 
 `mark_iteration(run, number)` as an iteration's first attempt begins (the tree, under the ref
 `refs/tether/iteration-N`), and `changed_since_iteration(run, number)` when an attempt of it was
@@ -24,21 +44,30 @@ lost: the paths the workspace added, modified or deleted since that iteration be
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import shutil
+import stat
 import subprocess
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pathspec
 import pygit2
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from pygit2.enums import ConfigLevel
+from pygit2.enums import ConfigLevel, FileMode
 
+from instances import sandbox
+from instances.pinned import Pinned, open_file_at
 from instances.redaction import redact
 from loops import checks as checks_mod
 from reviews.models import WorkspaceSnapshot
@@ -47,6 +76,13 @@ log = logging.getLogger(__name__)
 
 GIT_TIMEOUT_SECONDS = 120
 DIFF_MAX_CHARS = 400_000
+IGNORE_FILE_MAX_BYTES = 256 * 1024  # of each `.gitignore` read
+MAX_DEPTH = 256  # directories nested deeper get no diff
+CACHED_RUNS = 16  # runs whose file blobs this process remembers
+RECENT_NS = 2_000_000_000  # a file changed this recently is read again next time (a write may keep its times)
+HIDDEN_WALK_FACTOR = 4  # hidden files walked at most, in kept ones; past it, groups are left out unwalked
+LEFT_OUT_NAMED = 1000  # left-out groups a tree's record names; the rest are counted
+HIDDEN_HEADING = "Files .gitignore hides"
 
 
 def _root() -> Path:
@@ -64,34 +100,41 @@ def _limits() -> tuple[int, int]:
     )
 
 
+def _hidden_limits() -> tuple[int, int]:
+    return (
+        int(getattr(settings, "TETHER_SNAPSHOT_HIDDEN_MAX_BYTES", 20 * 1024 * 1024)),
+        int(getattr(settings, "TETHER_SNAPSHOT_HIDDEN_MAX_FILES", 2_000)),
+    )
+
+
 class SnapshotError(Exception):
     pass
 
 
-def _git(gitdir: Path, workspace: Path, *args: str, check: bool = True) -> str:
+class _TooBig(Exception):
+    """The workspace is over a limit; the message says which."""
+
+
+def _git(gitdir: Path, *args: str, check: bool = True) -> str:
+    """Run git on the shadow directory alone (no work tree: it only reads trees already stored)."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(gitdir),
         "LC_ALL": "C",
         "GIT_DIR": str(gitdir),
-        "GIT_WORK_TREE": str(workspace),
         "GIT_CONFIG_NOSYSTEM": "1",
         "GIT_CONFIG_GLOBAL": os.devnull,
         "GIT_TERMINAL_PROMPT": "0",
     }
     command = [
         "git",
-        "-c", "core.autocrlf=false",
-        "-c", "core.safecrlf=false",
         "-c", "core.quotepath=off",
         "-c", "gc.auto=0",
-        "-c", "core.fsmonitor=false",
-        "-c", "advice.addEmbeddedRepo=false",
         *args,
     ]  # fmt: skip
     try:
         done = subprocess.run(
-            command, cwd=workspace, env=env, capture_output=True, timeout=GIT_TIMEOUT_SECONDS, check=False
+            command, cwd=gitdir, env=env, capture_output=True, timeout=GIT_TIMEOUT_SECONDS, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise SnapshotError(f"git failed: {exc}") from None
@@ -100,99 +143,406 @@ def _git(gitdir: Path, workspace: Path, *args: str, check: bool = True) -> str:
     return done.stdout.decode(errors="replace")
 
 
-def _too_big(workspace: Path) -> str:
-    max_bytes, max_files = _limits()
-    total = files = 0
-    for root, dirs, names in os.walk(workspace):
-        dirs[:] = [d for d in dirs if d not in checks_mod.SKIP_DIRS]
-        for name in names:
-            files += 1
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-            if files > max_files:
-                return f"the workspace has more than {max_files:,} files; no diff is kept"
-            if total > max_bytes:
-                return f"the workspace is larger than {max_bytes // (1024 * 1024)} MB; no diff is kept"
-    return ""
+# --- listing: what a tree keeps -------------------------------------------------------
 
 
-def _tree(run_id: int, workspace: Path) -> str:
-    """Store the workspace as a tree in the run's shadow git directory; return the tree id.
+Listing = dict[str, Any]  # name → "file", "link", or the listing of a directory
 
-    In this process, through libgit2 (`pygit2`): what `git add --all` + `git write-tree` do, the
-    same tree id for the same files, without starting two programs on every iteration. The index
-    keeps each file's stat, so only what changed since the last tree is read. libgit2 refuses a
-    workspace holding another repository (a clone inside it); git itself stores that one.
+
+@dataclass
+class _Count:
+    max_bytes: int
+    max_files: int
+    files: int = 0
+    total: int = 0
+
+    def add(self, size: int) -> None:
+        self.files += 1
+        self.total += size
+        if self.files > self.max_files:
+            raise _TooBig(f"the workspace has more than {self.max_files:,} files; no diff is kept")
+        if self.total > self.max_bytes:
+            raise self.too_large()
+
+    def too_large(self) -> _TooBig:
+        return _TooBig(f"the workspace is larger than {self.max_bytes // (1024 * 1024)} MB; no diff is kept")
+
+
+def _ignored(rules: list[tuple[str, pathspec.GitIgnoreSpec]], path: str, is_dir: bool) -> bool:
+    """Whether the `.gitignore` files above `path` ignore it: the deepest one that decides wins, as in git."""
+    for base, spec in reversed(rules):
+        relative = path[len(base) + 1 :] if base else path
+        decided = spec.check_file(f"{relative}/" if is_dir else relative).include
+        if decided is not None:
+            return decided
+    return False
+
+
+def _ignore_spec(data: bytes) -> pathspec.GitIgnoreSpec:
+    lines = data[:IGNORE_FILE_MAX_BYTES].removeprefix(b"\xef\xbb\xbf").decode(errors="replace").splitlines()
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+@dataclass
+class _Group:
+    """A file or directory `.gitignore` hides, where the hiding starts (no hidden directory above it)."""
+
+    path: str
+    is_dir: bool
+    files: int = 0
+    total: int = 0
+    whole: bool = True  # walked to its end within the limits
+
+
+@dataclass
+class _Hidden:
+    """What `.gitignore` hides in one listing, kept within limits of its own.
+
+    The files `.gitignore` hides are kept (and shown, under their own heading) up to
+    `TETHER_SNAPSHOT_HIDDEN_MAX_FILES` files and `TETHER_SNAPSHOT_HIDDEN_MAX_BYTES` bytes: over
+    them, the largest groups (an ignored directory and all it holds, or one ignored file) are
+    left out and named, so that ordinary build output does not cost the run its diff, and no
+    amount of it puts a small hidden file out of the reviewer's sight.
     """
-    gitdir = git_dir(run_id)
+
+    max_bytes: int
+    max_files: int
+    groups: list[_Group] = field(default_factory=list)
+    walked: int = 0  # groups begun and files counted
+    unwalked: list[str] = field(default_factory=list)  # groups past the walking limit (named up to LEFT_OUT_NAMED)
+    unwalked_more: int = 0
+
+    def start(self, path: str, *, is_dir: bool) -> _Group | None:
+        """Begin the group at `path`; None past the walking limit (it is then left out, unwalked)."""
+        self.walked += 1
+        if self.walked > HIDDEN_WALK_FACTOR * self.max_files:
+            if len(self.unwalked) < LEFT_OUT_NAMED:
+                self.unwalked.append(f"{path}/" if is_dir else path)
+            else:
+                self.unwalked_more += 1
+            return None
+        group = _Group(path, is_dir)
+        self.groups.append(group)
+        return group
+
+    def add(self, group: _Group, size: int) -> None:
+        group.files += 1
+        group.total += size
+        self.walked += 1
+        if group.files > self.max_files or group.total > self.max_bytes:
+            group.whole = False
+
+    def left_out(self) -> list[_Group]:
+        """The groups the tree leaves out: those not walked whole, then the largest until the rest fit."""
+        dropped = [g for g in self.groups if not g.whole]
+        kept = sorted((g for g in self.groups if g.whole), key=lambda g: (g.files, g.total, g.path))
+        files, total = sum(g.files for g in kept), sum(g.total for g in kept)
+        while kept and (files > self.max_files or total > self.max_bytes):
+            group = kept.pop()
+            files, total = files - group.files, total - group.total
+            dropped.append(group)
+        return sorted(dropped, key=lambda g: g.path)
+
+
+def _list(
+    ws: Pinned, rel: str, rules: list[tuple[str, pathspec.GitIgnoreSpec]], count: _Count, hidden: _Hidden
+) -> Listing:
+    """List the directory `rel` as a tree keeps it: skipped directories and FIFOs, sockets and
+    devices left out, and so are directories with nothing kept in them. What `.gitignore` hides
+    is listed too, counted in `hidden` (not in `count`), one group where the hiding starts."""
+    if rel.count("/") >= MAX_DEPTH:
+        raise _TooBig(f"the workspace has directories nested deeper than {MAX_DEPTH}; no diff is kept")
+    entries, ignore = [], None
     try:
-        if not (gitdir / "HEAD").exists():
-            gitdir.mkdir(parents=True, exist_ok=True)
-            pygit2.init_repository(str(gitdir), bare=True)
-            exclude = gitdir / "info" / "exclude"
-            exclude.parent.mkdir(parents=True, exist_ok=True)
-            exclude.write_text("".join(f"{name}/\n" for name in sorted(checks_mod.SKIP_DIRS)))
-        repo = _repository(gitdir, workspace)
-        index = repo.index
-        index.read()
-        index.add_all()
-        index.write()
-        return str(index.write_tree())
-    except pygit2.GitError:
-        _git(gitdir, workspace, "add", "--all")
-        return _git(gitdir, workspace, "write-tree").strip()
-    except (OSError, ValueError) as exc:
+        for entry in ws.walk(rel or ".", recursive=False):
+            entries.append(entry)
+            if entry.name == ".gitignore" and entry.kind == "file":
+                ignore = open_file_at(entry.dir_fd, entry.name, IGNORE_FILE_MAX_BYTES)
+    except OSError:
+        return {}  # swapped for a link or gone since its parent was listed
+    if ignore:
+        rules = [*rules, (rel, _ignore_spec(ignore))]
+    listing: Listing = {}
+    for entry in entries:
+        if entry.name.lower() == ".git" or entry.kind == "other":
+            continue
+        if entry.kind == "dir":
+            if entry.name in checks_mod.SKIP_DIRS:
+                continue
+            if _ignored(rules, entry.path, True):
+                group = hidden.start(entry.path, is_dir=True)
+                inner = _list_hidden(ws, entry.path, group, hidden) if group else {}
+            else:
+                inner = _list(ws, entry.path, rules, count, hidden)
+            if inner:
+                listing[entry.name] = inner
+        elif _ignored(rules, entry.path, False):
+            group = hidden.start(entry.path, is_dir=False)
+            if group:
+                hidden.add(group, entry.size)
+                listing[entry.name] = entry.kind
+        else:
+            count.add(entry.size)
+            listing[entry.name] = entry.kind
+    return listing
+
+
+def _list_hidden(ws: Pinned, rel: str, group: _Group, hidden: _Hidden) -> Listing:
+    """List the directory `rel`, which `.gitignore` hides, into `group`; stop once it is over the limits."""
+    if rel.count("/") >= MAX_DEPTH:
+        group.whole = False
+        return {}
+    try:
+        entries = list(ws.walk(rel, recursive=False))
+    except OSError:
+        return {}
+    listing: Listing = {}
+    for entry in entries:
+        if not group.whole:
+            break
+        if entry.name.lower() == ".git" or entry.kind == "other":
+            continue
+        if entry.kind == "dir":
+            if entry.name in checks_mod.SKIP_DIRS:
+                continue
+            if inner := _list_hidden(ws, entry.path, group, hidden):
+                listing[entry.name] = inner
+        else:
+            hidden.add(group, entry.size)
+            listing[entry.name] = entry.kind
+    return listing
+
+
+def _leave_out(listing: Listing, path: str) -> None:
+    """Take `path` out of `listing`, and the directories it leaves empty."""
+    head, _, rest = path.partition("/")
+    inner = listing.get(head)
+    if not rest:
+        listing.pop(head, None)
+    elif isinstance(inner, dict):
+        _leave_out(inner, rest)
+        if not inner:
+            listing.pop(head, None)
+
+
+# --- storing: blobs and trees ---------------------------------------------------------
+
+BlobKey = tuple[str, int, int, int, int]  # path, size, mtime, ctime, inode
+
+
+@dataclass
+class _Store:
+    repo: pygit2.Repository
+    ws: Pinned
+    count: _Count
+    known: dict[BlobKey, pygit2.Oid]  # the run's blobs from its last tree
+    budget: int  # bytes read at most (the listing's limits, hidden files' included)
+    kept: dict[BlobKey, pygit2.Oid] = field(default_factory=dict)  # this tree's, for the next
+    read: int = 0
+
+    def tree(self, rel: str, listing: Listing) -> pygit2.Oid | None:
+        """Store the directory `rel` as a tree; None when nothing in it could be stored."""
+        try:
+            fd = self.ws.dir(rel or ".")
+        except OSError:
+            return None
+        try:
+            builder = self.repo.TreeBuilder()
+            for name, what in listing.items():
+                path = f"{rel}/{name}" if rel else name
+                found: tuple[pygit2.Oid | None, int]
+                if isinstance(what, dict):
+                    found = self.tree(path, what), FileMode.TREE
+                elif what == "link":
+                    found = self.link(fd, name), FileMode.LINK
+                else:
+                    found = self.file(fd, name, path)
+                if found[0] is None:
+                    continue  # changed kind or gone since it was listed
+                try:
+                    builder.insert(name, found[0], found[1])
+                except (pygit2.GitError, ValueError):  # a name libgit2 cannot store (not UTF-8, `.git`)
+                    continue
+            return builder.write() if len(builder) else None
+        finally:
+            os.close(fd)
+
+    def link(self, fd: int, name: str) -> pygit2.Oid | None:
+        try:
+            return self.repo.create_blob(os.fsencode(os.readlink(name, dir_fd=fd)))
+        except OSError:
+            return None
+
+    def file(self, fd: int, name: str, path: str) -> tuple[pygit2.Oid | None, int]:
+        """Blob and mode of the regular file `name` in `fd`, read only when it changed since the last tree."""
+        try:
+            info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return None, 0
+        if not stat.S_ISREG(info.st_mode):
+            return None, 0
+        mode = FileMode.BLOB_EXECUTABLE if info.st_mode & stat.S_IXUSR else FileMode.BLOB
+        key = (path, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino)
+        blob = self.known.get(key)
+        if blob is None:
+            left = self.budget - self.read
+            data = open_file_at(fd, name, left + 1)
+            if data is None:
+                return None, 0
+            self.read += len(data)
+            if len(data) > left:
+                raise self.count.too_large()
+            blob = self.repo.create_blob(data)
+            if time.time_ns() - info.st_ctime_ns < RECENT_NS:
+                return blob, mode
+        self.kept[key] = blob
+        return blob, mode
+
+
+# Blobs by run: (the shadow directory's identity, {key: blob}), the most recently used last.
+_known: OrderedDict[int, tuple[tuple[int, int], dict[BlobKey, pygit2.Oid]]] = OrderedDict()
+_known_lock = threading.Lock()
+
+
+def _tree(run_id: int, ws: Pinned) -> str:
+    """Store the workspace held open as `ws` as a tree in the run's shadow directory; return its id.
+
+    Raises _TooBig over a limit: from the listing's sizes before anything is stored, or while
+    reading when files grew since they were listed.
+    """
+    max_bytes, max_files = _limits()
+    count = _Count(max_bytes, max_files)
+    hidden = _Hidden(*_hidden_limits())
+    listing = _list(ws, "", [], count, hidden)
+    left_out = hidden.left_out()
+    for group in left_out:
+        _leave_out(listing, group.path)
+    try:
+        repo = _repository(git_dir(run_id))
+        head = os.stat(Path(repo.path) / "HEAD")
+        identity = (head.st_ino, head.st_ctime_ns)  # a shadow directory made again starts with no blobs known
+        with _known_lock:
+            found = _known.get(run_id)
+        known = found[1] if found and found[0] == identity else {}
+        store = _Store(repo, ws, count, known, budget=max_bytes + hidden.max_bytes)
+        tree = store.tree("", listing) or repo.TreeBuilder().write()
+        _record_left_out(git_dir(run_id), str(tree), left_out, hidden)
+    except (pygit2.GitError, OSError, ValueError) as exc:
         raise SnapshotError(f"git failed: {exc}") from None
+    with _known_lock:
+        _known[run_id] = (identity, store.kept)
+        _known.move_to_end(run_id)
+        while len(_known) > CACHED_RUNS:
+            _known.popitem(last=False)
+    return str(tree)
 
 
-def _repository(gitdir: Path, workspace: Path) -> pygit2.Repository:
-    """Open the shadow directory with `workspace` as its work tree, blind to the server's git configuration."""
+def _left_out_file(gitdir: Path, tree: str) -> Path:
+    return gitdir / "tether-left-out" / tree
+
+
+def _record_left_out(gitdir: Path, tree: str, left_out: list[_Group], hidden: _Hidden) -> None:
+    """Keep, beside the tree, which hidden groups it leaves out (none: no record)."""
+    path = _left_out_file(gitdir, tree)
+    named = sorted([*(f"{g.path}/" if g.is_dir else g.path for g in left_out), *hidden.unwalked])
+    if not named:
+        path.unlink(missing_ok=True)
+        return
+    record = {
+        "paths": named[:LEFT_OUT_NAMED],
+        "more": max(len(named) - LEFT_OUT_NAMED, 0) + hidden.unwalked_more,
+        "max_files": hidden.max_files,
+        "max_bytes": hidden.max_bytes,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{tree}.{os.getpid()}.{threading.get_ident()}.tmp")
+    partial.write_text(json.dumps(record))
+    os.replace(partial, path)
+
+
+def _left_out(gitdir: Path, tree: str) -> dict[str, Any]:
+    """The record of the hidden groups `tree` leaves out ({} when it leaves none out)."""
+    try:
+        found = json.loads(_left_out_file(gitdir, tree).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _repository(gitdir: Path) -> pygit2.Repository:
+    """Open the run's shadow directory (made on first use), blind to the server's git configuration."""
     global _isolated
     with _isolating:  # libgit2's global options are set once, before any thread opens a repository
         if not _isolated:  # as `_git`'s environment does for git: no system, global or XDG configuration
             for level in (ConfigLevel.SYSTEM, ConfigLevel.XDG, ConfigLevel.GLOBAL, ConfigLevel.PROGRAMDATA):
                 pygit2.settings.search_path[level] = ""
             _isolated = True
-    repo = pygit2.Repository(str(gitdir))
-    repo.workdir = str(workspace)
-    return repo
+    if not (gitdir / "HEAD").exists():
+        gitdir.mkdir(parents=True, exist_ok=True)
+        pygit2.init_repository(str(gitdir), bare=True)
+        # The directories left out, for git itself given this directory and a work tree (checking by hand).
+        exclude = gitdir / "info" / "exclude"
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        exclude.write_text("".join(f"{name}/\n" for name in sorted(checks_mod.SKIP_DIRS)))
+    return pygit2.Repository(str(gitdir))
 
 
 _isolated = False
 _isolating = threading.Lock()
 
 
+def _pin(workspace: Path) -> Pinned:
+    """Hold the workspace open (its checked real path, walked without following a link)."""
+    return Pinned(sandbox.checked_workspace(workspace))
+
+
+_OBJECT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
 def _workspace_head(workspace: Path) -> str:
-    if not (workspace / ".git").exists():
-        return ""
+    """The commit the workspace's own repository has checked out ("" when none or unknown).
+
+    Read from its `.git` through the workspace held open: bounded reads, no link followed.
+    """
     try:
-        done = subprocess.run(
-            ["git", "-C", str(workspace), "rev-parse", "--verify", "-q", "HEAD"],
-            capture_output=True,
-            timeout=30,
-            check=False,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"},
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        with _pin(workspace) as ws:
+            head = ws.read(".git/HEAD", 4096)[0].decode().strip()
+            if not head.startswith("ref: "):
+                return head if _OBJECT_ID.fullmatch(head) else ""
+            ref = head.removeprefix("ref: ").strip()
+            if not ref.startswith("refs/"):
+                return ""
+            if ws.kind(f".git/{ref}") == "file":
+                found = ws.read(f".git/{ref}", 4096)[0].decode().strip()
+            else:
+                packed = ws.read(".git/packed-refs", 4 * 1024 * 1024)[0].decode(errors="replace")
+                lines = packed.splitlines()
+                found = next((line.split(" ")[0] for line in lines if line.endswith(f" {ref}")), "")
+    except (sandbox.WorkspaceRefused, OSError, UnicodeError):
         return ""
-    return done.stdout.decode().strip()[:64] if done.returncode == 0 else ""
+    return found if _OBJECT_ID.fullmatch(found) else ""
 
 
 def _capture(run_id: int, workspace: Path) -> tuple[str, str]:
     """Return (tree id, note); the tree id is "" with a note saying why when there is none."""
-    if not workspace.is_dir():
-        return "", "the workspace did not exist"
-    if shutil.which("git") is None:
-        return "", "git is not installed on the server; no diff is kept"
-    if reason := _too_big(workspace):
-        return "", reason
     try:
-        return _tree(run_id, workspace), ""
-    except SnapshotError as exc:
-        log.warning("run %s: workspace snapshot failed: %s", run_id, exc)
-        return "", f"the snapshot failed: {exc}"
+        ws = _pin(workspace)
+    except sandbox.WorkspaceRefused as exc:
+        return "", str(exc)
+    except FileNotFoundError:
+        return "", "the workspace did not exist"
+    except OSError as exc:
+        return "", f"the workspace could not be opened: {exc}"
+    with ws:
+        if shutil.which("git") is None:
+            return "", "git is not installed on the server; no diff is kept"
+        try:
+            return _tree(run_id, ws), ""
+        except _TooBig as exc:
+            return "", str(exc)
+        except SnapshotError as exc:
+            log.warning("run %s: workspace snapshot failed: %s", run_id, exc)
+            return "", f"the snapshot failed: {exc}"
 
 
 def take(run: Any) -> WorkspaceSnapshot:
@@ -201,9 +551,9 @@ def take(run: Any) -> WorkspaceSnapshot:
     if existing is not None:
         return existing
     workspace = Path(run.instance.workspace_path())
-    try:
-        workspace.mkdir(parents=True, exist_ok=True)  # the agent's first act would make it; start from empty
-    except OSError:
+    try:  # the agent's first act would make it; start from empty
+        sandbox.checked_workspace(workspace).mkdir(parents=True, exist_ok=True)
+    except (sandbox.WorkspaceRefused, OSError):
         pass
     tree, note = _capture(run.pk, workspace)
     try:
@@ -244,38 +594,188 @@ def start_fingerprint(run: Any) -> str:
     return found or ""
 
 
+class _Rules:
+    """Which paths the `.gitignore` files of one stored tree hide: decided as the listing decides it
+    (`_list`), from the `.gitignore` files the tree holds."""
+
+    def __init__(self, repo: pygit2.Repository, tree: str) -> None:
+        self.root = repo[tree].peel(pygit2.Tree)
+        self.rules: dict[str, list[tuple[str, pathspec.GitIgnoreSpec]]] = {}
+        self.dirs: dict[str, bool] = {"": False}
+
+    def _rules(self, rel: str) -> list[tuple[str, pathspec.GitIgnoreSpec]]:
+        """The rules that apply to the entries of the directory `rel`."""
+        if (found := self.rules.get(rel)) is not None:
+            return found
+        above = self._rules(rel.rpartition("/")[0]) if rel else []
+        try:
+            ignore = self.root[f"{rel}/.gitignore" if rel else ".gitignore"]
+        except KeyError:
+            ignore = None
+        if isinstance(ignore, pygit2.Blob) and ignore.filemode in (FileMode.BLOB, FileMode.BLOB_EXECUTABLE):
+            above = [*above, (rel, _ignore_spec(ignore.data))]
+        self.rules[rel] = above
+        return above
+
+    def _dir_hidden(self, rel: str) -> bool:
+        if (found := self.dirs.get(rel)) is not None:
+            return found
+        parent = rel.rpartition("/")[0]
+        hidden = self._dir_hidden(parent) or _ignored(self._rules(parent), rel, True)
+        self.dirs[rel] = hidden
+        return hidden
+
+    def hides(self, path: str) -> bool:
+        parent = path.rpartition("/")[0]
+        return self._dir_hidden(parent) or _ignored(self._rules(parent), path, False)
+
+
+def _without(repo: pygit2.Repository, tree: str | pygit2.Oid, paths: set[str]) -> str:
+    """The tree `tree` with `paths` (files, workspace-relative) taken out, and directories they leave empty."""
+    here: set[str] = set()
+    below: dict[str, set[str]] = {}
+    for path in paths:
+        head, _, rest = path.partition("/")
+        if rest:
+            below.setdefault(head, set()).add(rest)
+        else:
+            here.add(head)
+    builder = repo.TreeBuilder(repo[tree].peel(pygit2.Tree))
+    for name in here:
+        if builder.get(name) is not None:
+            builder.remove(name)
+    for name, inside in below.items():
+        found = builder.get(name)
+        if name in here or found is None or found.type_str != "tree":
+            continue
+        inner = _without(repo, found.id, inside)
+        if len(repo[inner].peel(pygit2.Tree)):
+            builder.insert(name, pygit2.Oid(hex=inner), FileMode.TREE)
+        else:
+            builder.remove(name)
+    return str(builder.write())
+
+
+def _under(path: str, tops: set[str]) -> bool:
+    """Whether `path` is one of `tops`, or below one (a directory's may end in a slash)."""
+    tops = {top.rstrip("/") for top in tops}
+    parts = path.split("/")
+    return any("/".join(parts[:n]) in tops for n in range(1, len(parts) + 1))
+
+
+def _patch(gitdir: Path, start: str, end: str, pathspecs: list[str]) -> str:
+    """The diff between two stored trees: a stat summary, then the patch ("" when they hold the same)."""
+    args = ["--no-color", "--no-ext-diff", "--find-renames", start, end, *pathspecs]
+    stat_lines = _git(gitdir, "diff", "--stat=100", "--summary", *args)
+    patch = _git(gitdir, "diff", *args)
+    return f"{stat_lines.rstrip()}\n\n{patch}" if patch.strip() else ""
+
+
+def _named(paths: list[str], more: int, shown: int = 20) -> str:
+    extra = len(paths) - shown + more
+    named = ", ".join(paths[:shown])
+    return f"{named} and {extra:,} more" if extra > 0 else named
+
+
+def _size(count: int) -> str:
+    return f"{count // (1024 * 1024):,} MB" if count >= 1024 * 1024 else f"{count // 1024:,} KB"
+
+
+def _left_out_notes(records: tuple[dict[str, Any], dict[str, Any]], paths: Sequence[str] | None) -> list[str]:
+    """Sentences naming what `.gitignore` hides that a tree left out (over the limits for it)."""
+    said: dict[tuple[tuple[str, ...], int, str], list[str]] = {}
+    for when, record in zip(("start", "end"), records, strict=True):
+        groups = [str(p) for p in record.get("paths") or []]
+        more = int(record.get("more") or 0)
+        if paths is not None:
+            groups, more = [g for g in groups if any(_under(p, {g}) for p in paths)], 0
+        if groups or more:
+            limits = f"{int(record.get('max_files', 0)):,} files, {_size(int(record.get('max_bytes', 0)))}"
+            said.setdefault((tuple(groups), more, limits), []).append(when)
+    return [
+        f"(not compared: what .gitignore hides was over its limits ({limits}) at the {' and the '.join(whens)} "
+        f"of the run; these were left out, and changes in them are not shown: {_named(list(groups), more)})"
+        for (groups, more, limits), whens in said.items()
+    ]
+
+
+def _cut(text: str, max_chars: int) -> str:
+    if len(text) > max_chars:
+        return text[:max_chars] + f"\n…[diff cut at {max_chars:,} characters; {len(text):,} in all]\n"
+    return text
+
+
+def diff_sections(
+    run: Any, *, max_chars: int = DIFF_MAX_CHARS, paths: Sequence[str] | None = None
+) -> tuple[str, str]:
+    """Return the run's workspace changes in two parts: those to files `.gitignore` does not hide,
+    and those to files it hides (each a git diff: a stat summary, then the patch).
+
+    A file is hidden when the `.gitignore` files at the start or at the end of the run hide it
+    (a `.gitignore` that hides itself included). Together they hold at most `max_chars`
+    characters (and a note where cut): the hidden part has at least a quarter of them when both
+    are long. When there is no diff, a sentence saying why, and "".
+    """
+    if paths is not None and not paths:
+        return "", ""
+    snapshot = WorkspaceSnapshot.objects.filter(run_id=run.pk).first()
+    if snapshot is None:
+        return "(no snapshot of the workspace was taken at the start of this run)", ""
+    if snapshot.method != WorkspaceSnapshot.Method.GIT or not snapshot.start_tree:
+        same = snapshot.end_fingerprint and snapshot.end_fingerprint == snapshot.start_fingerprint
+        said = "the workspace did not change" if same else "files may have changed"
+        return f"(no diff: {snapshot.note or 'no snapshot'}; {said})", ""
+    gitdir, start, end = git_dir(run.pk), snapshot.start_tree, snapshot.end_tree
+    if not end:
+        end, note = _capture(run.pk, Path(snapshot.workspace))
+        if not end:
+            return f"(no diff: {note})", ""
+    pathspecs = [] if paths is None else ["--", *(f":(literal){path}" for path in paths)]
+    records = (_left_out(gitdir, start), _left_out(gitdir, end))
+    try:
+        listed = _git(gitdir, "diff", "--name-only", "--no-renames", "-z", start, end, *pathspecs)
+        changed = {path for path in listed.split("\0") if path}
+        repo = _repository(gitdir)
+        start_rules, end_rules = _Rules(repo, start), _Rules(repo, end)
+        hidden = {path for path in changed if start_rules.hides(path) or end_rules.hides(path)}
+        left = {str(p) for record in records for p in record.get("paths") or []}
+        not_compared = {path for path in changed if _under(path, left)}
+        shown_hidden = hidden - not_compared
+        if hidden or not_compared:
+            leave = hidden | not_compared
+            visible = _patch(gitdir, _without(repo, start, leave), _without(repo, end, leave), pathspecs)
+        else:
+            visible = _patch(gitdir, start, end, pathspecs)
+        hidden_patch = ""
+        if shown_hidden:
+            leave = changed - shown_hidden
+            hidden_patch = _patch(gitdir, _without(repo, start, leave), _without(repo, end, leave), pathspecs)
+    except (SnapshotError, pygit2.GitError, KeyError, ValueError, OSError) as exc:
+        return f"(no diff: {exc})", ""
+    notes = _left_out_notes(records, paths)
+    hidden_text = "\n".join([*notes, hidden_patch]).strip("\n")
+    if hidden_text:
+        hidden_text += "\n"
+    visible_text, hidden_text = redact(visible), redact(hidden_text)
+    hidden_room = max_chars - min(len(visible_text), max_chars * 3 // 4)
+    hidden_text = _cut(hidden_text, hidden_room)
+    visible_text = _cut(visible_text, max(max_chars - len(hidden_text), 0))
+    return visible_text, hidden_text
+
+
 def diff(run: Any, *, max_chars: int = DIFF_MAX_CHARS, paths: Sequence[str] | None = None) -> str:
     """Return the run's workspace changes as a git diff (a stat summary, then the patch).
 
-    Between the start and end trees once the run finished (or waits); against the live
-    workspace before. `paths` (workspace-relative, taken literally) limits it to those files.
-    When there is no diff, a sentence saying why.
+    Between the start and end trees once the run finished (or waits); before, between the start
+    tree and a tree of the workspace as it is now. `paths` (workspace-relative, taken literally)
+    limits it to those files. The changes to files `.gitignore` hides follow under their own
+    heading (`diff_sections`). When there is no diff, a sentence saying why.
     """
-    if paths is not None and not paths:
-        return ""
-    snapshot = WorkspaceSnapshot.objects.filter(run_id=run.pk).first()
-    if snapshot is None:
-        return "(no snapshot of the workspace was taken at the start of this run)"
-    if snapshot.method != WorkspaceSnapshot.Method.GIT or not snapshot.start_tree:
-        same = snapshot.end_fingerprint and snapshot.end_fingerprint == snapshot.start_fingerprint
-        changed = "the workspace did not change" if same else "files may have changed"
-        return f"(no diff: {snapshot.note or 'no snapshot'}; {changed})"
-    gitdir, workspace = git_dir(run.pk), Path(snapshot.workspace)
-    try:
-        end = snapshot.end_tree or _tree(run.pk, workspace)
-        args = ["--no-color", "--no-ext-diff", "--find-renames", snapshot.start_tree, end]
-        if paths is not None:
-            args += ["--", *(f":(literal){path}" for path in paths)]
-        stat = _git(gitdir, workspace, "diff", "--stat=100", "--summary", *args)
-        patch = _git(gitdir, workspace, "diff", *args)
-    except SnapshotError as exc:
-        return f"(no diff: {exc})"
-    if not patch.strip():
-        return ""
-    text = redact(f"{stat.rstrip()}\n\n{patch}")
-    if len(text) > max_chars:
-        text = text[:max_chars] + f"\n…[diff cut at {max_chars:,} characters; {len(text):,} in all]\n"
-    return text
+    visible, hidden = diff_sections(run, max_chars=max_chars, paths=paths)
+    if not hidden:
+        return visible
+    heading = f"=== {HIDDEN_HEADING} ===\n{hidden}"
+    return f"{visible.rstrip()}\n\n{heading}" if visible else heading
 
 
 CHANGED_MAX = 200  # paths a lost attempt's record names; the rest are counted
@@ -325,13 +825,13 @@ def changed_since_iteration(run: Any, number: int) -> dict[str, Any]:
         return {"unknown": note or "no snapshot of the workspace was taken"}
     workspace = Path(run.instance.workspace_path())
     try:
-        base = _git(gitdir, workspace, "rev-parse", "--verify", "-q", _iteration_ref(number), check=False).strip()
+        base = _git(gitdir, "rev-parse", "--verify", "-q", _iteration_ref(number), check=False).strip()
         if not base:
             return {"unknown": f"the workspace was not kept when iteration {number} began"}
         tree, note = _capture(run.pk, workspace)
         if not tree:
             return {"unknown": redact(note)}
-        listed = _git(gitdir, workspace, "diff", "--name-status", "--no-renames", "-z", base, tree)
+        listed = _git(gitdir, "diff", "--name-status", "--no-renames", "-z", base, tree)
     except SnapshotError as exc:
         return {"unknown": redact(str(exc))}
     fields = listed.split("\0")
@@ -341,3 +841,40 @@ def changed_since_iteration(run: Any, number: int) -> dict[str, Any]:
         if path
     ]
     return {"changed": changed[:CHANGED_MAX], "more": max(len(changed) - CHANGED_MAX, 0)}
+
+
+TAMPER_SCAN_FILES = 200  # changed files read for the tamper scan
+TAMPER_SCAN_BYTES = 1_000_000  # of each
+NO_OBJECT = pygit2.Oid(hex="0" * 40)  # a side of a delta where the file is absent
+
+
+def changed_sources(run: Any, suffixes: tuple[str, ...] = (".py", ".pyw")) -> tuple[dict[str, bytes | None], ...]:
+    """Return `(before, after)`: the contents of the files with `suffixes` the run changed since its start.
+
+    From the run's start tree and the workspace as it is now (None: absent on that side); at
+    most TAMPER_SCAN_FILES files of TAMPER_SCAN_BYTES each (a bigger one is passed cut). Empty
+    when the start was not snapshot with git.
+    """
+    gitdir = git_dir(run.pk)
+    start = WorkspaceSnapshot.objects.filter(run_id=run.pk).values_list("start_tree", flat=True).first()
+    if not start or not (gitdir / "HEAD").exists():
+        return {}, {}
+    tree, _ = _capture(run.pk, Path(run.instance.workspace_path()))
+    if not tree:
+        return {}, {}
+    repo = _repository(gitdir)
+    old_tree, new_tree = repo.get(start), repo.get(tree)
+    if not isinstance(old_tree, pygit2.Tree) or not isinstance(new_tree, pygit2.Tree):
+        return {}, {}
+    before: dict[str, bytes | None] = {}
+    after: dict[str, bytes | None] = {}
+    for patch in old_tree.diff_to_tree(new_tree).deltas:
+        path = patch.new_file.path or patch.old_file.path
+        if not path.endswith(suffixes):
+            continue
+        if len(after) >= TAMPER_SCAN_FILES:
+            break
+        for side, blob in ((before, patch.old_file), (after, patch.new_file)):
+            obj = repo.get(blob.id) if blob.id != NO_OBJECT else None
+            side[path] = obj.data[:TAMPER_SCAN_BYTES] if isinstance(obj, pygit2.Blob) else None
+    return before, after

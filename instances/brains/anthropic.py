@@ -57,18 +57,22 @@ import anthropic
 import httpx2
 from django.conf import settings
 
-from instances import credentials, redaction
+from instances import credentials, redaction, sandbox
 from instances.brains.base import (
     ActRequest,
+    BrainError,
     BudgetExhausted,
     CredentialError,
+    DelegateRefused,
     JournaledTurn,
     JournalError,
     Meter,
     ProviderError,
     Reply,
     Usage,
+    check_delegate,
 )
+from instances.pinned import Pinned
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
 from instances.tools.mcp import McpTools, is_mcp_name
 
@@ -589,6 +593,17 @@ def _brief_input(value: Any, limit: int = 300) -> Any:
     return value
 
 
+def _storable(value: Any) -> Any:
+    """Return `value` with every NUL in its text replaced: a model's input may hold one; PostgreSQL's JSON cannot."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    if isinstance(value, dict):
+        return {_storable(k): _storable(v) for k, v in value.items()}
+    return value
+
+
 def call_signature(name: str, arguments: Any) -> str:
     """Return a stable text naming one tool call, to match an approval to a call."""
     return f"{name} {json.dumps(arguments, sort_keys=True, separators=(',', ':'))}"
@@ -632,6 +647,10 @@ class _Act:
         self.journal = request.journal
         self.replayed: dict[int, JournaledTurn] = {}  # what an earlier attempt of this iteration journaled
         self.mcp = McpTools(instance, workspace=request.workspace, stop=request.stop, secrets=session.secrets)
+        self.pinned: Pinned | None = None
+        # The act's `delegate` calls vetted and accepted so far: their children start when the act ends.
+        self.delegations: list[dict[str, Any]] = []
+        self.refused: dict[str, str] = {}  # this turn's refused `delegate` calls: id -> why
         self.approved = {
             call_signature(c["name"], c.get("input", {}))
             for c in getattr(request, "approved_calls", None) or []
@@ -641,12 +660,25 @@ class _Act:
     def run(self) -> Reply:
         try:
             return self._run()
+        except BrainError as exc:  # e.g. the budget ended the act: what it said and ran so far is kept
+            if not exc.text and not exc.tool_calls:
+                kept = self._reply(False, exc.detail, delegations=False)
+                exc.text, exc.tool_calls = kept.text, kept.tool_calls
+            raise
         finally:
             self.mcp.close()
+            if self.pinned is not None:
+                self.pinned.close()
 
     def _run(self) -> Reply:
         instance, request = self.instance, self.request
         request.workspace.mkdir(parents=True, exist_ok=True)
+        # The file tools work through the workspace held open from here: what is swapped on its
+        # path during the act changes nothing they reach.
+        try:
+            self.pinned = Pinned(sandbox.checked_workspace(request.workspace))
+        except (sandbox.WorkspaceRefused, OSError) as exc:
+            return self._reply(False, f"the workspace cannot be opened: {exc}")
         # The MCP servers the agent may use: connected for this act, their secrets redacted like its keys.
         self.mcp.open()
         self.session.secrets = self.mcp.secrets
@@ -664,6 +696,7 @@ class _Act:
             secrets=self.session.secrets,
             instance_id=instance.pk,
             network=bool(getattr(instance, "network", False)),
+            pinned=self.pinned,
         )
         try:
             tools = definitions(self.enabled) + self.mcp.definitions()
@@ -795,20 +828,29 @@ class _Act:
     def _delegating(
         self, turn: int, content: list[dict[str, Any]], calls: list[dict[str, Any]], context: ToolContext
     ) -> Reply | None:
-        """End the act with its `delegate` calls for the loop to start; run the turn's other calls first."""
+        """Vet the turn's `delegate` calls at once; end the act for the loop to start them if all were accepted.
+
+        The turn's other calls run first. When one is refused (bounds, arguments, fit, reach), nothing
+        ends: every call of the turn gets its tool_result now — the refusal for that call, "accepted"
+        for the others — and the act goes on; what was accepted starts when the act ends.
+        """
         if "delegate" not in self.enabled:
             return None
         delegated = [c for c in calls if c.get("name") == "delegate"]
         if not delegated:
             return None
+        self.refused = {}
+        for call in delegated:
+            try:
+                kept = check_delegate(self.request.run_id, call.get("input", {}), list(self.delegations))
+            except DelegateRefused as exc:
+                self.refused[str(call.get("id", ""))] = str(exc)
+            else:
+                self.delegations.append({"name": "delegate", "input": kept, "id": call.get("id", ""), "delegate": True})
+        if self.refused:
+            return None  # `_run_tools` answers every call of the turn, the refusals included
         self._run_tools(turn, content, calls, context, skipping="delegate")
-        reply = self._reply(True, f"delegated {len(delegated)} sub-objective(s); waiting for them")
-        reply.tool_calls = [
-            *reply.tool_calls,
-            *({"name": "delegate", "input": c.get("input", {}), "id": c.get("id", ""), "delegate": True}
-              for c in delegated),
-        ]
-        return reply
+        return self._reply(True, f"delegated {len(self.delegations)} sub-objective(s); waiting for them")
 
     def _run_tools(
         self,
@@ -828,7 +870,10 @@ class _Act:
                 raise _Stopped
             if time.monotonic() >= self.session.deadline:
                 raise _TimedOut
-            result = self._journaled_call(turn, index, call, content, context)
+            if call.get("name") == "delegate" and "delegate" in self.enabled:
+                result = self._delegate_result(call)
+            else:
+                result = self._journaled_call(turn, index, call, content, context)
             block: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": call["id"],
@@ -838,6 +883,19 @@ class _Act:
                 block["is_error"] = True
             results.append(block)
         return results
+
+    def _delegate_result(self, call: Mapping[str, Any]) -> ToolResult:
+        """The tool_result of a `delegate` call `_delegating` vetted: its refusal, or that it is accepted."""
+        why = self.refused.get(str(call.get("id", "")))
+        if why is not None:
+            result = ToolResult(f"refused, and no run was made: {why}", True)
+            self._record(call, result)
+            return result
+        return ToolResult(
+            "accepted: the child run starts when you end this turn (answer without calling a tool); your run then "
+            "waits for it, and its outcome comes in your next instruction",
+            False,
+        )
 
     def _journaled_call(
         self,
@@ -895,9 +953,13 @@ class _Act:
         self.executed.append(entry)
         log.debug("run %s: tool %s %s", self.request.run_id, call.get("name"), "refused" if result.is_error else "ran")
 
-    def _reply(self, ok: bool, detail: str, *, stopped: bool = False, timed_out: bool = False) -> Reply:
+    def _reply(
+        self, ok: bool, detail: str, *, stopped: bool = False, timed_out: bool = False, delegations: bool = True
+    ) -> Reply:
         scrub = self.session.scrub
-        calls = json.loads(scrub(json.dumps(self.executed))) if self.executed else []
+        calls = _storable(json.loads(scrub(json.dumps(self.executed)))) if self.executed else []
+        if delegations and not stopped:
+            calls.extend(self.delegations)  # accepted: the loop starts them now that the act ends
         return Reply(
             ok=ok,
             text=scrub("\n\n".join(self.texts)),

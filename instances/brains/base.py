@@ -9,6 +9,7 @@ so far. Provider words never leave a brain module: errors are translated into th
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -93,10 +94,15 @@ class BrainError(Exception):
 
     outcome = "provider_error"
 
-    def __init__(self, detail: str, usage: Usage | None = None) -> None:
+    def __init__(
+        self, detail: str, usage: Usage | None = None, *, text: str = "", tool_calls: list[dict[str, Any]] | None = None
+    ) -> None:
         super().__init__(detail)
         self.detail = detail
         self.usage = usage or Usage()
+        # What the act said and called before it ended so: kept in its record (`act.finished`) all the same.
+        self.text = text
+        self.tool_calls = list(tool_calls or [])
 
 
 class CredentialError(BrainError):
@@ -188,3 +194,28 @@ class Brain(Protocol):
         self-reported answers the most it may report before the report ends the run.
         """
         ...
+
+
+class DelegateRefused(Exception):
+    """A `delegate` call refused at once (bounds, arguments, fit, reach); the message is for the model."""
+
+
+DelegateCheck = Callable[[int, Any, list[dict[str, Any]]], dict[str, Any]]
+_delegate_checks: list[DelegateCheck] = []
+
+
+def on_delegate(check: DelegateCheck) -> None:
+    """Register how an act's `delegate` call is vetted (`loops` does, at start: `instances` imports no `loops`)."""
+    _delegate_checks[:] = [check]
+
+
+def check_delegate(run_id: int, arguments: Any, earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """Vet one `delegate` call of run `run_id`'s act, after the act's `earlier` accepted ones.
+
+    Return the input to keep (the children start when the act ends); raise DelegateRefused.
+    Without a registered check (no loop in this process) the call is kept as it is, to be vetted
+    when its child would start.
+    """
+    if not _delegate_checks:
+        return dict(arguments) if isinstance(arguments, dict) else {}
+    return _delegate_checks[0](run_id, arguments, earlier)

@@ -35,6 +35,7 @@ from budgets import money
 from instances import gateway, sandbox
 from instances.brains import process
 from instances.brains.base import ActRequest, BudgetExhausted, Reply, Usage
+from instances.pinned import Pinned
 from instances.redaction import redact
 
 # The end of a failed act's stderr that its detail keeps (and the next instruction quotes).
@@ -117,7 +118,9 @@ class CommandBrain:
             delegated = list(act.delegated)  # final: the act has ended
         done.stdout, done.stderr = redact(done.stdout), redact(done.stderr)
         if act is not None and act.exhausted:
-            raise BudgetExhausted(f"the agent's model calls spent the budget: {act.exhausted}", usage)
+            raise BudgetExhausted(
+                f"the agent's model calls spent the budget: {act.exhausted}", usage, text=done.stdout
+            )
         if done.spawn_error:
             return Reply(ok=False, text="", usage=usage, detail=done.spawn_error)
         if done.stopped:
@@ -152,18 +155,31 @@ def _startable(program: str, env: dict[str, str], cwd: Path) -> bool:
     return found is not None and os.access(Path(cwd, found), os.X_OK)
 
 
+MAX_USAGE_BYTES = 64 * 1024
+MAX_REPORTED_TOKENS = 10**12  # more than any act reads or writes; a larger count would overflow the books
+
+
 def read_usage(path: Path) -> Usage:
-    """Read what the program reported spending; ignore a missing or malformed file."""
+    """Read what the program reported spending; ignore a missing, malformed or oversized file.
+
+    The program owns the file: it is read through its directory held open, never through a
+    link, only if it is a regular file, and at most MAX_USAGE_BYTES of it (a FIFO, `/dev/zero`
+    or a sparse file of gigabytes reads as no report).
+    """
     try:
-        raw = json.loads(path.read_text())
+        with Pinned(path.parent) as scratch:
+            data, size = scratch.read(path.name, MAX_USAGE_BYTES + 1)
+        if size > MAX_USAGE_BYTES:
+            return Usage()
+        raw = json.loads(data)
     except (OSError, ValueError):
         return Usage()
     if not isinstance(raw, dict):
         return Usage()
 
-    def count(key: str) -> int:
+    def count(key: str) -> int:  # a count past MAX_REPORTED_TOKENS is counted as that many, never as none
         value = raw.get(key, 0)
-        return value if isinstance(value, int) and value >= 0 else 0
+        return min(value, MAX_REPORTED_TOKENS) if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
     cost = _reported_cost(raw["cost_usd"]) if "cost_usd" in raw else None
     return Usage(

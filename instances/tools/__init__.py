@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from instances.pinned import Pinned
 from instances.tools import shell, workspace
 
 
@@ -31,6 +32,11 @@ class ToolContext:
     secrets: tuple[str, ...] = field(default=(), repr=False)
     instance_id: int | None = None  # whose sandbox uid commands run as
     network: bool = False  # whether commands may reach the outside network
+    pinned: Pinned | None = None  # the workspace held open for the act: file tools work through it
+
+    @property
+    def files(self) -> Path | Pinned:
+        return self.pinned or self.workspace
 
 
 @dataclass
@@ -70,13 +76,13 @@ def _int(arguments: dict[str, Any], name: str, default: int | None) -> int | Non
 
 def _list_files(ctx: ToolContext, arguments: dict[str, Any]) -> str:
     return workspace.list_files(
-        ctx.workspace, _str(arguments, "path", default="."), recursive=bool(arguments.get("recursive", False))
+        ctx.files, _str(arguments, "path", default="."), recursive=bool(arguments.get("recursive", False))
     )
 
 
 def _read_file(ctx: ToolContext, arguments: dict[str, Any]) -> str:
     return workspace.read_file(
-        ctx.workspace,
+        ctx.files,
         _str(arguments, "path"),
         offset=_int(arguments, "offset", 1) or 1,
         limit=_int(arguments, "limit", None),
@@ -84,18 +90,18 @@ def _read_file(ctx: ToolContext, arguments: dict[str, Any]) -> str:
 
 
 def _write_file(ctx: ToolContext, arguments: dict[str, Any]) -> str:
-    return workspace.write_file(ctx.workspace, _str(arguments, "path"), _str(arguments, "content"))
+    return workspace.write_file(ctx.files, _str(arguments, "path"), _str(arguments, "content"))
 
 
 def _edit_file(ctx: ToolContext, arguments: dict[str, Any]) -> str:
     return workspace.edit_file(
-        ctx.workspace, _str(arguments, "path"), _str(arguments, "old_text"), _str(arguments, "new_text")
+        ctx.files, _str(arguments, "path"), _str(arguments, "old_text"), _str(arguments, "new_text")
     )
 
 
 def _search_files(ctx: ToolContext, arguments: dict[str, Any]) -> str:
     return workspace.search_files(
-        ctx.workspace,
+        ctx.files,
         _str(arguments, "pattern"),
         _str(arguments, "path", default="."),
         regex=bool(arguments.get("regex", False)),

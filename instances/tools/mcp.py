@@ -107,6 +107,7 @@ class _Connection:
     closing: Any = None  # anyio.Event, made in the loop
     future: Future[Any] | None = None
     errlog: Any = None
+    launch: Any = None  # sandbox.Launch: what it mounts, held open while the server runs
 
     def secret_values(self) -> list[str]:
         return [v for part in self.secrets.values() for v in part.values() if v]
@@ -238,6 +239,8 @@ class McpTools:
             for connection in self._connections.values():
                 if connection.errlog is not None:
                     connection.errlog.close()
+                if connection.launch is not None:
+                    connection.launch.close()
 
     # --- what the model sees ---------------------------------------------------------------
 
@@ -400,7 +403,9 @@ class McpTools:
             sandbox.Spec(
                 workspace=self.workspace, instance_id=getattr(self.instance, "pk", None), network=False
             ),
+            passes_fds=False,  # the SDK starts the server: the workspace stays held until it ends
         )
+        connection.launch = launch
         # The SDK adds HOME, LOGNAME, PATH, SHELL, TERM and USER from the server's own environment
         # unless they are given: give every one of them, so nothing of the platform's passes.
         env = {

@@ -133,11 +133,22 @@ def test_an_approved_call_runs_when_the_run_resumes(agent, act, server):
     assert any("A person approved" in block["text"] for block in opening)
 
 
+def stop_once_asked(server, stop: threading.Event) -> None:
+    """Set `stop` once the model has been asked (however long the act took to get there)."""
+
+    def watch() -> None:
+        wait_for(lambda: server.calls >= 1, 10, "the model to be asked")
+        time.sleep(0.1)
+        stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def test_stop_mid_call_returns_within_two_seconds(agent, act, server):
     inst = agent()
     server.enqueue(Delay(30, text("too late")))
     stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
+    stop_once_asked(server, stop)
     began = time.monotonic()
     reply = act(inst, stop=stop)
     elapsed = time.monotonic() - began
@@ -151,7 +162,7 @@ def test_a_stop_before_the_answer_begins_hangs_up_the_connection(agent, act, ser
     # Nothing has come back yet, so there is no stream to close: the stop ends the connection itself.
     server.enqueue(Delay(30, text("too late")))
     stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
+    stop_once_asked(server, stop)
     reply = act(agent(), stop=stop)
     assert reply.stopped
     assert server.disconnected.wait(5.0), "the connection stayed open after the stop"
@@ -185,7 +196,7 @@ def test_stop_during_a_tool_returns_promptly(agent, act, server):
     inst = agent()
     server.enqueue(tool_use("run_command", {"command": "sleep 30"}), text("never asked"))
     stop = threading.Event()
-    threading.Timer(0.3, stop.set).start()
+    stop_once_asked(server, stop)
     began = time.monotonic()
     reply = act(inst, stop=stop)
     assert time.monotonic() - began < 2.0

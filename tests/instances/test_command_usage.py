@@ -27,3 +27,17 @@ def test_a_reported_cost_rounds_up_and_is_never_lost(tmp_path, reported, micros)
     path = tmp_path / "usage.json"
     path.write_text(json.dumps({"input_tokens": 10, "cost_usd": reported}).replace("Infinity", "1e400"))
     assert read_usage(path).cost_micros == micros
+
+
+@pytest.mark.parametrize(
+    ("reported", "counted"),
+    [(10**30, 10**12), (10**12, 10**12), (True, 0), (-5, 0), (1e400, 0), ("9", 0), (1234, 1234)],
+)
+def test_a_reported_token_count_is_bounded_never_lost_and_never_a_crash(db, price, tmp_path, reported, counted):
+    from budgets import metering
+
+    path = tmp_path / "usage.json"
+    path.write_text(json.dumps({"input_tokens": reported, "output_tokens": reported}).replace("Infinity", "1e400"))
+    usage = read_usage(path)
+    assert (usage.input_tokens, usage.output_tokens) == (counted, counted)
+    metering.split_cost(usage, usage.metered_micros)  # priced without an overflow

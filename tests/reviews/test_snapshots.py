@@ -114,15 +114,18 @@ def test_a_deleted_runs_snapshots_go_with_it(run):
     assert not path.exists()
 
 
-def _git_tree(gitdir, workspace):
+def _git_tree(gitdir, workspace, hidden=()):
     """The tree git itself stores for `workspace` in `gitdir` (what `snapshots` stored before libgit2),
-    from an index of its own: every file read afresh, nothing taken from the index libgit2 wrote."""
+    from an index of its own: every file read afresh, nothing taken from the index libgit2 wrote;
+    `hidden`, the files `.gitignore` hides, added with `--force` (a snapshot keeps them too)."""
     env = {
         "GIT_DIR": str(gitdir), "GIT_WORK_TREE": str(workspace), "PATH": "/usr/bin:/bin", "HOME": str(gitdir),
         "GIT_INDEX_FILE": str(gitdir / f"git-index-{os.getpid()}-{time.monotonic_ns()}"),
     }
     git = ["git", "-c", "core.autocrlf=false", "-c", "advice.addEmbeddedRepo=false"]
     subprocess.run([*git, "add", "--all"], cwd=workspace, env=env, check=True, capture_output=True)
+    if hidden:
+        subprocess.run([*git, "add", "--force", *hidden], cwd=workspace, env=env, check=True, capture_output=True)
     return subprocess.run([*git, "write-tree"], cwd=workspace, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
@@ -141,17 +144,17 @@ def test_a_tree_stored_in_process_is_the_tree_git_stores(run, tmp_path):
 
     snap = snapshots.take(run)
     gitdir = snapshots.git_dir(run.pk)
-    assert snap.start_tree == _git_tree(gitdir, workspace)
+    assert snap.start_tree == _git_tree(gitdir, workspace, ["debug.log"])
     listed = subprocess.run(
         ["git", "--git-dir", str(gitdir), "ls-tree", "-r", snap.start_tree], check=True, capture_output=True, text=True
     ).stdout
     assert "100755 blob" in listed and "120000 blob" in listed and "pkg/mod.py" in listed
-    assert "debug.log" not in listed and "node_modules" not in listed
+    assert "debug.log" in listed and "node_modules" not in listed  # what .gitignore hides is kept; caches are not
 
     (workspace / "app.py").write_text("changed\n")
     snapshots.mark_iteration(run, 2)  # the index's stat cache: a changed file is read again
     marked = (gitdir / "refs" / "tether" / "iteration-2").read_text().strip()
-    assert marked == _git_tree(gitdir, workspace) != snap.start_tree
+    assert marked == _git_tree(gitdir, workspace, ["debug.log"]) != snap.start_tree
 
 
 def test_a_workspace_holding_another_repository_is_still_snapshot(run):
