@@ -93,6 +93,10 @@ class AgentConfig(models.Model):
     protected_paths = models.JSONField(
         default=list, blank=True, help_text="globs relative to the workspace that grade the agent, e.g. tests/**"
     )
+    protect_defaults = models.BooleanField(
+        default=True,
+        help_text="with checks, also protect the default evidence files (tests, runner configuration, .gitignore)",
+    )
     mcp_servers = models.JSONField(
         default=list, blank=True, help_text="names of registered MCP servers whose tools the agent gets"
     )

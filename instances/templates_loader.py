@@ -17,6 +17,7 @@ upserts them; on a fresh (or test-flushed) database the migration `0003_load_age
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ SCHEMA: dict[str, Any] = {
                     "command": {**_STRINGS, "minItems": 1},
                     "required": {"type": "boolean"},
                     "timeout": {"type": "number", "exclusiveMinimum": 0},
+                    "evidence": {"enum": ["report", "exit code"]},
                 },
             },
         },
@@ -66,6 +68,7 @@ SCHEMA: dict[str, Any] = {
         "tool_timeout_seconds": _COUNT,
         "act_timeout_seconds": _COUNT,
         "protected_paths": _STRINGS,
+        "protect_defaults": {"type": "boolean"},
         "roles": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
         "verify_with_role": {"type": "string"},
         "mcp_servers": _STRINGS,
@@ -103,9 +106,29 @@ def validate(data: Any, *, source: str = "template") -> dict[str, Any]:
 
 
 def read_templates(directory: Path = TEMPLATES_DIR) -> list[dict[str, Any]]:
-    """Return every template file in `directory`, validated, in name order."""
+    """Return every template file in `directory`, validated, in name order.
+
+    Parsed and validated once per set of files: a flushed test database (or a second migrate)
+    reads them again only when a file was added, removed or changed."""
+    paths = sorted(directory.glob("*.json"))
+    stamp = tuple((str(path), *_stat_key(path)) for path in paths)
+    if (cached := _read_cache.get(str(directory))) is None or cached[0] != stamp:
+        cached = (stamp, _read_validated(paths))
+        _read_cache[str(directory)] = cached
+    return copy.deepcopy(cached[1])
+
+
+_read_cache: dict[str, tuple[tuple[Any, ...], list[dict[str, Any]]]] = {}
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_mtime_ns, stat.st_size
+
+
+def _read_validated(paths: list[Path]) -> list[dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
-    for path in sorted(directory.glob("*.json")):
+    for path in paths:
         try:
             data = json.loads(path.read_text())
         except ValueError as exc:
@@ -128,15 +151,23 @@ def load_templates(
     if model is None:
         model = AgentTemplate
     known = {f.name for f in model._meta.get_fields() if getattr(f, "concrete", False)}
+    templates = read_templates(directory)
+    rows = model.objects.using(using)
+    if not overwrite:
+        # One read and one insert, not a get_or_create each: this runs after every test flush.
+        present = set(rows.filter(name__in=[t["name"] for t in templates]).values_list("name", flat=True))
+        missing = [t for t in templates if t["name"] not in present]
+        rows.bulk_create([model(name=t["name"], **_known(t, known)) for t in missing], ignore_conflicts=True)
+        return [(t["name"], t["name"] not in present) for t in templates]
     results = []
-    for data in read_templates(directory):
-        values = {k: v for k, v in data.items() if k in known and k != "name"}
-        if overwrite:
-            _, created = model.objects.using(using).update_or_create(name=data["name"], defaults=values)
-        else:
-            _, created = model.objects.using(using).get_or_create(name=data["name"], defaults=values)
+    for data in templates:
+        _, created = rows.update_or_create(name=data["name"], defaults=_known(data, known))
         results.append((data["name"], created))
     return results
+
+
+def _known(data: dict[str, Any], known: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k in known and k != "name"}
 
 
 def ensure_templates(sender: Any = None, *, app_config: Any = None, using: str = "default", **kwargs: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -15,74 +16,147 @@ from django.conf import settings
 
 from instances import sandbox
 from instances.brains import process
+from instances.pinned import Pinned, open_file_at
 from instances.redaction import redact
+from loops import evidence
 from loops.policy import Check
 
 OUTPUT_TAIL = 4000
-SKIP_DIRS = {".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache", "node_modules", ".venv"}
+SKIP_DIRS = frozenset({".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache", "node_modules", ".venv"})
 MAX_FINGERPRINT_FILES = 5000
+MAX_FINGERPRINT_BYTES = 32 * 1024 * 1024  # of each file (its size is in the digest too)
+MAX_BASELINE_TESTS = 20_000  # test ids kept per check
 
 
 def run_checks(
-    specs: list[dict[str, Any]], workspace: Path, stop: threading.Event, *, instance: Any = None
+    specs: list[dict[str, Any]], workspace: Path, stop: threading.Event, *, instance: Any = None,
+    baseline: dict[str, Any] | None = None,
 ) -> list[Check]:
-    """Run each check in the instance's sandbox (its uid, its network grant) and return the results."""
-    box = sandbox.Spec(
-        workspace=workspace,
-        instance_id=getattr(instance, "pk", None),
-        network=bool(getattr(instance, "network", False)),
-    )
+    """Run each check in the instance's sandbox (its uid, its network grant) and return the results.
+
+    A check passes when it exits 0 and its evidence holds (`loops.evidence.judge`, against the
+    tests collected at the start of the run, `baseline`, by check name).
+    """
     results = []
     for spec in specs:
         if stop.is_set():
             break
-        done = process.run(
-            list(spec["command"]),
-            cwd=workspace,
-            env=process.base_env(workspace),
-            timeout=float(spec.get("timeout", settings.TETHER_CHECK_TIMEOUT_SECONDS)),
-            stop=stop,
-            cap=settings.TETHER_OUTPUT_CAP_BYTES,
-            spec=box,
+        argv = [str(part) for part in spec["command"]]
+        timeout = float(spec.get("timeout", settings.TETHER_CHECK_TIMEOUT_SECONDS))
+        done, found = _run(argv, workspace, stop, instance, timeout)
+        judgement = evidence.judge(
+            found,
+            pytest_check=evidence.is_pytest(argv),
+            baseline=(baseline or {}).get(str(spec["name"])),
+            required=spec.get("evidence") == evidence.REPORT,
         )
+        exited_ok = done.exit_code == 0 and not done.timed_out and not done.stopped
         output = redact((done.stdout + done.stderr)[-OUTPUT_TAIL:])
         if done.spawn_error:
             output = done.spawn_error
         elif done.timed_out:
             output += "\n[check timed out]"
+        elif not judgement.ok:
+            output += f"\n[not verified by its evidence: {judgement.summary}]"
         results.append(
             Check(
                 name=str(spec["name"]),
                 required=bool(spec.get("required", True)),
-                passed=done.exit_code == 0 and not done.timed_out and not done.stopped,
+                passed=exited_ok and judgement.ok,
                 output=output,
+                evidence=judgement.evidence,
+                evidence_detail=judgement.summary,
             )
         )
     return results
 
 
+def collect_baseline(
+    specs: list[dict[str, Any]], workspace: Path, stop: threading.Event, *, instance: Any = None
+) -> dict[str, Any]:
+    """Return, per pytest check, the tests it collects as the run starts (`--collect-only`, nothing run).
+
+    Taken once, before the first act: a check later passes only if every one of these ran and passed.
+    """
+    baseline: dict[str, Any] = {}
+    for spec in specs:
+        argv = [str(part) for part in spec["command"]]
+        if stop.is_set() or not evidence.is_pytest(argv):
+            continue
+        timeout = float(spec.get("timeout", settings.TETHER_CHECK_TIMEOUT_SECONDS))
+        _, found = _run([*argv, "--collect-only", "-q"], workspace, stop, instance, timeout)
+        collected = [nodeid for report in found for nodeid in report.get("collected") or []]
+        deselected = sum(int(report.get("deselected") or 0) for report in found)
+        baseline[str(spec["name"])] = {"collected": collected[:MAX_BASELINE_TESTS], "deselected": deselected}
+    return baseline
+
+
+def _run(
+    argv: list[str], workspace: Path, stop: threading.Event, instance: Any, timeout: float
+) -> tuple[process.Finished, list[dict[str, Any]]]:
+    """Run one check command in the sandbox with the evidence plugin; return how it ended and its reports."""
+    with tempfile.TemporaryDirectory(prefix="tether-evidence-") as reports:
+        inside = sandbox.enabled()
+        box = sandbox.Spec(
+            workspace=workspace,
+            instance_id=getattr(instance, "pk", None),
+            network=bool(getattr(instance, "network", False)),
+            binds=[
+                sandbox.Bind(evidence.PLUGIN_DIR, evidence.PLUGIN_DIR_SEEN),
+                sandbox.Bind(Path(reports), evidence.REPORT_DIR_SEEN, writable=True),
+            ],
+        )
+        env = process.base_env(workspace)
+        env.update(
+            evidence.env(
+                evidence.PLUGIN_DIR_SEEN if inside else str(evidence.PLUGIN_DIR),
+                evidence.REPORT_DIR_SEEN if inside else reports,
+            )
+        )
+        done = process.run(
+            argv, cwd=workspace, env=env, timeout=timeout, stop=stop, cap=settings.TETHER_OUTPUT_CAP_BYTES, spec=box
+        )
+        return done, evidence.reports(Path(reports))
+
+
 def fingerprint(workspace: Path) -> str:
-    """Return a digest of the workspace's files (names and contents)."""
+    """Return a digest of the workspace's files (names and contents).
+
+    Walked through the workspace held open (`instances.pinned`): a link counts as its target's
+    name, never its content; a FIFO or device as its name only; each file's first
+    MAX_FINGERPRINT_BYTES, and its size.
+    """
     digest = hashlib.sha256()
-    if not workspace.is_dir():
+    try:
+        ws = Pinned(sandbox.checked_workspace(workspace))
+    except (sandbox.WorkspaceRefused, OSError):
         return ""
     count = 0
-    for root, dirs, files in os.walk(workspace):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        for name in sorted(files):
-            path = Path(root) / name
+    with ws:
+        for entry in ws.walk(skip=SKIP_DIRS):
+            if entry.kind == "dir":
+                continue
             count += 1
             if count > MAX_FINGERPRINT_FILES:
                 digest.update(b"...truncated")
-                return digest.hexdigest()
-            digest.update(str(path.relative_to(workspace)).encode() + b"\0")
-            try:
-                with open(path, "rb") as fh:
-                    digest.update(hashlib.file_digest(fh, "sha256").digest())
-            except OSError:
-                digest.update(b"?")
+                break
+            digest.update(entry.path.encode(errors="surrogateescape") + b"\0" + entry.kind.encode())
+            if entry.kind == "file":
+                data = open_file_at(entry.dir_fd, entry.name, MAX_FINGERPRINT_BYTES)
+                digest.update(b"?" if data is None else hashlib.sha256(data).digest() + str(entry.size).encode())
+            elif entry.kind == "link":
+                try:
+                    digest.update(os.readlink(entry.name, dir_fd=entry.dir_fd).encode(errors="surrogateescape"))
+                except OSError:
+                    digest.update(b"?")
     return digest.hexdigest()
 
 
 def as_json(checks: list[Check]) -> list[dict[str, Any]]:
-    return [{"name": c.name, "required": c.required, "passed": c.passed, "output": c.output} for c in checks]
+    return [
+        {
+            "name": c.name, "required": c.required, "passed": c.passed, "output": c.output,
+            "evidence": c.evidence, "evidence_detail": c.evidence_detail,
+        }
+        for c in checks
+    ]

@@ -23,8 +23,11 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 # Directories never walked: the same ones the workspace fingerprint and the snapshots skip.
+from instances import sandbox
+from instances.pinned import Entry, Pinned, open_file_at
 from loops.checks import SKIP_DIRS
 
 MAX_WALKED = 20_000  # entries looked at per fingerprint
@@ -79,39 +82,78 @@ def matches(path: str, globs: Iterable[str]) -> bool:
     return False
 
 
-def _digest(path: Path) -> str:
+# What grades an agent wherever there are checks: one set, for every template and instance (a
+# template adds its own globs to it, never copies it). Tests and the configuration every runner
+# Tether knows reads (pytest: pytest.ini, .pytest.ini, pyproject.toml, setup.cfg, tox.ini,
+# conftest.py at any depth; unittest: the test files themselves), the runner's own modules if the
+# workspace shadowed them, sourceless bytecode, the start-up hooks Python reads, and .gitignore
+# (which decides what a review's diff shows by default).
+DEFAULT_GLOBS = (
+    "tests/", "test/", "test_*.py", "*_test.py", "conftest.py",
+    "pytest.ini", ".pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini", "noxfile.py",
+    "pytest.py", "pytest/", "_pytest.py", "_pytest/", "pluggy.py", "pluggy/", "iniconfig.py", "iniconfig/",
+    "unittest.py", "unittest/", "py.py", "*.pyc",
+    "sitecustomize.py", "usercustomize.py", "*.pth",
+    ".gitignore",
+)
+
+
+def globs_for(instance: Any) -> list[str]:
+    """What is protected on `instance`: its own globs, and with checks the shared defaults.
+
+    An instance without checks has no evidence to protect beyond what it lists; one with checks
+    gets `DEFAULT_GLOBS` unless it opted out (`protect_defaults` false).
+    """
+    own = [str(glob) for glob in instance.protected_paths or []]
+    checks = list(instance.checks or [])
+    if not checks or not getattr(instance, "protect_defaults", True):
+        return own
+    return list(dict.fromkeys([*DEFAULT_GLOBS, *own]))
+
+
+MAX_DIGEST_BYTES = 64 * 1024 * 1024  # of each protected file (its size is in the digest too)
+
+
+def _digest(entry: Entry) -> str:
+    """A protected entry's digest, read through its directory's descriptor: a link by its target's name."""
     try:
-        info = os.lstat(path)
-        if stat.S_ISLNK(info.st_mode):
-            return "symlink:" + os.readlink(path)
-        if not stat.S_ISREG(info.st_mode):
+        if entry.kind == "link":
+            return "symlink:" + os.readlink(entry.name, dir_fd=entry.dir_fd)
+        info = os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False)
+        data = open_file_at(entry.dir_fd, entry.name, MAX_DIGEST_BYTES) if entry.kind == "file" else None
+        if data is None:
             return f"special:{stat.S_IFMT(info.st_mode):o}"
-        with open(path, "rb") as fh:
-            return hashlib.file_digest(fh, "sha256").hexdigest()
+        digest = hashlib.sha256(data).hexdigest()
+        return digest if info.st_size <= MAX_DIGEST_BYTES else f"{digest}+{info.st_size}"
     except OSError as exc:
         return f"unreadable:{exc.errno}"
 
 
 def digests(workspace: Path, globs: Iterable[str]) -> dict[str, str]:
-    """Return {workspace-relative path: sha256} of every protected file in `workspace` (bounded)."""
+    """Return {workspace-relative path: sha256} of every protected file in `workspace` (bounded).
+
+    Walked through the workspace held open (`instances.pinned`); a link is an entry of its own,
+    never followed.
+    """
     globs = [g for g in (str(g) for g in globs) if _clean(g)]
     found: dict[str, str] = {}
-    if not globs or not workspace.is_dir():
+    if not globs:
+        return found
+    try:
+        ws = Pinned(sandbox.checked_workspace(workspace))
+    except (sandbox.WorkspaceRefused, OSError):
         return found
     walked = 0
-    for root, dirs, files in os.walk(workspace):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-        # A symbolic link to a directory is not walked into: it is an entry of its own.
-        entries = sorted(files) + [d for d in dirs if os.path.islink(os.path.join(root, d))]
-        for name in entries:
+    with ws:
+        for entry in ws.walk(skip=SKIP_DIRS):
+            if entry.kind == "dir":
+                continue
             walked += 1
             if walked > MAX_WALKED or len(found) >= MAX_PROTECTED:
                 found[TRUNCATED] = TRUNCATED
                 return found
-            path = Path(root) / name
-            relative = path.relative_to(workspace).as_posix()
-            if matches(relative, globs):
-                found[relative] = _digest(path)
+            if matches(entry.path, globs):
+                found[entry.path] = _digest(entry)
     return found
 
 

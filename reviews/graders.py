@@ -37,6 +37,7 @@ import jsonschema
 from django.conf import settings
 
 from instances.brains.base import Usage
+from instances.redaction import redact
 from loops import policy
 from loops.signals import FinalAct
 from reviews.judge import Verdict
@@ -276,6 +277,10 @@ def grade(
         )
         return _record(run, final_iteration, result)
 
+    tampering = tamper_reason(run)
+    if tampering:
+        reasons.append(tampering)
+
     unchanged = None
     if config.expects_changes:
         start = snapshots.start_fingerprint(run)
@@ -318,10 +323,32 @@ def grade(
 
     broken = response is not None and response.misconfigured
     judged_ok = verdict is None or verdict.verdict == "pass"
-    verified = not unchanged and not broken and judged_ok
-    review = bool(unchanged) or broken or (verdict is not None and verdict.verdict == "needs-human")
+    verified = not unchanged and not broken and judged_ok and not tampering
+    review = bool(unchanged) or broken or bool(tampering) or (verdict is not None and verdict.verdict == "needs-human")
     result = Grade(verified, "done", review, reasons, **found)
     return _record(run, final_iteration, result)
+
+
+def tamper_reason(run: Any) -> str:
+    """Return why the run's changes to non-test code touch the test machinery ("" when they do not).
+
+    A scan of the Python files the run changed (`loops.tamper`): an `os._exit`, an exit at import,
+    `atexit`, a patched `unittest`/`pytest`/`builtins`, a write into `sys.modules`. The first
+    line found leads, for the reviewer.
+    """
+    from loops import tamper
+    from reviews import snapshots
+
+    if not run.instance.checks:
+        return ""
+    findings = tamper.scan(*snapshots.changed_sources(run))
+    if not findings:
+        return ""
+    first = findings[0]
+    more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
+    return redact(
+        f"it touches the test machinery: {first.path}:{first.line} {first.what}: `{first.text.strip()}`{more}"
+    )
 
 
 def _record(run: Any, final: Any, result: Grade) -> Grade:

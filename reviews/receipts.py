@@ -219,6 +219,9 @@ def document(run: Any) -> dict[str, Any]:
                         "name": c.get("name"),
                         "required": c.get("required"),
                         "passed": c.get("passed"),
+                        # What the pass rests on: "report" (a test report from outside the
+                        # workspace) or "exit code" (its exit status only).
+                        "evidence": c.get("evidence", "exit code"),
                         "output_sha256": _text_digest(str(c.get("output", ""))),
                     }
                     for c in (it.checks or [])

@@ -185,7 +185,7 @@ def test_a_done_with_changes_and_passing_checks_is_verified(coding):
     grade = graders.grade(coding, FinalAct(1, "changed x", fingerprint(coding)), PASSED)
     assert (grade.outcome, grade.verified, grade.review, grade.unchanged_workspace) == ("done", True, False, False)
     step = verdict(grade)
-    assert step == policy.Stop("done", "checks passed (verified: required checks passed: tests)", verified=True)
+    assert step == policy.Stop("done", "checks passed (verified: tests by its exit code)", verified=True)
 
 
 def test_claimed_done_changed_nothing_is_not_verified(coding):

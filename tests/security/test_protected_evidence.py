@@ -2,7 +2,7 @@
 
 Each agent is a command-brain script driven through the real runner with the `checks` decider
 (all required checks pass → done); its workspace holds a bug (`add` subtracts) and the test that
-catches it. The instance protects what the coder template protects. A test-tampering agent
+catches it. The instance protects what the coder template protects (with checks: the defaults). A test-tampering agent
 rewrites (or deletes) the test so the check passes with the bug left in; an honest agent fixes
 `app.py`. The review hooks run because the loop signals them (nothing here calls them).
 """
@@ -40,8 +40,7 @@ def coder(user, make_instance, script):
     """Build an instance running `body` as its agent, protecting what the coder template protects."""
 
     def build(body):
-        globs = AgentTemplate.objects.get(name="coder").protected_paths
-        assert "tests/**" in globs
+        globs = AgentTemplate.objects.get(name="coder").protected_paths  # the defaults, and its own
         inst = make_instance(
             user,
             command=script(body),
@@ -82,6 +81,7 @@ def test_an_agent_that_rewrites_the_tests_is_never_verified(coder, client, user)
     client.force_login(user)
     html = client.get(f"/reviews/{item.pk}/").content.decode()
     assert "It changed what grades it" in html
+    assert 'data-protected-diff tabindex="0"' in html and 'data-diff tabindex="0"' in html  # scrollable by keyboard
     protected = html.index("data-protected-diff")
     assert protected < html.index("What the run changed")  # diff-first: the evidence before all else
     shown = html[protected : html.index("</pre>", protected)]
