@@ -685,6 +685,7 @@ def _apply_close(
     cause: Reservation | None = None,
     guarded: bool = False,
     usage: dict[str, int] | None = None,
+    keeps: int = 0,
 ) -> Any:
     """Move the reservation out of `reserved` and `actual` into `spent` on every (locked) pool.
 
@@ -692,8 +693,10 @@ def _apply_close(
     `cause`: the run's reservation whose settle this is booking up the chain (a lease slice returned
     at once for an overdraft); the entries name its run and iteration. `guarded`: the reservation
     was read without a lock; if it is no longer held as read, nothing is written and None returned.
+    `keeps`: what of it stays held (a lease slice returned in part, see `_return`): only the rest is
+    closed, and the reservation stays held with `keeps` — its money never leaves the pools to come back.
     """
-    amount = reservation.amount
+    amount = reservation.amount - keeps
     run_id, iteration = (cause.run_id, cause.iteration) if cause is not None else (reservation.run_id, reservation.iteration)
     overdraft = max(0, actual - amount)
     closing = Reservation.objects.filter(pk=reservation.pk)
@@ -702,7 +705,9 @@ def _apply_close(
     written: dict[str, Any] = {"status": status, "actual": actual, "overdraft": overdraft, "closed_at": now}
     if usage is not None:
         written["usage"] = usage
-    if not closing.update(**written) and guarded:
+    if keeps:
+        closing.update(amount=keeps)  # still held, with what it keeps
+    elif not closing.update(**written) and guarded:
         return None
     lease = next((p for p in pools if p.pk == reservation.on_lease_id), None)
     if lease is not None:
@@ -713,7 +718,10 @@ def _apply_close(
     shared = [p.pk for p in pools if p is not lease]
     if shared:
         Pool.objects.filter(pk__in=shared).update(reserved=F("reserved") - amount, spent=F("spent") + actual)
-    reservation.status, reservation.actual, reservation.overdraft, reservation.closed_at = (status, actual, overdraft, now)
+    if keeps:
+        reservation.amount = keeps
+    else:
+        reservation.status, reservation.actual, reservation.overdraft, reservation.closed_at = (status, actual, overdraft, now)
     if kind == Kind.ABANDONED:
         note = "its driver died; settled at the full reservation (conservative)"
     elif overdraft:
@@ -832,29 +840,38 @@ def _return(
 ) -> list[ThresholdCrossing]:
     """Settle the (locked) `leaf`'s lease slices at what it spent of them and give the rest back.
 
-    What is still held on the lease (a child's carve, a call in flight) stays leased, as one slice
-    of exactly that, and the lease ends for good when the last of it settles (`lease_ending`).
+    What is still held on the lease (a child's carve, a call in flight) stays leased, exactly, on
+    the newest slices that already hold it (the oldest of them returned in part): it is never drawn
+    anew, so an ancestor that an overdraft took past its limit is written no reserve — nothing is
+    granted there. The lease ends for good when the last of it settles (`lease_ending`).
     """
     ancestors = _lock(leaf.chain_ids()[:-1], now, who)
     slices = list(Reservation.objects.select_for_update().filter(lease_for=leaf, status=HELD).order_by("pk"))
     held = int(leaf.reserved)
     spent = leaf.quota_used - held
-    if spent > 0 and not slices:  # nothing leased, yet spent: a $0 reservation settled at a reported cost
-        slices = [_draw(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond its lease")]
+    # The slices hold the whole lease (quota >= quota_used >= held): keep `held` on the newest of them.
+    keep = held
+    returned: list[tuple[Reservation, int]] = []  # (slice, what of it stays held), oldest first
+    for piece in reversed(slices):
+        kept = min(piece.amount, keep)
+        keep -= kept
+        if kept < piece.amount or not piece.amount:
+            returned.insert(0, (piece, kept))
+    if spent > 0 and not returned:  # nothing leased, yet spent: a $0 reservation settled at a reported cost
+        returned = [(_draw(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond its lease"), 0)]
     crossings: list[ThresholdCrossing] = []
-    for index, piece in enumerate(slices):
-        share = spent if index == len(slices) - 1 else min(piece.amount, spent)
+    for index, (piece, kept) in enumerate(returned):
+        part = piece.amount - kept
+        share = spent if index == len(returned) - 1 else min(part, spent)
         spent -= share
+        note = f"{leaf.name}'s lease returned: {format_usd(share)} spent of this slice's {format_usd(part)}"
+        if kept:
+            note += f"; {format_usd(kept)} of it stays leased for what is still held"
         crossings += _apply_close(
             piece, ancestors, share, Kind.SETTLE, Reservation.Status.SETTLED, who, now,
-            note=f"{leaf.name}'s lease returned: {format_usd(share)} spent of this slice's {format_usd(piece.amount)}",
-            announce=False,
-            cause=cause,
+            note=note, announce=False, cause=cause, keeps=kept,
         )
-    leaf.quota, leaf.quota_used, leaf.lease_ending = 0, 0, bool(held)
-    if held:  # never more than the slices just returned held: no limit check needed
-        _draw(leaf, ancestors, held, who, now, note=f"{leaf.name}'s lease kept for what is still held")
-        leaf.quota_used = held
+    leaf.quota, leaf.quota_used, leaf.lease_ending = held, held, bool(held)
     Pool.objects.filter(pk=leaf.pk).update(quota=leaf.quota, quota_used=leaf.quota_used, lease_ending=leaf.lease_ending)
     return crossings
 

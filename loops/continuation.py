@@ -23,6 +23,7 @@ CONTINUABLE = ("cancelled", "max_iterations", "no_progress", "failed", "timed_ou
 # How much of the old run the first instruction repeats: its last iterations, each clipped.
 SHOWN_ITERATIONS = 8
 FIELD_CHARS = 300
+LAST_INSTRUCTION_CHARS = 2000  # of the old run's last instruction
 
 
 def refusal(*, run_id: int, status: str, outcome: str, verified: bool | None, next_iteration: int,
@@ -108,6 +109,9 @@ def first_instruction(
         lines += ["", f"What it did (its last {len(shown)} iteration{'s' if len(shown) != 1 else ''}, oldest first"
                   + (f"; {earlier} earlier not shown" if earlier else "") + "):"]
         lines += [_line(item) for item in shown]
-    if last_instruction.strip():
-        lines += ["", f"The last instruction run {run_id} was given:", last_instruction.strip()]
+    if last := last_instruction.strip():
+        # Clipped: a continuation of a continuation would otherwise carry every first instruction before it.
+        if len(last) > LAST_INSTRUCTION_CHARS:
+            last = last[: LAST_INSTRUCTION_CHARS - 1].rstrip() + "…"
+        lines += ["", f"The last instruction run {run_id} was given:", last]
     return "\n".join(lines)

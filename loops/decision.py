@@ -547,7 +547,7 @@ def from_checks(checks: Sequence[Check], *, act_ok: bool, act_detail: str) -> De
     required = [check for check in checks if check.required]
     failing_required = [check for check in required if not check.passed]
     if required and not failing_required:
-        return Decision("done", _cap(f"all required checks passed: {_names(required)}", MAX_REASON_CHARS))
+        return Decision("done", "all required checks passed")  # the verdict names them, with their evidence
     if required:
         return Decision(
             "continue",

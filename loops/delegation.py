@@ -7,8 +7,10 @@ the parent's headroom (`budgets.ledger.carve`): the cap is held in the parent's 
 the child runs, and is the child's own pool, the only one its calls reserve in. When the
 child finishes, in that same transaction, `refund_carve` books what it spent in the parent's
 chain and gives the rest back; so the whole tree can never spend past the root run's cap.
-Bounds (`TETHER_DELEGATION_MAX_DEPTH`, `_MAX_CHILDREN`, `_MAX_RUNS`) and a cap that does not
-fit come back as errors the model reads, with no run created.
+Bounds (`TETHER_DELEGATION_MAX_DEPTH`, `_MAX_CHILDREN`, `_MAX_RUNS`), a cap that does not
+fit and any argument the model got wrong (a budget that is not an amount of dollars, an
+iteration count out of range) come back as errors the model reads, with no run created; so does
+a call that fails inside Tether (logged), and the act's other calls still start.
 
 The parent then waits (status `waiting`, "children running", no lease, no worker): when the
 last child started in that act finishes — on any worker, after any crash (the reaper checks
@@ -23,24 +25,35 @@ Writes runs, instances (template targets), workspaces (`copy`), events; called b
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
+import logging
+import os
 import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
-from pathlib import Path
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
-from loops import events, tasks
+from instances import pinned, sandbox
+from instances.brains.base import DelegateRefused
+from loops import events, policy, tasks
+from loops.memory import Memory
 from loops.models import Run
+
+log = logging.getLogger(__name__)
 
 EXCERPT = 1500
 PATCH_CHARS = 20_000
-MODES = ("own", "copy", "shared")
+PATCH_SKIP = frozenset({".git", "__pycache__"})
+MAX_ITERATIONS = 10_000  # as for any run (`services.run_start`)
 
 
-class Refusal(Exception):
+class Refusal(DelegateRefused):
     """A delegate call that cannot be honoured; the message is for the model."""
 
 
@@ -60,24 +73,25 @@ def _tree(run: Run) -> tuple[Run, int]:
     return root, size
 
 
-def _text(arguments: dict[str, Any], name: str) -> str:
-    value = arguments.get(name)
-    if not isinstance(value, str) or not value.strip():
-        raise Refusal(f"{name!r} must be a non-empty string")
-    return value.strip()
+def arguments_of(arguments: Any) -> Any:
+    """Return a delegate call's arguments validated by the one schema every surface uses; raise Refusal.
 
+    `loops.schemas.DelegateIn` holds a run's rules (`RunIn`'s objective, cap and iteration count),
+    so the model gets the sentence a person gets from the REST API for the same value.
+    """
+    from loops import schemas
 
-def _budget(arguments: dict[str, Any]) -> Decimal:
-    raw = arguments.get("max_cost_usd")
     try:
-        if isinstance(raw, bool):
-            raise InvalidOperation
-        dollars = Decimal(str(raw))
-    except (InvalidOperation, ValueError):
-        raise Refusal("'max_cost_usd' must be a number of dollars, e.g. 0.50") from None
-    if not dollars.is_finite() or dollars < Decimal("0.01"):
-        raise Refusal("'max_cost_usd' must be at least 0.01")
-    return dollars.quantize(Decimal("0.000001"))
+        return schemas.checked(schemas.DelegateIn, arguments)
+    except schemas.Invalid as exc:
+        raise Refusal(exc.message) from None
+
+
+def _budget(arguments: Any) -> Decimal:
+    """Return the call's `max_cost_usd` in dollars (to the micro-dollar), or refuse it."""
+    budget = arguments_of(arguments).max_cost_usd
+    assert budget is not None  # required by the schema
+    return Decimal(budget)
 
 
 def _resolve(run: Run, to: str, mode: str) -> tuple[Any, Any]:
@@ -108,16 +122,68 @@ def _resolve(run: Run, to: str, mode: str) -> tuple[Any, Any]:
 
 
 def _within_grants(parent: Any, child: Any, name: str) -> None:
-    """Refuse a child that could reach what its parent cannot: network egress, MCP servers it lacks.
+    """Refuse a child that could reach what its parent cannot: network, MCP servers or tools it lacks.
 
-    Delegation is never a way around a grant: an agent without the network must not get one by
-    handing the work to an instance that has it.
+    Delegation is never a way around a grant: an agent without the network, a server, a tool
+    (`run_command`, `write_file`, ...) or the freedom to call one without asking a person must
+    not get it by handing the work to an instance or template that has it. (A role the parent's
+    own template declares was composed so by the operator: `_resolve` does not ask.)
     """
+    from instances.tools import mcp
+
+    refused = f": a delegate cannot reach more than you can ({name} is not a role of your template)"
     if getattr(child, "network", False) and not parent.network:
-        raise Refusal(f"{name} has network egress and you do not: a delegate cannot reach more than you can")
+        raise Refusal(f"{name} has network egress and you do not" + refused)
     extra = sorted(set(getattr(child, "mcp_servers", None) or []) - set(parent.mcp_servers or []))
     if extra:
-        raise Refusal(f"{name} uses MCP servers you do not ({', '.join(map(str, extra))}): a delegate cannot reach more than you can")
+        raise Refusal(f"{name} uses MCP servers you do not ({', '.join(map(str, extra))})" + refused)
+    theirs, ours = _tool_names(child), _tool_names(parent)
+    builtin = {t for t in theirs if not mcp.is_mcp_name(t)}
+    if missing := sorted(builtin - ours):
+        raise Refusal(f"{name} has tools you do not ({', '.join(missing)})" + refused)
+    their_gates, our_gates = set(getattr(child, "approval_tools", None) or []), set(parent.approval_tools or [])
+    if ungated := sorted(t for t in builtin & our_gates if t not in their_gates):
+        raise Refusal(
+            f"{name} may call {', '.join(ungated)} without a person's approval, and you must ask for it" + refused
+        )
+    for server in sorted(set(getattr(child, "mcp_servers", None) or [])):
+        our_patterns = [t for t in ours if _server_of(t) == server]
+        their_patterns = [t for t in theirs if _server_of(t) == server]
+        wider = [t for t in their_patterns if not any(_covers(p, t) for p in our_patterns)] if our_patterns else []
+        if our_patterns and (not their_patterns or wider):
+            shown = ", ".join(wider) or f"every tool of {server}"
+            raise Refusal(f"{name} may call MCP tools you may not ({shown})" + refused)
+        gates = sorted(g for g in our_gates if _server_of(g) == server and g not in their_gates)
+        if gates:
+            raise Refusal(f"{name} may call {', '.join(gates)} without a person's approval, and you must ask for it" + refused)
+    if "run_command" in builtin:
+        allow, deny = list(parent.command_allow or []), set(parent.command_deny or [])
+        their_allow = list(getattr(child, "command_allow", None) or [])
+        if allow and (not their_allow or not set(their_allow) <= set(allow)):
+            raise Refusal(f"{name} may run commands outside your allow list ({', '.join(allow)})" + refused)
+        if lifted := sorted(deny - set(getattr(child, "command_deny", None) or [])):
+            raise Refusal(f"{name} may run commands your deny list refuses ({', '.join(lifted)})" + refused)
+
+
+def _tool_names(config: Any) -> set[str]:
+    return {str(t) for t in (getattr(config, "tools", None) or []) if isinstance(t, str)}
+
+
+def _server_of(name: str) -> str | None:
+    from instances.tools import mcp
+
+    try:
+        return mcp.split(name)[0]
+    except ValueError:
+        return None
+
+
+def _covers(ours: str, theirs: str) -> bool:
+    """Whether our MCP tool pattern allows every tool `theirs` allows (a name, or a trailing `*` glob)."""
+    if ours == theirs:
+        return True
+    stem = ours[:-1]
+    return ours.endswith("*") and not any(c in stem for c in "*?[]!") and theirs.startswith(stem)
 
 
 def _target(run: Run, to: str, mode: str, number: int) -> Any:
@@ -142,8 +208,12 @@ def _target(run: Run, to: str, mode: str, number: int) -> Any:
     if mode == "copy":
         source, target = run.instance.workspace_path(), child.workspace_path()
         shutil.rmtree(target, ignore_errors=True)  # a new instance starts from the copy alone
-        if source.is_dir():
-            shutil.copytree(source, target, symlinks=True)
+        target.mkdir(parents=True)
+        try:  # through both held open: what the parent's agent swaps meanwhile is not followed
+            with pinned.Pinned(sandbox.checked_workspace(source)) as ours, pinned.Pinned(target.resolve()) as theirs:
+                pinned.copy_tree(ours, theirs)
+        except (sandbox.WorkspaceRefused, OSError) as exc:
+            raise Refusal(f"your workspace could not be copied for the child: {exc}") from None
     return child
 
 
@@ -156,6 +226,15 @@ class Vetted:
     mode: str
     budget: Decimal
     iterations: int | None
+
+    def as_input(self) -> dict[str, Any]:
+        """The call's arguments as they are kept on the run (and vetted again when its child starts)."""
+        kept: dict[str, Any] = {
+            "to": self.to, "objective": self.objective, "max_cost_usd": str(self.budget), "workspace": self.mode,
+        }
+        if self.iterations is not None:
+            kept["max_iterations"] = self.iterations
+        return kept
 
 
 def vet(run: Run, arguments: dict[str, Any], *, number: int, size: int, carved: Decimal) -> Vetted:
@@ -178,11 +257,10 @@ def vet(run: Run, arguments: dict[str, Any], *, number: int, size: int, carved: 
         raise Refusal(f"at most {_limit('TETHER_DELEGATION_MAX_CHILDREN', 4)} children per act")
     if size >= _limit("TETHER_DELEGATION_MAX_RUNS", 20):
         raise Refusal(f"this tree of runs already has {size}, the limit")
-    to, objective = _text(arguments, "to"), _text(arguments, "objective")
-    mode = arguments.get("workspace") or "own"
-    if mode not in MODES:
-        raise Refusal(f"'workspace' must be one of {', '.join(MODES)}")
-    budget = _budget(arguments)
+    checked = arguments_of(arguments)
+    to, objective, mode = checked.to.strip(), checked.objective.strip(), checked.workspace or "own"
+    assert checked.max_cost_usd is not None  # required by the schema
+    budget = Decimal(checked.max_cost_usd)
     headroom = budget_selectors.headroom_for_run(run).remaining
     if headroom is not None and money.usd_to_micros(carved + budget) > headroom:
         left = max(headroom - money.usd_to_micros(carved), 0)
@@ -190,9 +268,7 @@ def vet(run: Run, arguments: dict[str, Any], *, number: int, size: int, carved: 
             f"a {money.format_usd(money.usd_to_micros(budget))} budget does not fit: "
             f"{money.format_usd(left)} of yours is left to carve"
         )
-    iterations = arguments.get("max_iterations")
-    if iterations is not None and (isinstance(iterations, bool) or not isinstance(iterations, int)):
-        raise Refusal("'max_iterations' must be a whole number")
+    iterations = checked.max_iterations
     return Vetted(to, objective, mode, budget, iterations)
 
 
@@ -202,16 +278,46 @@ def check_call(run: Run, arguments: dict[str, Any], earlier: list[dict[str, Any]
     Nothing is created: the children start when the act ends (`start_pending`), where each
     call is vetted again against the tree as it stands then.
     """
+    from loops import services
+
     carved = sum((_budget(call["input"]) for call in earlier), Decimal(0))
     _, size = _tree(run)
     vetted = vet(run, arguments, number=len(earlier) + 1, size=size + len(earlier), carved=carved)
-    _resolve(run, vetted.to, vetted.mode)
+    found, template = _resolve(run, vetted.to, vetted.mode)
+    try:  # the target's own objective cap, as `run_start` will ask of it
+        services._checked_objective(found if found is not None else template, vetted.objective)
+    except services.Refused as exc:
+        raise Refusal(exc.message) from None
     return vetted
 
 
+def check_in_act(run_id: int, arguments: Any, earlier: list[dict[str, Any]]) -> dict[str, Any]:
+    """For a brain's act: vet one `delegate` call at once; return the input to keep, or raise Refusal.
+
+    `earlier`: the act's calls accepted so far (as this returned them). The Claude brain calls this
+    (through `instances.brains.base.check_delegate`) so that a refusal is the tool_result of that
+    very call; the children still start when the act ends, vetted again then (`start_pending`).
+    """
+    from tether import dbfaults
+
+    def once() -> dict[str, Any]:
+        run = Run.objects.select_related("instance", "instance__template", "owner").filter(pk=run_id).first()
+        if run is None or run.status != Run.Status.RUNNING:
+            raise Refusal("your run is not running: no child run can start from it")
+        return check_call(run, arguments, earlier).as_input()
+
+    return dbfaults.retry(once, what=f"run {run_id}: vetting a delegate call")
+
+
 def start_children(run: Run, iteration: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Start a child run for each `delegate` call; return one result per call (`child` or `error`)."""
+    """Start a child run for each `delegate` call; return one result per call (`child` or `error`).
+
+    Each call is started in a savepoint of its own: one that is refused, or fails inside Tether,
+    leaves nothing behind and gets an `error` the model reads, and the other calls go on. A
+    transient database error is raised (the whole start is tried again: `start_pending`).
+    """
     from loops import services
+    from tether import dbfaults
 
     results: list[dict[str, Any]] = []
     _, size = _tree(run)
@@ -220,16 +326,25 @@ def start_children(run: Run, iteration: int, calls: list[dict[str, Any]]) -> lis
         arguments = call.get("input") if isinstance(call.get("input"), dict) else {}
         entry: dict[str, Any] = {"id": call.get("id", ""), "to": str(arguments.get("to", ""))[:100]}
         try:
-            # The children started so far hold their carves already: the headroom shows them.
-            vetted = vet(run, arguments, number=number, size=size + started, carved=Decimal(0))
-            instance = _target(run, vetted.to, vetted.mode, number)
-            child = services.run_start(
-                instance=instance, user=run.owner, objective=vetted.objective, max_iterations=vetted.iterations,
-                max_cost_usd=str(vetted.budget), via="system", parent=run,
-                delegation={"call": entry["id"], "iteration": iteration, "workspace": vetted.mode},
-            )
+            with transaction.atomic():
+                # The children started so far hold their carves already: the headroom shows them.
+                vetted = vet(run, arguments, number=number, size=size + started, carved=Decimal(0))
+                instance = _target(run, vetted.to, vetted.mode, number)
+                child = services.run_start(
+                    instance=instance, user=run.owner, objective=vetted.objective, max_iterations=vetted.iterations,
+                    max_cost_usd=str(vetted.budget), via="system", parent=run,
+                    delegation={"call": entry["id"], "iteration": iteration, "workspace": vetted.mode},
+                )
         except (Refusal, services.Refused) as exc:
             entry["error"] = str(exc)
+        except Exception as exc:
+            if dbfaults.is_transient(exc):
+                raise
+            log.exception("run %s: delegate call %s failed to start a child run", run.pk, entry["id"])
+            entry["error"] = (
+                f"Tether failed to start this child run ({type(exc).__name__}; the details are in its log): "
+                "do this part yourself, or delegate it again"
+            )
         else:
             entry["child"] = child.pk
             started += 1
@@ -294,31 +409,52 @@ def start_pending(parent_id: int) -> None:
 
 
 def _patch(parent: Run, child: Run) -> str:
-    """Return the unified diff of a `copy` child's workspace against its parent's (bounded)."""
-    ours, theirs = parent.instance.workspace_path(), child.instance.workspace_path()
-    names: set[str] = set()
-    for root in (ours, theirs):
-        if root.is_dir():
-            names |= {
-                str(p.relative_to(root)) for p in root.rglob("*")
-                if p.is_file() and not any(part in (".git", "__pycache__") for part in p.parts)
-            }
+    """Return the unified diff of a `copy` child's workspace against its parent's (bounded).
+
+    Both are read through their directories held open: a link shows as its target's name,
+    never its content, and only regular files are read.
+    """
     out: list[str] = []
-    for name in sorted(names):
-        a, b = _read(ours / name), _read(theirs / name)
-        if a != b:
-            out.extend(difflib.unified_diff(a, b, f"a/{name}", f"b/{name}"))
-        if sum(len(line) for line in out) > PATCH_CHARS:
-            out.append("\n… (patch cut)\n")
-            break
+    with ExitStack() as held:
+        sides: list[pinned.Pinned | None] = []
+        for run in (parent, child):
+            try:
+                sides.append(held.enter_context(pinned.Pinned(sandbox.checked_workspace(run.instance.workspace_path()))))
+            except (sandbox.WorkspaceRefused, OSError):
+                sides.append(None)
+        listed = [_entries(side) for side in sides]
+        for name in sorted(set(listed[0]) | set(listed[1])):
+            a, b = (_lines(side, name, entries.get(name)) for side, entries in zip(sides, listed, strict=True))
+            if a != b:
+                out.extend(difflib.unified_diff(a, b, f"a/{name}", f"b/{name}"))
+            if sum(len(line) for line in out) > PATCH_CHARS:
+                out.append("\n… (patch cut)\n")
+                break
     return "".join(out)[:PATCH_CHARS]
 
 
-def _read(path: Path) -> list[str]:
+def _entries(side: pinned.Pinned | None) -> dict[str, str]:
+    """{path: kind} of the files and links in a workspace (not .git or caches)."""
+    if side is None:
+        return {}
+    return {e.path: e.kind for e in side.walk(skip=PATCH_SKIP) if e.kind in ("file", "link")}
+
+
+def _lines(side: pinned.Pinned | None, name: str, kind: str | None) -> list[str]:
+    if side is None or kind is None:
+        return []
     try:
-        return path.read_text(errors="replace").splitlines(keepends=True) if path.is_file() else []
+        if kind == "link":
+            parent, _, leaf = name.rpartition("/")
+            where = side.dir(parent or ".")
+            try:
+                return [f"(a symbolic link to {os.readlink(leaf, dir_fd=where)})\n"]
+            finally:
+                os.close(where)
+        data, _ = side.read(name, PATCH_CHARS)
     except OSError:
         return []
+    return data.decode(errors="replace").splitlines(keepends=True)
 
 
 def render_results(parent: Run, children: list[Run], refused: list[dict[str, Any]]) -> str:
@@ -358,17 +494,59 @@ def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
         kids = list(Run.objects.filter(pk__in=ids).select_related("instance").order_by("pk"))
         if any(k.status != Run.Status.FINISHED for k in kids):
             return False
-        text = render_results(parent, kids, parent.delegation.get("refused", []))
-        base = parent.delegation.get("instruction") or parent.objective
+        refused = parent.delegation.get("refused", [])
+        # The next instruction is this round's results and the objective, never the one before it:
+        # a lead that delegates on every turn does not send a longer request each time.
+        instruction = resume_instruction(render_results(parent, kids, refused), parent.objective)
+        memory = Memory.of(parent.history).refused_after(
+            [f"delegate refused: {' '.join(str(r.get('error', '')).split())[:200]}" for r in refused]
+        )
+        recorded = {
+            "next_instruction": instruction, "history": memory.as_json(),
+            "delegation": {**parent.delegation, "state": "done", "results": _results_key(parent, kids, refused)},
+        }
+        # The resume is a way into the next iteration: the policy's bounds apply to it too.
+        state = policy.State(
+            iteration=int(parent.delegation.get("iteration") or parent.next_iteration - 1),
+            max_iterations=parent.max_iterations, act_ok=True,
+            deadline_passed=bool(parent.deadline and timezone.now() >= parent.deadline), refusals=memory.refusals,
+        )
+        if (stop := policy.resume(state)) is not None:
+            from loops import runner
+
+            Run.objects.filter(pk=parent.pk).update(**recorded)
+            runner.finish_run(parent.pk, None, stop.outcome, stop.detail)
+            return True
         Run.objects.filter(pk=parent.pk).update(
-            next_instruction=f"{text}\n\nContinue with: {base}",
-            delegation={**parent.delegation, "state": "done"},
-            status=Run.Status.QUEUED, lease_token=None, lease_holder="", outcome_detail="",
+            **recorded, status=Run.Status.QUEUED, lease_token=None, lease_holder="", outcome_detail="",
             lease_expires_at=tasks.pickup_deadline(), attempt=0,
         )
         events.append(parent.pk, "run.resumed", {"reason": "children finished", "children": ids})
         tasks.schedule(parent.pk, parent.next_iteration)
     return True
+
+
+def resume_instruction(results: str, objective: str) -> str:
+    """Return a parent's instruction after its children: this round's results, then the objective."""
+    return f"{results}\n\nGo on with the objective of this run:\n{objective}"
+
+
+def _results_key(parent: Run, children: list[Run], refused: list[dict[str, Any]]) -> str:
+    """A digest of what a round of children came back with, blind to run numbers and run-to-run noise."""
+    from loops.decision import scrub
+
+    calls = {c.get("id"): c.get("input") or {} for c in parent.delegation.get("calls", [])}
+    rows = []
+    for child in children:
+        asked = (parent.delegation.get("placed") or {}).get(str(child.pk)) or {}
+        answer = child.iterations.order_by("-number").values_list("response", flat=True).first() or ""
+        rows.append([
+            str(calls.get(asked.get("call"), {}).get("to", "")), child.outcome, child.verified,
+            scrub(child.outcome_detail[:500]), scrub(answer[-EXCERPT:]),
+        ])
+    rows.sort(key=str)
+    rows += sorted([str(r.get("to", "")), str(r.get("error", ""))] for r in refused)
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False, default=str).encode()).hexdigest()[:16]
 
 
 class RoleCheck:
@@ -448,13 +626,48 @@ def on_run_finished(sender: Any, *, run_id: int, **kwargs: Any) -> None:
 
 
 def check_parked(limit: int = 100) -> int:
-    """For the reaper: start what a dead worker left unstarted, resume parents whose children all ended."""
+    """For the reaper: start what a dead worker left unstarted, resume parents whose children all ended.
+
+    One parked run's fault is that run's alone, and the pass goes on to the others: a parent whose
+    children cannot be started finishes crashed, saying why (`_crash_unstartable`); one that cannot
+    be resumed is logged once and tried again on the next pass. A transient database error ends
+    the pass (the heartbeat tries again on a fresh connection).
+    """
+    from loops.driver import failed
+
     moved = 0
     parked = Run.objects.filter(status=Run.Status.WAITING, delegation__state__in=["starting", "waiting"])
     for run_id, state in parked.values_list("pk", "delegation__state")[:limit]:
-        if state == "starting":
-            start_pending(run_id)
-            moved += 1
-        elif resume_parent(run_id, parent_id=run_id):
-            moved += 1
+        try:
+            if state == "starting":
+                start_pending(run_id)
+                moved += 1
+            elif resume_parent(run_id, parent_id=run_id):
+                moved += 1
+        except Exception as exc:
+            failed("starting its children" if state == "starting" else "resuming it", run_id, exc)
+            if state == "starting":
+                moved += _crash_unstartable(run_id, exc)
     return moved
+
+
+def _crash_unstartable(run_id: int, exc: Exception) -> int:
+    """Finish a parked parent whose children cannot be started as crashed; return 1, or 0 if it moved on.
+
+    Nothing of its act's calls was started (`start_pending` is one transaction), so no child holds
+    a carve of it; waiting would only fail the same way on every pass.
+    """
+    from loops import runner
+
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id, status=Run.Status.WAITING).first()
+        if run is None or (run.delegation or {}).get("state") != "starting":
+            return 0
+        if Run.objects.filter(parent=run).exclude(status=Run.Status.FINISHED).exists():
+            return 0
+        detail = (
+            f"Tether failed to start the child runs this run's delegate calls asked for "
+            f"({type(exc).__name__}: {str(exc)[:300]}); the details are in the worker's log. "
+            "Start a new run to try again."
+        )
+        return int(runner.finish_run(run.pk, run.lease_token, Run.Outcome.CRASHED, detail) is not None)

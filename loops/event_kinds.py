@@ -314,6 +314,8 @@ KINDS: dict[str, Kind] = {
              _attempt_lost, iteration=True),
         Kind("run.reaped", "the run's worker was lost; the run went back to the queue",
              _simple("Its worker was lost; the run was handed back to the queue", "warn")),
+        Kind("run.released", "the run's worker stopped cleanly and handed the run back to the queue at once",
+             _simple("Its worker stopped; the run was handed back to the queue", "quiet")),
         Kind("run.finished", "the run ended with an outcome", _finished, body="finished"),
     ]
 }

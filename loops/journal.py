@@ -11,16 +11,28 @@ Runs in the worker, outside any transaction: each write is its own short transac
 retried through transient database faults (`tether.dbfaults`); a write that fails for good
 raises `JournalError`, and the brain then fails the act without running the call. The
 (run, iteration, turn, index) constraint makes a second start of one key impossible.
+
+No key is stored in the clear (`instances.redaction`, the redactor events use): a call's name,
+input and result are stored redacted (the result is what the model was sent already). The model's
+answer of a turn is stored redacted too, for reading; a replay must give it back verbatim, though
+(the model is sent its own earlier answer, and a call of it that never started runs now, with the
+input the model gave), so when redaction changed it the exact answer is kept beside, encrypted
+like a stored credential: `{"redacted": [...], "encrypted": token}` instead of the list. A replay
+whose copy no configured secret opens (the secret key was rotated and its fallback dropped) gives
+the redacted answer back.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from instances import credentials
 from instances.brains.base import JournaledCall, JournaledTurn, JournalError
+from instances.redaction import redact, redact_data
 from loops.models import ToolCall
 from tether import dbfaults
 
@@ -52,7 +64,7 @@ class ToolJournal:
         for row in rows:
             turn = turns.setdefault(row.turn, JournaledTurn(row.turn, None))
             if row.turn_content is not None and turn.content is None:
-                turn.content = list(row.turn_content)
+                turn.content = opened(row.turn_content)
             turn.calls[row.index] = JournaledCall(
                 row.key, row.finished_at is not None, row.result, bool(row.is_error)
             )
@@ -77,16 +89,16 @@ class ToolJournal:
                 ).values_list("pk", flat=True).first()
                 if found is not None:
                     return found
-            with transaction.atomic():
+            with transaction.atomic():  # (redacted in here: the connection is open, the stored keys current)
                 return ToolCall.objects.create(
                     run_id=self.run_id,
                     iteration=self.iteration,
                     turn=turn,
                     index=index,
                     attempt=self.attempt,
-                    name=str(call.get("name", ""))[:200],
-                    call=call,
-                    turn_content=content,
+                    name=redact(str(call.get("name", "")))[:200],
+                    call=redact_data(call),
+                    turn_content=None if content is None else sealed(content),
                     started_at=timezone.now(),
                 ).pk
 
@@ -107,12 +119,30 @@ class ToolJournal:
             raise JournalError(f"tool call {key} was never journaled as started")
 
         def once() -> None:
-            ToolCall.objects.filter(pk=row).update(result=result, is_error=is_error, finished_at=timezone.now())
+            ToolCall.objects.filter(pk=row).update(result=redact(result), is_error=is_error, finished_at=timezone.now())
 
         try:
             dbfaults.retry(once, what=f"run {self.run_id}: journal {key}'s result")
         except Exception as exc:  # noqa: BLE001 - the act cannot go on with a journal that lies
             raise JournalError(f"the tool journal could not record the result of {key} ({type(exc).__name__})") from None
+
+
+def sealed(content: list[dict[str, Any]]) -> Any:
+    """Return a model's answer as it is stored: redacted, with the exact answer encrypted if they differ."""
+    redacted = redact_data(content)
+    if redacted == content:
+        return content
+    return {"redacted": redacted, "encrypted": credentials.encrypt(json.dumps(content))}
+
+
+def opened(stored: Any) -> list[dict[str, Any]]:
+    """Return the model's answer from what `sealed` stored: the exact one if it can be decrypted."""
+    if not isinstance(stored, dict):
+        return list(stored)
+    try:
+        return json.loads(credentials.decrypt(stored["encrypted"]))
+    except credentials.CredentialUnreadable:
+        return list(stored["redacted"])
 
 
 def calls_of(run_id: int, iteration: int) -> list[dict[str, Any]]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from django.db import close_old_connections
@@ -37,7 +36,7 @@ from pydantic import Field
 
 from budgets import money
 from instances import gateway
-from loops import delegation
+from loops import delegation, schemas
 from loops.mcp_server import ID_MAX, TetherMCPServer
 from loops.models import Run
 
@@ -101,15 +100,9 @@ def _delegate(act: gateway.Act, arguments: dict[str, Any]) -> dict[str, Any]:
         except delegation.Refusal as exc:
             raise ToolError(str(exc)) from None
         number = len(earlier) + 1
-        kept: dict[str, Any] = {
-            "to": vetted.to,
-            "objective": vetted.objective,
-            "max_cost_usd": str(vetted.budget),
-            "workspace": vetted.mode,
+        call = {
+            "name": "delegate", "id": f"mcp_{act.iteration}_{number}", "input": vetted.as_input(), "delegate": True,
         }
-        if vetted.iterations is not None:
-            kept["max_iterations"] = vetted.iterations
-        call = {"name": "delegate", "id": f"mcp_{act.iteration}_{number}", "input": kept, "delegate": True}
         if not act.accept_delegate(call):
             raise ToolError("your act ended before this call was kept: no child run will start from it")
     return {
@@ -158,40 +151,29 @@ def build_server() -> MCPServer:
     async def delegate(
         ctx: Context,
         to: Annotated[
-            str,
-            Field(
-                min_length=1,
-                max_length=200,
-                description="an instance of your owner (name or id), "
-                "a template's name, or a role of your composition",
-            ),
+            schemas.Target,
+            Field(description="an instance of your owner (name or id), a template's name, or a role of your composition"),
         ],
-        objective: Annotated[
-            str, Field(min_length=1, description="what the child must achieve, self-contained")
-        ],
+        objective: Annotated[schemas.Objective, Field(description="what the child must achieve, self-contained")],
         max_cost_usd: Annotated[
-            float | str,
-            Field(description="the child's budget in US dollars (at least 0.01), carved from yours"),
+            schemas.ChildCap, Field(description="the child's budget in US dollars (at least 0.01), carved from yours")
         ],
-        max_iterations: Annotated[
-            int | None, Field(ge=1, le=10_000, description="the child's turn limit")
-        ] = None,
+        max_iterations: Annotated[schemas.Iterations | None, Field(description="the child's turn limit")] = None,
         workspace: Annotated[
-            Literal["own", "copy", "shared"],
+            Literal["own", "copy", "shared"] | None,
             Field(
-                description="own: the child's own; copy: a copy of yours (its changes come back as a patch); "
-                "shared: yours (template targets only)"
+                description="own (the default): the child's own; copy: a copy of yours (its changes come back as "
+                "a patch); shared: yours (template targets only)"
             ),
-        ] = "own",
+        ] = None,
     ) -> dict[str, Any]:
         """Hand a sub-objective to another agent as a child run of yours; it starts when your act ends."""
         act = _act(ctx)
+        # Checked again by `delegation.check_call`, with the same schema (`loops.schemas.DelegateIn`).
         arguments: dict[str, Any] = {
             "to": to,
             "objective": objective,
-            "max_cost_usd": str(Decimal(str(max_cost_usd)))
-            if isinstance(max_cost_usd, float)
-            else max_cost_usd,
+            "max_cost_usd": str(max_cost_usd),
             "workspace": workspace,
         }
         if max_iterations is not None:

@@ -22,8 +22,9 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field, ValidationError
 
-from loops import events, selectors, services
+from loops import events, schemas, selectors, services
 from loops.models import Run
+from tether.schema import describe
 
 EVENTS_PAGE = 1000
 RUNS_PAGE = 200
@@ -33,10 +34,14 @@ RunId = Annotated[int, Field(ge=1, le=ID_MAX, description="the run's id")]
 InstanceRef = Annotated[
     int | str, Field(description="the instance's id, or its name when no other instance of yours has that name")
 ]
+# A run's objective, messages and numbers have the REST API's types (`loops.schemas`): the same value
+# gets the same answer on every surface, and the same JSON Schema describes it.
 Dollars = Annotated[
-    str | float | int | None,
+    schemas.Cap,
     Field(description="the run's own cost cap in US dollars, like 2.50; omitted: only the pools above cap it"),
 ]
+Iterations = Annotated[schemas.Iterations | None, Field(description="at most this many turns")]
+Minutes = Annotated[schemas.Minutes | None, Field(description="wall-clock limit in minutes")]
 DELEGATE_IS_FOR_AGENTS = (
     "delegate is an agent's tool: it makes a child run of the run whose act is calling it, and it takes only "
     "the per-act token Tether gives a running agent (TETHER_TOKEN), never a person's API token. "
@@ -158,8 +163,13 @@ class TetherMCPServer(MCPServer):
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
+            if isinstance(exc.__cause__, ToolError):  # our own refusal, which the SDK prefixes: said as it is
+                raise ToolError(str(exc.__cause__)) from None
             if not isinstance(exc.__cause__, ValidationError):
                 raise
+            errors = exc.__cause__.errors(include_url=False)
+            if errors and errors[0]["type"] in ("tether", "blank"):  # a rule of `tether.schema`: REST's sentence
+                raise ToolError(describe(errors)[0]) from None
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
                 for err in exc.__cause__.errors(include_url=False)
@@ -184,10 +194,12 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
     async def start_run(
         ctx: Context,
         instance: InstanceRef,
-        objective: Annotated[str, Field(description="what the agent should achieve, and how to tell it is done")],
-        max_iterations: Annotated[int | None, Field(ge=1, le=10_000, description="at most this many turns")] = None,
+        objective: Annotated[
+            schemas.Objective, Field(description="what the agent should achieve, and how to tell it is done")
+        ],
+        max_iterations: Iterations = None,
         max_cost_usd: Dollars = None,
-        max_minutes: Annotated[int | None, Field(ge=1, le=525_600, description="wall-clock limit")] = None,
+        max_minutes: Minutes = None,
     ) -> dict[str, Any]:
         """Start a run of one of your instances toward an objective; return the run (queued)."""
 
@@ -253,7 +265,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
     async def interject(
         ctx: Context,
         run_id: RunId,
-        message: Annotated[str, Field(min_length=1, description="what the agent should hear at its next turn")],
+        message: Annotated[schemas.SaidMessage, Field(description="what the agent should hear at its next turn")],
     ) -> dict[str, Any]:
         """Queue a message into a live run; the agent reads it at its next iteration."""
 
@@ -269,7 +281,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
     async def answer(
         ctx: Context,
         run_id: RunId,
-        message: Annotated[str, Field(description="your answer to the agent's question")] = "",
+        message: Annotated[schemas.Message, Field(description="your answer to the agent's question")] = "",
         approve: Annotated[
             bool | None, Field(description="for a run waiting on tool calls that need a person: run them or not")
         ] = None,
@@ -307,10 +319,12 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
     async def continue_run(
         ctx: Context,
         run_id: RunId,
-        message: Annotated[str, Field(description="what to do differently or next; folded into its first turn")] = "",
-        max_iterations: Annotated[int | None, Field(ge=1, le=10_000, description="default: the old run's")] = None,
+        message: Annotated[
+            schemas.Message, Field(description="what to do differently or next; folded into its first turn")
+        ] = "",
+        max_iterations: Annotated[schemas.Iterations | None, Field(description="default: the old run's")] = None,
         max_cost_usd: Dollars = None,
-        max_minutes: Annotated[int | None, Field(ge=1, le=525_600, description="wall-clock limit")] = None,
+        max_minutes: Minutes = None,
     ) -> dict[str, Any]:
         """Start a new run that picks up where a finished run stopped (its memory, its workspace, your message)."""
 

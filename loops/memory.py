@@ -6,6 +6,9 @@ Stored in `Run.history` (JSON); read with `Memory.of(run.history)` and written b
 - `instructions` and `progress`: the last `policy.KEPT` instructions and (workspace
   fingerprint, checks signature) pairs — what the policy's no-progress and repetition rules
   look at;
+- `delegations` and `refusals`: what each of the last `policy.KEPT` iterations delegated (a
+  key: the calls, the workspace, the results the act was given) and had refused — what the
+  no-progress rules that see compositions look at;
 - `failed_acts`: how many acts in a row have failed;
 - `snapshot`: the last `SNAPSHOT_KEPT` iterations in brief, handed to the next act and to the
   decider (and carried into a continued run, see `continuation.carried_history`);
@@ -36,6 +39,8 @@ class Memory:
     snapshot: tuple[Mapping[str, Any], ...] = ()
     pending_approval: tuple[Mapping[str, Any], ...] = ()
     approved_calls: tuple[Mapping[str, Any], ...] = ()
+    delegations: tuple[str, ...] = ()
+    refusals: tuple[tuple[str, ...], ...] = ()
 
     @classmethod
     def of(cls, stored: Mapping[str, Any] | None) -> Memory:
@@ -49,6 +54,8 @@ class Memory:
             snapshot=_mappings(stored, "snapshot"),
             pending_approval=_mappings(stored, "pending_approval"),
             approved_calls=_mappings(stored, "approved_calls"),
+            delegations=tuple(str(d) for d in _list(stored, "delegations")),
+            refusals=tuple(tuple(str(r) for r in each) for each in _list(stored, "refusals") if isinstance(each, list | tuple)),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -60,6 +67,8 @@ class Memory:
             "snapshot": [dict(s) for s in self.snapshot],
             "pending_approval": [dict(c) for c in self.pending_approval],
             "approved_calls": [dict(c) for c in self.approved_calls],
+            "delegations": list(self.delegations) if any(self.delegations) else [],
+            "refusals": [list(r) for r in self.refusals] if any(self.refusals) else [],
         }
         return {name: value for name, value in parts.items() if value}
 
@@ -70,6 +79,21 @@ class Memory:
     def recent_progress(self, fingerprint: str, signature: str) -> tuple[tuple[str, str], ...]:
         return (*self.progress, (fingerprint, signature))[-policy.KEPT :]
 
+    def recent_delegations(self, key: str) -> tuple[str, ...]:
+        """What recent iterations delegated, `key` (this iteration's) last."""
+        return (*self.delegations, key)[-policy.KEPT :]
+
+    def recent_refusals(self, refused: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+        """What recent iterations had refused, `refused` (this iteration's) last."""
+        return (*self.refusals, tuple(refused))[-policy.KEPT :]
+
+    def refused_after(self, refused: Sequence[str]) -> Memory:
+        """The memory once the last recorded iteration's delegate calls met `refused` (known after its record)."""
+        if not refused:
+            return self
+        last = self.refusals[-1] if self.refusals else ()
+        return replace(self, refusals=(*self.refusals[:-1], (*last, *refused))[-policy.KEPT :])
+
     def failed_in_a_row(self, act_ok: bool) -> int:
         """How many acts in a row have failed, this one included (0 when it succeeded)."""
         return 0 if act_ok else self.failed_acts + 1
@@ -77,6 +101,7 @@ class Memory:
     def after(
         self, *, instruction: str, fingerprint: str, signature: str, act_ok: bool, response: str,
         checks: Mapping[str, bool], verdict: str, number: int, pending: Sequence[Mapping[str, Any]] = (),
+        delegation: str = "", refused: Sequence[str] = (),
     ) -> Memory:
         """The memory once iteration `number` is recorded: approvals handed to it are spent."""
         brief = {
@@ -94,6 +119,8 @@ class Memory:
             snapshot=(*self.snapshot, brief)[-SNAPSHOT_KEPT:],
             pending_approval=tuple(pending) or self.pending_approval,
             approved_calls=(),
+            delegations=self.recent_delegations(delegation),
+            refusals=self.recent_refusals(refused),
         )
 
     def answered(self, approve: bool) -> Memory:

@@ -54,6 +54,8 @@ class Run(models.Model):
     # (sticky), and whether a person's acceptance of the review makes the done verified (the checks
     # and graders verified it; only the changed evidence held it back).
     protected_baseline = models.JSONField(null=True, blank=True)
+    # The tests each pytest check collected as the run started, by check name (loops.evidence).
+    evidence_baseline = models.JSONField(null=True, blank=True)
     protected_changed = models.JSONField(default=list, blank=True)
     held_for_review = models.BooleanField(default=False)
     # The finished run this one continues (see loops.services.run_continue): it started from that
@@ -195,7 +197,8 @@ class ToolCall(models.Model):
     attempt = models.PositiveIntegerField(default=1, help_text="the attempt of the iteration that started the call")
     name = models.CharField(max_length=200)
     call = models.JSONField(default=dict, help_text="the tool_use block: id, name, input")
-    # The model's whole answer for the turn, exactly as returned (kept on the turn's first journaled call).
+    # The model's whole answer for the turn (kept on the turn's first journaled call): redacted, with the
+    # exact answer encrypted beside it when redaction changed it (see loops.journal).
     turn_content = models.JSONField(null=True, blank=True)
     result = models.TextField(blank=True)
     is_error = models.BooleanField(null=True, blank=True)

@@ -4,10 +4,15 @@ Pure: no Django, no clock, no I/O. `next_step` turns the loop's state, the decid
 and the iteration's check results into `Continue(instruction)` or `Stop(outcome)`. It keeps the
 rules of the outcome taxonomy: a `done` whose required checks fail is not done (the failures go
 back to the agent, or the run fails on its last allowed iteration); `done` on the last allowed
-iteration is `done`, not `max_iterations`; a passed deadline stops a `continue` but never
-overrides a `done`, `failed` or `escalated`; a run whose next instruction repeats one of the last
-two, or whose workspace and check results stay unchanged for three iterations, stops with
-`no_progress`. A failed act is said twice: to the agent, in front of its next instruction (its
+iteration is `done`, not `max_iterations`; a passed deadline stops a `continue` (and a wait: see below) but never
+overrides a `done` or `failed`; a run whose next instruction repeats one of the last
+two, or whose workspace and check results stay unchanged for three iterations, or that
+delegates the same work again with nothing changed, or meets the same refusal three times in a
+row, stops with `no_progress`. Every way an iteration ends comes here (`after`): a park — for
+the children an act delegated to, or for a person's approval — and a question for a person are
+bounded like a continue, so a run never begins an iteration past `max_iterations`; on its last
+allowed iteration a run may finish, but what would need another iteration ends it
+`max_iterations` (its delegate calls not started, its question not asked). A failed act is said twice: to the agent, in front of its next instruction (its
 exit status and the tail of its stderr, beside the failing checks), and to the person, in the
 detail of a run that stops after it ("the act failed 3 times in a row: exit status 1: ...").
 
@@ -32,7 +37,8 @@ REPEAT_WINDOW = 2
 UNCHANGED_ITERATIONS = 3
 # How many recent instructions and (fingerprint, checks) pairs a run keeps: enough for both rules
 # (the repeat rule compares the newest with the REPEAT_WINDOW before it).
-KEPT = max(REPEAT_WINDOW + 1, UNCHANGED_ITERATIONS)
+REFUSALS_IN_A_ROW = 3  # the same refusal this many iterations in a row: the loop is stuck
+KEPT = max(REPEAT_WINDOW + 1, UNCHANGED_ITERATIONS, REFUSALS_IN_A_ROW)
 
 # Given when the decider asks to continue without saying how. It carries nothing from the
 # decider, so its repetition is not evidence of a stuck loop and the repeat rule ignores it; an
@@ -48,6 +54,8 @@ class Check:
     required: bool
     passed: bool
     output: str = ""
+    evidence: str = "exit code"  # "report" (a test report from outside the workspace) or "exit code"
+    evidence_detail: str = ""  # e.g. "3 of 3 tests present at the start ran and passed"
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,12 @@ class State:
     progress: tuple[tuple[str, str], ...] = ()
     has_checks: bool = False
     deadline_passed: bool = False
+    # What each recent iteration delegated (a key naming the calls, the workspace and the results
+    # the act was given; "" when it delegated nothing), oldest first, this one included.
+    delegations: tuple[str, ...] = ()
+    # What each recent iteration had refused (a refused tool call or delegate call), oldest first,
+    # this one included.
+    refusals: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,20 @@ class Stop:
     # For done: the checks and graders verified it, but it changed what grades it; a person's
     # acceptance of the review makes it verified.
     held_for_review: bool = False
+
+
+@dataclass(frozen=True)
+class Park:
+    """Wait with no worker before the next iteration: for the children this act delegated to, or a person."""
+
+    kind: str  # "children" or "approval"
+    detail: str  # what the run waits for, as a person reads it
+    # What is left undone when the run may not wait (its last allowed iteration, the deadline):
+    # "its 2 delegate calls were not started: to 'helper' (help with the report); ...".
+    undone: str = ""
+
+
+Step = Continue | Stop | Park
 
 
 @dataclass(frozen=True)
@@ -115,6 +143,14 @@ def _names(checks: Sequence[Check]) -> str:
     return ", ".join(check.name for check in checks)
 
 
+def _evidence(checks: Sequence[Check]) -> str:
+    """Each passed check with what its pass rests on: "tests by its report: 3 of 3 …", "lint by its exit code"."""
+    return "; ".join(
+        f"{c.name} by its report: {c.evidence_detail}" if c.evidence == "report" else f"{c.name} by its exit code"
+        for c in checks
+    )
+
+
 def _no_progress(state: State, instruction: str) -> Stop | None:
     rules = []
     proposed = normalise(instruction)
@@ -129,12 +165,36 @@ def _no_progress(state: State, instruction: str) -> Stop | None:
     recent = state.progress[-UNCHANGED_ITERATIONS:]
     if len(recent) == UNCHANGED_ITERATIONS and len(set(recent)) == 1:
         rules.append(f"workspace and check results unchanged for {UNCHANGED_ITERATIONS} iterations")
+    rules += _repeats(state)
     if rules:
         failures = _act_failures(state)
         if failures:
             return Stop("no_progress", f"{failures} (and no progress: {'; '.join(rules)})")
         return Stop("no_progress", "no progress: " + "; ".join(rules))
     return None
+
+
+def _repeats(state: State) -> list[str]:
+    """The no-progress rules that see compositions: a delegation repeated as it was, a refusal met again."""
+    rules = []
+    last = state.delegations[-2:]
+    if len(last) == 2 and last[0] and last[0] == last[1]:
+        what = last[1].partition(" ")[2]
+        rules.append(
+            f"the same delegation ({what}) repeated with no change to the workspace or to its results "
+            f"(iterations {state.iteration - 1} and {state.iteration})"
+        )
+    if refused := _same_refusal(state):
+        rules.append(refused)
+    return rules
+
+
+def _same_refusal(state: State) -> str:
+    """Name the refusal each of the last `REFUSALS_IN_A_ROW` iterations met, or ""."""
+    recent = state.refusals[-REFUSALS_IN_A_ROW:]
+    if len(recent) == REFUSALS_IN_A_ROW and (same := set(recent[0]).intersection(*recent[1:])):
+        return f"the same refusal {REFUSALS_IN_A_ROW} times in a row: {sorted(same)[0]}"
+    return ""
 
 
 # How much of a failed act's detail a run's final detail quotes: its start (the exit status) and
@@ -213,7 +273,7 @@ def verdict(
     by_checks = state.has_checks and ran_required
     detail = decision.reason.strip() or "the decider reported the objective done"
     if by_checks:
-        detail += f" (verified: required checks passed: {_names([c for c in checks if c.required])})"
+        detail += f" (verified: {_evidence([c for c in checks if c.required])})"
     elif not state.has_checks:
         detail += " (unverified: no checks configured)"
     else:
@@ -260,4 +320,78 @@ def next_step(
     if decision.verdict == "continue":
         return _go_on(state, _instruction(decision, checks))
     # "escalate", and anything a decider should not have said: a human decides.
-    return Stop("escalated", reason or "the decider asked for a human")
+    question = reason or "the decider asked for a human"
+    return _bounded_wait(state, Stop("escalated", question), f"its question for a person was not asked: {question}")
+
+
+def _bounded_wait[W: (Stop, Park)](state: State, waiting: W, undone: str) -> W | Stop:
+    """Return `waiting` (a park, or a question for a person), or the bound that ends the run first.
+
+    A wait leads to another iteration, so it is bounded as a continue is: the deadline, then the
+    iteration limit — on the last allowed iteration what would need another one is left undone.
+    """
+    if failures := _act_failures(state):
+        undone += f"; {failures}"
+    if state.deadline_passed:
+        return Stop("timed_out", f"the wall-clock deadline passed after iteration {state.iteration}; {undone}")
+    if state.iteration >= state.max_iterations:
+        return Stop(
+            "max_iterations",
+            f"reached the iteration limit ({state.iteration} of {state.max_iterations}); {undone}",
+        )
+    return waiting
+
+
+def after(state: State, proposed: Step) -> Step:
+    """The one door: what the run does after the iteration `state` describes, however the act ended.
+
+    `proposed` is what the iteration came to: `next_step`'s answer for an act that was checked and
+    decided; a `Park` for one that delegated or needs a person's approval; a `Stop` for one a
+    brain error, a person's stop, a reported overdraft or a refused workspace ended. A continue
+    and a question for a person were bounded by `next_step`; a park is bounded here, as they are,
+    and by the no-progress rules that see compositions (the same delegation again, the same
+    refusal again). A stop is final.
+    """
+    if not isinstance(proposed, Park):
+        return proposed
+    waiting = _bounded_wait(state, proposed, proposed.undone or f"it did not wait: {proposed.detail}")
+    if isinstance(waiting, Stop):
+        return waiting
+    if proposed.kind == "children" and (rules := _repeats(state)):
+        return Stop("no_progress", "no progress: " + "; ".join(rules) + f"; {proposed.undone}")
+    return waiting
+
+
+def may_begin(number: int, max_iterations: int, deadline_passed: bool) -> Stop | None:
+    """Return why iteration `number` may not begin (the deadline, the iteration limit), or None.
+
+    The last check of every path into an iteration (a continue, a resume after children or an
+    answer, a reaped attempt): a run never begins more than `max_iterations` iterations.
+    """
+    if deadline_passed:
+        return Stop("timed_out", f"the run's wall-clock limit passed before iteration {number}")
+    if number > max_iterations:
+        return Stop(
+            "max_iterations",
+            f"reached the iteration limit ({max_iterations} of {max_iterations}): iteration {number} is not begun",
+        )
+    return None
+
+
+def resume(state: State) -> Stop | None:
+    """Return how a run parked on its children ends instead of going on with their results, or None.
+
+    `state` is the iteration that delegated, with what its delegate calls had refused. The
+    children's results are recorded either way.
+    """
+    if state.deadline_passed:
+        return Stop("timed_out", f"the wall-clock deadline passed while its children ran (after iteration {state.iteration}); their results are recorded")
+    if state.iteration >= state.max_iterations:
+        return Stop(
+            "max_iterations",
+            f"reached the iteration limit ({state.iteration} of {state.max_iterations}) while its children ran; "
+            "their results are recorded",
+        )
+    if refused := _same_refusal(state):
+        return Stop("no_progress", f"no progress: {refused}")
+    return None

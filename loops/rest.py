@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
+from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Path
@@ -158,6 +159,13 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
 def _too_big(request: HttpRequest, exc: Exception) -> HttpResponse:
     message = f"the request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes"
     return _unreadable(request, message, 413)
+
+
+@api.exception_handler(MultiPartParserError)
+def _unparsable(request: HttpRequest, exc: MultiPartParserError) -> HttpResponse:
+    """A multipart body Django cannot read (no boundary, say), met while the session's CSRF token is looked for."""
+    message = f"the request body must be JSON (Content-Type: application/json); this one cannot be read: {exc}"
+    return _answer(request, message, 400)
 
 
 @api.exception_handler(NinjaValidationError)

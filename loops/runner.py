@@ -12,6 +12,8 @@ lease or a dead process ends an attempt.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import secrets
 import threading
@@ -108,24 +110,32 @@ def renew(leases: list[Lease]) -> set[int]:
     run mid-iteration, and never deadlocks with one; SQLite's one writer makes the read and the
     write one step) and extends them with one UPDATE. A run it skipped — locked by its own
     iteration, or its token gone — is renewed by a statement of its own, and one whose token is
-    gone is not returned: the driver must stop it.
+    gone is not returned: the driver must stop it. An expiry counts from when its row is
+    written, never from before a wait for its lock: renewed after a wait longer than the lease,
+    it would be written already expired, and the reaper would take a run its driver still drives.
     """
     if not leases:
         return set()
-    expires = timezone.now() + lease_seconds()
     tokens = {lease.run_id: lease.token for lease in leases}
-    with transaction.atomic():
+    with transaction.atomic():  # SQLite: waits here for the writer's lock
         rows = Run.objects.filter(pk__in=list(tokens)).select_for_update(skip_locked=True)
         free = [pk for pk, token in rows.values_list("pk", "lease_token") if token == tokens[pk]]
         if free:
-            Run.objects.filter(pk__in=free).update(lease_expires_at=expires)
+            Run.objects.filter(pk__in=free).update(lease_expires_at=timezone.now() + lease_seconds())
     renewed = set(free)
     for lease in leases:
-        if lease.run_id not in renewed and Run.objects.filter(pk=lease.run_id, lease_token=lease.token).update(
-            lease_expires_at=expires
-        ):
+        if lease.run_id not in renewed and _renew_one(lease):
             renewed.add(lease.run_id)
     return renewed
+
+
+def _renew_one(lease: Lease) -> bool:
+    """Renew one lease whose row another transaction held: wait for it, then extend from now."""
+    with transaction.atomic():
+        mine = Run.objects.filter(pk=lease.run_id, lease_token=lease.token)
+        if not mine.select_for_update().exists():
+            return False
+        return bool(mine.update(lease_expires_at=timezone.now() + lease_seconds()))
 
 
 # --- claim, hand back, finish --------------------------------------------------------
@@ -382,6 +392,30 @@ def hand_back(lease: Lease) -> None:
     dbfaults.retry(once, what=f"run {lease.run_id}: hand back")
 
 
+def release(lease: Lease, reason: str = "its worker stopped") -> bool:
+    """Hand a lease back at once when its driver stops cleanly; return whether it was still held.
+
+    As the reaper does for a dead driver, but without waiting for the lease to expire: what the
+    driver had reserved is closed, an iteration it began and did not record is an `attempt.lost`,
+    and the run waits for a driver (this process's next start, or another) with a drive task queued.
+    """
+    from loops import tasks
+
+    changes = lost_changes(lease.run_id)  # git, before the transaction
+    with transaction.atomic():
+        run = Run.objects.filter(pk=lease.run_id, lease_token=lease.token, status__in=ACTIVE).first()
+        if run is None or not Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
+            lease_token=None, lease_holder="", lease_expires_at=tasks.pickup_deadline()
+        ):
+            return False  # finished, or not ours any more
+        record_lost_attempt(run, lease.holder, changes)
+        events.append(
+            run.pk, "run.released", {"iteration": run.next_iteration, "previous_worker": lease.holder, "reason": reason}
+        )
+        tasks.schedule(run.pk, run.next_iteration)
+    return True
+
+
 def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = None, **extra: Any) -> None:
     """Finish the run (inside the caller's transaction), fenced by the lease."""
     if finish_run(lease.run_id, lease.token, outcome, detail, verified, **extra) is None:
@@ -480,7 +514,10 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
         return False
     run, instance = begun.run, begun.run.instance
     try:
-        sandbox.checked_workspace(instance.workspace_path())  # before anything of ours reads or runs in it
+        # Before anything of ours reads or runs in it; whether it nests with another instance's is
+        # asked of the database as the run starts, or an attempt starts again, not every iteration.
+        opening = begun.number == 1 or begun.attempt > 1
+        sandbox.checked_workspace(instance.workspace_path(), instance_id=instance.pk if opening else None)
     except sandbox.WorkspaceRefused as exc:
         refused = Reply(ok=False, text="", usage=Usage(), detail=str(exc))
         stop_now = policy.Stop(Run.Outcome.FAILED, str(exc))
@@ -515,8 +552,8 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     acting = time.monotonic()
     try:
         reply = get_brain(instance).act(request)
-    except BrainError as exc:
-        reply = Reply(ok=False, text="", usage=exc.usage, detail=exc.detail)
+    except BrainError as exc:  # what the act said and called so far is kept in its record
+        reply = Reply(ok=False, text=exc.text, usage=exc.usage, detail=exc.detail, tool_calls=exc.tool_calls)
         step: policy.Continue | policy.Stop = policy.Stop(exc.outcome, exc.detail)
         decision = decision_mod.Decision("failed", exc.detail)
         return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
@@ -543,20 +580,26 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
 
     if delegated := [call for call in reply.tool_calls if call.get("delegate")]:
         # Park until the children this act asked for have finished (loops.delegation starts them
-        # once this iteration is recorded, and resumes the run when the last one ends).
-        step = policy.Stop(Run.Outcome.ESCALATED, f"children running: {len(delegated)} delegated in iteration {begun.number}")
-        decision = decision_mod.Decision("continue", step.detail)
-        return _record(lease, begun, reply, checks, decision, step, "", decider_usage, delegated=delegated)
+        # once this iteration is recorded, and resumes the run when the last one ends) — if the
+        # policy lets it wait: not on its last allowed iteration, nor to repeat what it delegated.
+        key = _delegation_key(begun, delegated, checks_mod.fingerprint(instance.workspace_path()))
+        park = policy.Park(
+            "children", f"children running: {len(delegated)} delegated in iteration {begun.number}",
+            undone=_not_started(delegated),
+        )
+        return _parked(lease, begun, reply, park, decision_mod.Decision("continue", park.detail), delegated, key)
 
     if any(call.get("needs_approval") for call in reply.tool_calls):
         # Park the run for a person before spending anything on checks or a decider.
-        step = policy.Stop(Run.Outcome.ESCALATED, reply.detail or "a tool call needs a person's approval")
-        decision = decision_mod.Decision("escalate", step.detail)
-        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+        detail = reply.detail or "a tool call needs a person's approval"
+        park = policy.Park("approval", detail, undone=f"the tool calls that needed a person's approval were not run ({detail})")
+        return _parked(lease, begun, reply, park, decision_mod.Decision("escalate", detail))
 
     workspace = instance.workspace_path()
     changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
-    checks = checks_mod.run_checks(list(instance.checks or []), workspace, lease.stop, instance=instance)
+    checks = checks_mod.run_checks(
+        list(instance.checks or []), workspace, lease.stop, instance=instance, baseline=run.evidence_baseline
+    )
     if lease.stop.is_set():  # a stop during the checks: what ran is no verdict, and a stop is never a done
         _enter(lease)
         if not _stop_requested(run.pk):
@@ -599,6 +642,8 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
         progress=memory.recent_progress(fingerprint, policy.checks_signature(checks)),
         has_checks=bool(instance.checks),
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
+        delegations=memory.recent_delegations(""),
+        refusals=memory.recent_refusals(refusals_of(reply)),
     )
     step = policy.next_step(state, decision, checks, protected_changed=changed)
     extra: list[tuple[str, dict[str, Any]]] = [evidence] if evidence else []
@@ -618,6 +663,66 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     return _record(
         lease, begun, reply, checks, decision, step, fingerprint, decider_usage, extra, changed, fuse_until=fuse_until
     )
+
+
+def _parked(
+    lease: Lease, begun: Begun, reply: Reply, park: policy.Park, decision: decision_mod.Decision,
+    delegated: list[dict[str, Any]] | None = None, key: str = "",
+) -> Begun | bool:
+    """Record an iteration whose act asks to wait (children, a person's approval), as the policy allows."""
+    run, memory = begun.run, begun.memory
+    state = policy.State(
+        iteration=begun.number, max_iterations=run.max_iterations, act_ok=True,  # asking to wait is no failure
+        deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
+        delegations=memory.recent_delegations(key), refusals=memory.recent_refusals(refusals_of(reply)),
+    )
+    step = policy.after(state, park)
+    if isinstance(step, policy.Park):
+        waiting = policy.Stop(Run.Outcome.ESCALATED, step.detail)
+        return _record(lease, begun, reply, [], decision, waiting, "", Usage(), delegated=delegated, delegation_key=key)
+    assert isinstance(step, policy.Stop)
+    return _record(lease, begun, reply, [], decision, step, "", Usage(), delegation_key=key)
+
+
+def refusals_of(reply: Reply) -> list[str]:
+    """What the act had refused: each tool call that answered an error, named by its tool and its answer.
+
+    Not by its input: a model that words a refused call differently each time meets the same refusal.
+    """
+    refused = []
+    for call in reply.tool_calls:
+        name = str(call.get("name") or "")
+        if name.startswith("mcp__") and "__" not in name[5:]:
+            continue  # an MCP server that could not be reached: a note of the act, not a call it made
+        if call.get("is_error"):
+            said = " ".join(decision_mod.scrub(str(call.get("result") or "")).split())[:200]
+            refused.append(f"{name} refused: {said}")
+    return refused
+
+
+def _not_started(delegated: list[dict[str, Any]]) -> str:
+    """Name the delegate calls a run that may not wait leaves unstarted."""
+    shown = "; ".join(
+        f"to {str((c.get('input') or {}).get('to', ''))[:100]!r} ({str((c.get('input') or {}).get('objective', ''))[:100]})"
+        for c in delegated[:4]
+    )
+    more = f" and {len(delegated) - 4} more" if len(delegated) > 4 else ""
+    return f"its {len(delegated)} delegate call{'s' if len(delegated) != 1 else ''} {'were' if len(delegated) != 1 else 'was'} not started: {shown}{more}"
+
+
+def _delegation_key(begun: Begun, delegated: list[dict[str, Any]], fingerprint: str) -> str:
+    """What this act delegated, in the workspace it left, given the results it was given: equal keys, no progress.
+
+    "<digest> <what was delegated>": the policy compares the whole, and names the second part.
+    """
+    asked = sorted(
+        (str(i.get("to", "")), " ".join(str(i.get("objective", "")).split()), str(i.get("workspace") or "own"))
+        for i in ((c.get("input") or {}) for c in delegated)
+    )
+    given = (begun.run.delegation or {}).get("results", "") if (begun.run.delegation or {}).get("state") == "done" else ""
+    digest = hashlib.sha256(json.dumps([asked, fingerprint, given], ensure_ascii=False).encode()).hexdigest()[:16]
+    named = "; ".join(f"to {to!r}: {objective[:100]!r}" for to, objective, _ in asked)
+    return f"{digest} {named[:300]}"
 
 
 def _stop_requested(run_id: int) -> bool:
@@ -641,18 +746,24 @@ def _reported_beyond_reservation(run: Run, reply: Reply) -> str:
 
 
 def _take_protected_baseline(lease: Lease, run: Run) -> None:
-    """Digest the protected files as the run found them (once: a retried first iteration keeps it)."""
+    """Take the evidence as the run found it (once: a retried first iteration keeps it).
+
+    The digests of the protected files, and the tests each pytest check collects.
+    """
     if run.protected_baseline is not None:
         return
     baseline = _unaccepted_baseline(run)
     if baseline is None:
-        baseline = protected.digests(run.instance.workspace_path(), run.instance.protected_paths or [])
+        baseline = protected.digests(run.instance.workspace_path(), protected.globs_for(run.instance))
+    collected = checks_mod.collect_baseline(
+        list(run.instance.checks or []), run.instance.workspace_path(), lease.stop, instance=run.instance
+    )
 
     def save() -> None:
         Run.objects.filter(pk=run.pk, lease_token=lease.token, protected_baseline__isnull=True).update(
-            protected_baseline=baseline
+            protected_baseline=baseline, evidence_baseline=collected
         )
-        run.refresh_from_db(fields=["protected_baseline"])
+        run.refresh_from_db(fields=["protected_baseline", "evidence_baseline"])
 
     dbfaults.retry(save, what=f"run {run.pk}: protected baseline")
 
@@ -677,7 +788,7 @@ def _unaccepted_baseline(run: Run) -> dict[str, Any] | None:
 
 def _protected_changes(run: Run, number: int) -> tuple[list[str], tuple[str, dict[str, Any]] | None]:
     """Return every protected path changed since the start (sticky), and the event of new changes."""
-    globs = list(run.instance.protected_paths or [])
+    globs = protected.globs_for(run.instance)
     before = list(run.protected_changed or [])
     if run.protected_baseline is None or not globs:
         return before, None
@@ -755,8 +866,9 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         if run.cancel_requested_at is not None:
             _finish(lease, Run.Outcome.CANCELLED, f"stopped by a person before iteration {number}")
             return None
-        if run.deadline and timezone.now() >= run.deadline:
-            _finish(lease, Run.Outcome.TIMED_OUT, f"the run's wall-clock limit passed before iteration {number}")
+        deadline_passed = bool(run.deadline and timezone.now() >= run.deadline)
+        if (bound := policy.may_begin(number, run.max_iterations, deadline_passed)) is not None:
+            _finish(lease, bound.outcome, bound.detail)
             return None
         memory = Memory.of(run.history)
         approved = [dict(c) for c in memory.approved_calls]
@@ -805,6 +917,7 @@ def _record(
     protected_changed: list[str] | None = None,
     delegated: list[dict[str, Any]] | None = None,
     fuse_until: float | None = None,
+    delegation_key: str = "",
 ) -> Begun | bool:
     """Close the iteration: record it, settle its cost, apply the policy. One transaction.
 
@@ -826,6 +939,7 @@ def _record(
         instruction=begun.base_instruction, fingerprint=fingerprint, signature=policy.checks_signature(checks),
         act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
+        delegation=delegation_key, refused=refusals_of(reply),
     )
     fields = _recorded_fields(begun, step, decision, delegated, now) | {
         "next_iteration": number + 1, "spent_micros": F("spent_micros") + cost, "history": memory.as_json(), "attempt": 1,
@@ -973,7 +1087,11 @@ def _closing_events(
         items.append(("checks.finished", {
             "iteration": number,
             "checks": [
-                {"name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:]} for c in checks
+                {
+                    "name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:],
+                    "evidence": c.evidence, "evidence_detail": c.evidence_detail,
+                }
+                for c in checks
             ],
         }))
     items.append(("decision.made", {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]}))

@@ -7,14 +7,14 @@ before they leave, so /v1/openapi.json describes what a client really gets.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ninja import Schema
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from loops.models import Run as RunModel
 from loops.services import INTERJECTION_MAX_CHARS, MAX_MINUTES
-from tether.schema import SOMETHING, Body, flag, refuse, text, usd, whole
+from tether.schema import SOMETHING, Body, describe, flag, refuse, text, usd, whole
 
 MAX_ITERATIONS = 10_000
 CAP_DIGITS = 6  # a run's own cap: at most $1,000,000
@@ -23,6 +23,15 @@ OBJECTIVE_MAX = 1_000_000  # the highest objective cap an instance may have
 Iterations = whole(1, MAX_ITERATIONS)
 Minutes = whole(1, MAX_MINUTES, unit=" of minutes", description="a wall-clock limit in minutes")
 Cap = usd(CAP_DIGITS)
+ChildCap = usd(CAP_DIGITS, required=True, description="the child's budget, carved from yours")
+Objective = text(
+    nonblank=True,
+    max_length=OBJECTIVE_MAX,
+    description="at most the instance's objective_max_chars; a CRLF counts as one character",
+)
+Message = text(max_length=INTERJECTION_MAX_CHARS)
+SaidMessage = text(nonblank=True, max_length=INTERJECTION_MAX_CHARS)  # a message that must say something
+Target = text(nonblank=True, max_length=200)  # an instance (name or id), a template or a role
 
 
 class Error(Schema):
@@ -33,11 +42,7 @@ class Error(Schema):
 
 
 class RunIn(Body):
-    objective: text(  # type: ignore[valid-type]
-        nonblank=True,
-        max_length=OBJECTIVE_MAX,
-        description="at most the instance's objective_max_chars; a CRLF counts as one character",
-    )
+    objective: Objective  # type: ignore[valid-type]
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
     max_cost_usd: Cap = None  # type: ignore[valid-type]
     max_minutes: Minutes | None = None  # type: ignore[valid-type]
@@ -61,7 +66,7 @@ class ResumeIn(Body):
 
 
 class Interjection(Body):
-    message: text(max_length=INTERJECTION_MAX_CHARS) | None = None  # type: ignore[valid-type]
+    message: Message | None = None  # type: ignore[valid-type]
     approve: flag(description="answer a run parked on a tool call needing approval") | None = None  # type: ignore[valid-type]
 
     model_config = {
@@ -78,6 +83,39 @@ class Interjection(Body):
         if not (self.message or "").strip() and self.approve is None:
             raise refuse("missing required field(s): message")
         return self
+
+
+class DelegateIn(Body):
+    """A `delegate` call's arguments, whoever makes it: the Claude brain's tool, an act's MCP endpoint.
+
+    Its numbers and text are a run's (`RunIn`): the same value gets the same answer on every surface.
+    """
+
+    to: Target  # type: ignore[valid-type]
+    objective: Objective  # type: ignore[valid-type]
+    max_cost_usd: ChildCap  # type: ignore[valid-type]
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    workspace: Literal["own", "copy", "shared"] | None = None
+
+
+class Invalid(ValueError):
+    """Arguments a schema refuses; the message is `tether.schema.describe`'s sentence (what REST answers)."""
+
+    def __init__(self, message: str, field: str | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+def checked[B: Body](schema: type[B], arguments: Any) -> B:
+    """Return `arguments` validated by `schema`, or raise Invalid with the sentence REST would answer."""
+    if not isinstance(arguments, dict):
+        raise Invalid("the arguments must be a JSON object", None)
+    try:
+        return schema.model_validate(arguments)
+    except ValidationError as exc:
+        message, field = describe(exc.errors(include_url=False), schema.model_fields)
+        raise Invalid(message, field) from None
 
 
 class Empty(Body):

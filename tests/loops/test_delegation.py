@@ -14,7 +14,6 @@ from loops import delegation, ops, services
 from loops.models import Event, Run
 from tests.fakes.messages_server import MessagesServer, text, tool_use, tool_uses
 from tests.loops.conftest import drive_in_thread
-from tests.loops.test_durability import clusters  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,25 +183,31 @@ def test_a_finished_child_is_not_resumed_past_its_carve(user, family):
         services.run_resume(run=child, user=user, max_cost_usd="0.50")
 
 
+def tool_results(request):
+    """{tool_use_id: (is_error, text)} of the tool_result blocks a request to the model carries last."""
+    last = request.body["messages"][-1]["content"]
+    return {b["tool_use_id"]: (bool(b.get("is_error")), b["content"]) for b in last if b.get("type") == "tool_result"}
+
+
 def test_refusals_are_tool_errors_the_model_reads_and_no_run_is_made(user, family, server, settings):
-    settings.TETHER_DELEGATION_MAX_CHILDREN = 2
+    settings.TETHER_DELEGATION_MAX_CHILDREN = 1
     server.enqueue(
-        tool_uses([delegate("helper", "too big", 5.00),
-                   delegate("nobody", "who?", 0.10),
-                   delegate("helper", "third", 0.10)]),
-        tool_use("write_file", {"path": "REPORT.md", "content": "fixed myself"}),
-        text("Did it myself."),
+        tool_uses([("delegate", {"to": "helper", "objective": "too big", "max_cost_usd": 5.00}, "big"),
+                   ("delegate", {"to": "nobody", "objective": "who?", "max_cost_usd": 0.10}, "nobody"),
+                   ("delegate", {"to": "helper", "objective": "first", "max_cost_usd": 0.10}, "first"),
+                   ("delegate", {"to": "helper", "objective": "second", "max_cost_usd": 0.10}, "second")]),
+        text("I will wait for the one that was accepted."),
     )
     run = drive_in_thread(services.run_start(instance=family, user=user, objective="write the report",
                                              max_cost_usd="1.00"))
-    assert children_of(run) == []
-    run.refresh_from_db()
-    assert run.status == "queued"  # nothing to wait for: straight back to the model with the refusals
-    said = run.next_instruction
-    assert "does not fit" in said and "no instance or template named 'nobody'" in said
-    assert "at most 2 children per act" in said
-    run = drive_in_thread(run)
-    assert run.outcome == "done"
+    # Each refusal is the tool_result of its own call, in the same turn; the accepted call is told so.
+    said = tool_results(server.requests[1])
+    assert said["big"][0] and "does not fit" in said["big"][1]
+    assert said["nobody"][0] and "no instance or template named 'nobody'" in said["nobody"][1]
+    assert said["second"][0] and "at most 1 children per act" in said["second"][1]
+    assert not said["first"][0] and said["first"][1].startswith("accepted")
+    (child,) = children_of(run)  # no run for any refused call
+    assert child.objective == "first" and run.status == "waiting"
 
 
 def test_a_delegate_cannot_reach_more_than_its_parent(user, family, server, make_instance, script):
@@ -218,7 +223,7 @@ def test_a_delegate_cannot_reach_more_than_its_parent(user, family, server, make
     run = drive_in_thread(services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00"))
     run.refresh_from_db()
     assert children_of(run) == []
-    said = run.next_instruction
+    said = " ".join(text for _, text in tool_results(server.requests[1]).values())
     assert "online has network egress and you do not" in said
     assert "connected uses MCP servers you do not (files)" in said
     assert "template surfer uses MCP servers you do not (web)" in said
@@ -250,13 +255,15 @@ def test_depth_and_tree_limits_refuse(user, family, server, settings):
     server.enqueue(tool_uses([delegate("helper", "x", 0.10)]), text("ok"))
     run = drive_in_thread(services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00"))
     run.refresh_from_db()
-    assert children_of(run) == [] and "levels deep, past the limit of 0" in run.next_instruction
+    said = " ".join(text for r in server.requests for _, text in tool_results(r).values())
+    assert children_of(run) == [] and "levels deep, past the limit of 0" in said
     settings.TETHER_DELEGATION_MAX_DEPTH = 3
     settings.TETHER_DELEGATION_MAX_RUNS = 1
     server.enqueue(tool_uses([delegate("helper", "x", 0.10)]), text("ok"))
     second = drive_in_thread(services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00"))
     second.refresh_from_db()
-    assert children_of(second) == [] and "already has 1, the limit" in second.next_instruction
+    said = " ".join(text for r in server.requests for _, text in tool_results(r).values())
+    assert children_of(second) == [] and "already has 1, the limit" in said
 
 
 def test_cancelling_the_parent_cancels_its_live_children(user, family, server):
@@ -317,7 +324,7 @@ SLOW_HELPER = "time.sleep(1.5)\n" + HELPER
 
 @pytest.mark.slow
 def test_a_tree_survives_a_sigkilled_worker_and_a_cancel_reaches_every_descendant(
-    user, family, server, script, clusters  # noqa: F811
+    user, family, server, script, clusters
 ):
     from loops.models import Iteration
     from tests.support.cluster import wait_for

@@ -126,7 +126,32 @@ def test_rejected_done_that_repeats_its_backpressure_is_no_progress():
 )
 def test_escalate_and_failed_stop_with_their_reason(verdict, outcome, fields):
     result = next_step(state(**fields), Decision(verdict, "the reason"), [failing()])
+    if verdict == "escalate" and (fields.get("deadline_passed") or fields.get("iteration", 1) >= 5):
+        # A question for a person leads to another iteration: bounded as a continue is (see below).
+        assert isinstance(result, Stop) and result.outcome in ("timed_out", "max_iterations")
+        assert "its question for a person was not asked: the reason" in result.detail
+        return
     assert result == Stop(outcome, "the reason")
+
+
+@pytest.mark.parametrize(
+    ("fields", "outcome", "said"),
+    [
+        ({"deadline_passed": True}, "timed_out", "the wall-clock deadline passed after iteration 1"),
+        ({"iteration": 5, "max_iterations": 5}, "max_iterations", "reached the iteration limit (5 of 5)"),
+    ],
+)
+def test_a_question_or_a_park_on_the_last_iteration_or_past_the_deadline_ends_the_run_naming_the_bound(
+    fields, outcome, said
+):
+    from loops.policy import Park, after
+
+    asked = next_step(state(**fields), Decision("escalate", "which colour?"), [])
+    assert asked == Stop(outcome, f"{said}; its question for a person was not asked: which colour?")
+    parked = after(state(**fields), Park("children", "children running", undone="its 1 delegate call was not started"))
+    assert parked == Stop(outcome, f"{said}; its 1 delegate call was not started")
+    # With iterations and time left, a park waits.
+    assert after(state(), Park("approval", "needs approval: x")) == Park("approval", "needs approval: x")
 
 
 @pytest.mark.parametrize("verdict", ["escalate", "failed", "done"])
@@ -530,8 +555,8 @@ def test_deadline_never_overrides_a_final_verdict(s, verdict, checks):
     s = replace(s, deadline_passed=True)
     result = next_step(s, Decision(verdict, "r"), checks)
     assert isinstance(result, Stop)
-    if verdict == "escalate":
-        assert result.outcome == "escalated"
+    if verdict == "escalate":  # a question waits for a person, and an answer would begin an iteration
+        assert result.outcome == "timed_out" and "its question for a person was not asked" in result.detail
     elif verdict == "failed":
         assert result.outcome == "failed"
     elif all(c.passed for c in checks if c.required):
@@ -547,3 +572,22 @@ def test_done_is_final_on_any_iteration_when_required_checks_pass(s, checks):
     passed = [replace(c, passed=True) if c.required else c for c in checks]
     result = next_step(s, DONE, passed)
     assert isinstance(result, Stop) and result.outcome == "done"
+
+
+def test_a_verified_done_names_each_required_check_once_with_its_evidence():
+    from loops import policy
+    from loops.decision import from_checks
+
+    checks = [
+        policy.Check("tests", True, True, evidence="report", evidence_detail="3 of 3 tests present at the start ran and passed"),
+        policy.Check("greeting", True, True),
+    ]
+    state = policy.State(iteration=1, max_iterations=3, act_ok=True, has_checks=True)
+    step = policy.next_step(state, from_checks(checks, act_ok=True, act_detail=""), checks)
+    assert step == policy.Stop(
+        "done",
+        "all required checks passed (verified: tests by its report: 3 of 3 tests present at the start ran and "
+        "passed; greeting by its exit code)",
+        verified=True,
+    )
+    assert step.detail.count("greeting") == 1
