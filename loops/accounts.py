@@ -5,23 +5,67 @@ cool-off and lockout page come from here, read from TETHER_LOGIN_FAILURE_LIMIT a
 TETHER_LOGIN_COOLOFF_SECONDS at each attempt, so an operator changes one setting.
 """
 
+import hashlib
 import math
+import secrets
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.tokens import default_token_generator
+from django.contrib.auth import get_user_model
+from django.core import signing
+from django.db import IntegrityError, transaction
 from django.http import HttpResponse
 from django.shortcuts import render
 from django.urls import reverse
-from django.utils.encoding import force_bytes
-from django.utils.http import urlsafe_base64_encode
+from django.utils import timezone
+from django.utils.encoding import force_bytes, force_str
+from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
+
+LINK_SALT = "tether.login-link"
+
+
+def _fingerprint(user) -> str:
+    """A digest of the user's password hash: setting a password voids the links made before."""
+    return hashlib.sha256(f"{LINK_SALT}:{user.password}".encode()).hexdigest()[:16]
 
 
 def login_link(user, base_url: str) -> str:
-    """Return a link that signs `user` in once; signing in invalidates it (last_login changes)."""
+    """Return a link that signs `user` in once, for PASSWORD_RESET_TIMEOUT seconds.
+
+    Each link is signed and has a nonce of its own, spent when it is used: links are independent,
+    so using one leaves every other outstanding link of the same person working.
+    """
     uid = urlsafe_base64_encode(force_bytes(user.pk))
-    token = default_token_generator.make_token(user)
+    token = signing.dumps({"u": user.pk, "n": secrets.token_urlsafe(16), "p": _fingerprint(user)}, salt=LINK_SALT)
     return base_url.rstrip("/") + reverse("login-once", args=[uid, token])
+
+
+def use_login_link(uidb64: str, token: str):
+    """Return the active user a sign-in link names and spend its nonce; None if it is not valid (any more).
+
+    A spent nonce is a row of the session table under a key derived from it, expiring with the link
+    (`clearsessions` removes it then): inserting it is atomic, so a link is used once even by two
+    requests at the same moment.
+    """
+    from django.contrib.sessions.models import Session
+
+    User = get_user_model()
+    try:
+        pk = force_str(urlsafe_base64_decode(uidb64))
+        payload = signing.loads(token, salt=LINK_SALT, max_age=settings.PASSWORD_RESET_TIMEOUT)
+        user = User.objects.get(pk=pk, is_active=True)
+    except (signing.BadSignature, User.DoesNotExist, ValueError, TypeError, OverflowError):
+        return None
+    if not isinstance(payload, dict) or str(payload.get("u")) != str(user.pk) or payload.get("p") != _fingerprint(user):
+        return None
+    spent = "link" + hashlib.sha256(str(payload.get("n")).encode()).hexdigest()[:36]
+    expires = timezone.now() + timedelta(seconds=settings.PASSWORD_RESET_TIMEOUT)
+    try:
+        with transaction.atomic():
+            Session.objects.create(session_key=spent, session_data="", expire_date=expires)
+    except IntegrityError:
+        return None  # used already
+    return user
 
 
 def login_failure_limit(request, credentials) -> int:

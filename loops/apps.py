@@ -16,6 +16,7 @@ class LoopsConfig(AppConfig):
         from django_q.signals import post_spawn
 
         from instances import gateway
+        from instances.brains import base
         from loops import delegation, driver, signals
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
@@ -29,3 +30,5 @@ class LoopsConfig(AppConfig):
         signals.done_proposed.connect(delegation.on_done_proposed, dispatch_uid="tether-composition")
         # An act's MCP endpoint (how a command agent delegates) on every worker's gateway socket.
         gateway.route("/mcp", _act_mcp)
+        # A brain's `delegate` call is vetted at once, so a refusal is that call's own tool result.
+        base.on_delegate(delegation.check_in_act)

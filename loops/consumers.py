@@ -35,6 +35,8 @@ from channels.auth import get_user
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
+from django.http import HttpRequest
+from django.middleware.csrf import CsrfViewMiddleware, get_token
 
 from loops import events, selectors
 from loops.console import live
@@ -158,13 +160,18 @@ class RunConsumer(TailingConsumer):
         self.sent = after_seq(self.scope.get("query_string", b""))
         self.chart_all = b"chart=all" in self.scope.get("query_string", b"").split(b"&")
         run = await database_sync_to_async(selectors.run_for)(user, self.run_id)
+        self.csrf_token = await database_sync_to_async(viewer_csrf_token)(self.scope)
         return run is not None
+
+    async def send_fragment(self, message: str) -> None:
+        """Send one message, its forms filled for this viewer (see live.for_viewer)."""
+        await self.send(text_data=live.for_viewer(message, self.csrf_token))
 
     async def catch_up(self) -> None:
         while True:
             messages, more = await console_tail.reading(self.read)()
             for message in messages:
-                await self.send(text_data=message)
+                await self.send_fragment(message)
             if not more:
                 return
 
@@ -173,7 +180,7 @@ class RunConsumer(TailingConsumer):
 
     async def deliver(self, messages: list[str], last_seq: int) -> None:
         for message in messages:
-            await self.send(text_data=message)
+            await self.send_fragment(message)
         self.sent = last_seq
 
     def read(self) -> tuple[list[str], bool]:
@@ -206,6 +213,22 @@ class FleetConsumer(TailingConsumer):
     async def deliver_fleet(self, message: str, version: tuple[int, int]) -> None:
         await self.send(text_data=message)
         self.version = version
+
+
+def viewer_csrf_token(scope: dict[str, Any]) -> str:
+    """Return a CSRF token of the socket's sign-in (its cookie, or its session with CSRF_USE_SESSIONS).
+
+    "" when it has none that is valid: a token made up here would match no cookie.
+    """
+    request = HttpRequest()
+    request.COOKIES = dict(scope.get("cookies") or {})
+    session = scope.get("session")
+    if session is not None:
+        request.session = session
+    CsrfViewMiddleware(lambda _: None).process_request(request)
+    if "CSRF_COOKIE" not in request.META or request.META.get("CSRF_COOKIE_NEEDS_UPDATE"):
+        return ""
+    return get_token(request)
 
 
 def after_seq(query_string: bytes) -> int:

@@ -55,7 +55,7 @@ class ItemView:
 
     item: ReviewItem
     run: Run
-    diff: str
+    diff: str  # the changes to files .gitignore does not hide
     snapshot: WorkspaceSnapshot | None
     final: Iteration | None
     checks: list[dict[str, Any]]
@@ -70,6 +70,9 @@ class ItemView:
     protected_diff: str = ""
     # Attempts whose worker died mid-iteration, as a person reads them (what each changed, what was closed).
     lost_attempts: list[str] = field(default_factory=list)
+    # The changes to files .gitignore hides: shown under their own heading, never left out.
+    hidden_diff: str = ""
+    hidden_heading: str = snapshots.HIDDEN_HEADING
 
     @property
     def cost_text(self) -> str:
@@ -79,6 +82,10 @@ class ItemView:
     def diff_lines(self) -> list[tuple[str, str]]:
         """Return the diff as (kind, line) pairs; kind is add, del, hunk, file or ''."""
         return diff_lines(self.diff)
+
+    @property
+    def hidden_diff_lines(self) -> list[tuple[str, str]]:
+        return diff_lines(self.hidden_diff)
 
     @property
     def protected_diff_lines(self) -> list[tuple[str, str]]:
@@ -115,10 +122,12 @@ def item_view(item: ReviewItem) -> ItemView:
     judge_reasons = list(judged.get("reasons") or [])
     if judged.get("error"):
         judge_reasons.append(judged["error"])
+    diff, hidden_diff = snapshots.diff_sections(run)
     return ItemView(
         item=item,
         run=run,
-        diff=snapshots.diff(run),
+        diff=diff,
+        hidden_diff=hidden_diff,
         snapshot=WorkspaceSnapshot.objects.filter(run=run).first(),
         final=final,
         checks=list(final.checks or []) if final else [],

@@ -158,11 +158,12 @@ def _usd_text(high_digits: int) -> str:
     return f"\\$?({whole}|{cents})"
 
 
-def usd(high_digits: int, **doc: Any) -> Any:
+def usd(high_digits: int, *, required: bool = False, **doc: Any) -> Any:
     """Dollars, as a number or text like "2.50", from 0.01 to 10**`high_digits`, to the micro-dollar.
 
-    An empty text or null is None (no cap). Text with more than six decimal places is refused;
-    a number is kept to the nearest micro-dollar (never below the 0.01 floor, so never a $0 cap).
+    An empty text or null is None (no cap), or refused when `required`. Text with more than six
+    decimal places is refused; a number is kept to the nearest micro-dollar (never below the
+    0.01 floor, so never a $0 cap). A Decimal (what this type gave before) is taken as its text.
     """
     low, high = Decimal("0.01"), Decimal(10) ** high_digits
     pattern = _usd_text(high_digits)
@@ -170,7 +171,11 @@ def usd(high_digits: int, **doc: Any) -> Any:
 
     def check(value: Any) -> Decimal | None:
         if value is None or value == "":
+            if required:
+                raise refuse(f"must be {words}; got {'null' if value is None else 'empty text'}")
             return None
+        if isinstance(value, Decimal):
+            value = str(value)
         if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise refuse(f"must be {words}; got {kind_of(value)}")
         if isinstance(value, str):
@@ -198,11 +203,11 @@ def usd(high_digits: int, **doc: Any) -> Any:
     schema = {
         "anyOf": [
             {"type": "number", "minimum": float(low), "maximum": float(high)},
-            {"type": "string", "pattern": f"^$|^{pattern}$"},
-            {"type": "null"},
+            {"type": "string", "pattern": f"^{pattern}$" if required else f"^$|^{pattern}$"},
+            *([] if required else [{"type": "null"}]),
         ],
         "description": f"US dollars from {low} to {high:,}, at most six decimal places "
-        '(a number, kept to the micro-dollar, or text like "2.50"); empty or null: none',
+        '(a number, kept to the micro-dollar, or text like "2.50")' + ("" if required else "; empty or null: none"),
     }
     return Annotated[Decimal | None, BeforeValidator(check), Field(json_schema_extra=schema, **doc)]
 

@@ -86,6 +86,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Outside everything that writes a body (so it compresses the final one), HTML and JSON only,
+    # never a `no-store` response (a secret shown once): BREACH, see tether/compression.py.
+    "tether.compression.ConsoleGZipMiddleware",
     "tether.middleware.DatabaseUnavailableMiddleware",  # a database outage is a 503, never a 500
     "django.middleware.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

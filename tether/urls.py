@@ -1,13 +1,22 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import include, path
 
 from instances.views import gateway_view
 from loops import health, ops, views
 
+
+def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
+    """For clients that ask for /favicon.ico without reading a page's <link rel="icon">."""
+    return HttpResponsePermanentRedirect(static("console/favicon.svg"))  # hashed once collected
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("healthz", health.healthz, name="healthz"),
+    path("favicon.ico", favicon),
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),
     path("v1/", include("loops.api_urls")),

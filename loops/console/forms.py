@@ -128,6 +128,37 @@ class ContinueRunForm(forms.Form):
         return normalise_newlines(self.cleaned_data["message"])
 
 
+class ResumeRunForm(forms.Form):
+    """Resume a budget_exhausted run with a new cap, within what its pools can grant (see live.ResumeOffer)."""
+
+    max_cost_usd = _cost_cap_field()
+
+    def __init__(self, *args: Any, run: Run, offer: Any, **kwargs: Any) -> None:
+        from budgets import money
+
+        initial = kwargs.setdefault("initial", {})
+        if offer.suggested is not None:
+            initial.setdefault("max_cost_usd", money.format_usd(offer.suggested).lstrip("$").replace(",", ""))
+        super().__init__(*args, **kwargs)
+        self.run, self.offer = run, offer
+        field = self.fields["max_cost_usd"]
+        field.label = "Resume with a cap of $"
+        attrs = field.widget.attrs
+        attrs["id"] = f"run-{run.pk}-resume-cap"
+        attrs["placeholder"] = "no cap" if offer.cap is None else "a new cap"
+        attrs["step"] = "any"  # the bounds are said in words, and checked here with what to give instead
+
+    def clean_max_cost_usd(self) -> Any:
+        from budgets import money
+
+        value = self.cleaned_data["max_cost_usd"]
+        micros = None if value is None else money.usd_to_micros(value)
+        why = self.offer.refusal(micros)
+        if why:
+            raise forms.ValidationError(why)
+        return value
+
+
 class HistoryFilterForm(forms.Form):
     instance = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
     outcome = forms.ChoiceField(required=False)

@@ -29,6 +29,7 @@ FIXED_LABELS = {
     "command_allow": "Allowed commands",
     "command_deny": "Refused commands",
     "protected_paths": "Protected paths",
+    "protect_defaults": "Default evidence protected",
     "tool_timeout_seconds": "Timeout per shell command",
     "act_timeout_seconds": "Timeout per act",
     "base_url": "Model endpoint",
@@ -60,6 +61,8 @@ def checks_text(checks: list[dict[str, Any]]) -> str:
         flags = "" if check.get("required", True) else " [optional]"
         if "timeout" in check:
             flags += f" [timeout={check['timeout']:g}]"
+        if check.get("evidence") == "report":
+            flags += " [report]"
         lines.append(f"{check['name']}{flags}: {shlex.join(check['command'])}")
     return "\n".join(lines)
 
@@ -80,6 +83,8 @@ def parse_checks(text: str) -> list[dict[str, Any]]:
             flag = flag.strip()
             if flag == "optional":
                 check["required"] = False
+            elif flag == "report":
+                check["evidence"] = "report"
             elif flag.startswith("timeout="):
                 try:
                     check["timeout"] = float(flag.removeprefix("timeout="))
@@ -88,7 +93,7 @@ def parse_checks(text: str) -> list[dict[str, Any]]:
                 if check["timeout"].is_integer():
                     check["timeout"] = int(check["timeout"])
             else:
-                raise forms.ValidationError(f"Line {number}: unknown [{flag}]; use [optional] or [timeout=SECONDS].")
+                raise forms.ValidationError(f"Line {number}: unknown [{flag}]; use [optional], [report] or [timeout=SECONDS].")
         checks.append(check)
     return checks
 
@@ -175,6 +180,10 @@ class InstanceForm(forms.Form):
     protected_paths = forms.CharField(
         required=False, widget=forms.Textarea(attrs={"rows": 2}), label="Protected paths",
         help_text="globs of the files that grade the agent, one a line",
+    )
+    protect_defaults = forms.BooleanField(
+        required=False, initial=True, label="Also protect the default evidence",
+        help_text="with checks: tests, runner configuration, runner-shadowing modules, .gitignore (see the README)",
     )
     tool_timeout_seconds = forms.IntegerField(label="Timeout per shell command (s)")
     act_timeout_seconds = forms.IntegerField(label="Timeout per act (s)")

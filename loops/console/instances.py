@@ -23,6 +23,7 @@ from budgets import selectors as budget_selectors
 from budgets.models import Pool, Price
 from instances import capabilities, services
 from instances.models import AgentTemplate, Credential, Instance
+from loops import protected
 from loops.console.instance_forms import FIXED_LABELS, CredentialForm, InstanceForm
 from loops.console.views import _instance, _nav
 
@@ -47,6 +48,8 @@ def _fixed(values: dict[str, Any], form: InstanceForm) -> list[tuple[str, Any, s
             value = f"{value} s"
         if name == "network":
             value = "reaches the network" if value else "no network"
+        if name == "protect_defaults":
+            value = "yes, with the paths above" if value else "no: only the paths above"
         if name == "base_url" and not value:
             value = "the server's"
         kind = {"system_prompt": "text", "checks": "checks", "command": "argv"}.get(name, "list" if isinstance(value, list) else "")
@@ -82,6 +85,7 @@ def _form_page(
         "fixed": [] if form.full else _fixed(values, form),
         "priced_models": sorted(set(Price.objects.values_list("model", flat=True))),
         "budget": budget_for(instance) if instance is not None else None,
+        "protected": protected.globs_for(instance) if instance is not None else [],
         **_nav(request),
     }
     return render(request, "loops/instance_form.html", context, status=status)

@@ -7,7 +7,8 @@ only; called in a worker thread by the consumers (it queries the database).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import secrets
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.template.loader import render_to_string
@@ -15,13 +16,19 @@ from django.urls import reverse
 from django.utils.safestring import mark_safe
 
 from budgets import spending as spending_mod
-from budgets.selectors import ChainHeadroom, headroom_for_run
+from budgets.selectors import ChainHeadroom, chain_headroom, headroom_for_run, run_chain
 from loops import charts, selectors
 from loops.console.display import EventView, RunView, tree_view, usd
 from loops.models import Event, Run
 
 RUN_TEMPLATE = "loops/run_detail.html"
 FLEET_TEMPLATE = "loops/fleet.html"
+
+# A state message is drawn once for every socket of its run (loops.console.tail), so its forms
+# carry these slots, which each socket fills for its own viewer (`for_viewer`): a CSRF token of
+# the viewer's sign-in, and a nonce of its own per form. Random per process: no text can name them.
+CSRF_SLOT = f"tether-csrf-{secrets.token_hex(16)}"
+NONCE_SLOT = f"tether-nonce-{secrets.token_hex(16)}"
 
 
 @dataclass
@@ -188,7 +195,137 @@ def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
         "spending": spending_view(spending_mod.run_spending(run.pk, chain=chain)),
         "costs_url": reverse("api:run-costs", args=[run.instance_id, run.pk]),
         "chart": mark_safe(charts.cost_and_checks(charts.points(drawn), run.iterations_done)),
+        "resume": resume_offer(run),
     }
+
+
+# --- resume with a new cap ---------------------------------------------------------------------------
+
+
+@dataclass
+class PoolLeft:
+    name: str
+    left: str
+
+
+@dataclass
+class ResumeOffer:
+    """What the run page offers a budget_exhausted run: "Resume with a cap of $…", and within what.
+
+    All figures are micro-dollars: `used` is what the run spent and holds, `needed` what one
+    iteration reserves up front, `most` the highest cap the pools above the run can still grant
+    (None: no limit), `least` the lowest cap that lets it begin one more iteration.
+    """
+
+    cap: int | None
+    used: int
+    needed: int
+    above: int | None
+    tightest: str
+    pools: list[PoolLeft]
+    form: Any = None
+    budget_url: str = ""
+    suggested: int | None = field(default=None)
+
+    @property
+    def most(self) -> int | None:
+        return None if self.above is None else self.used + self.above
+
+    @property
+    def least(self) -> int:
+        floor = self.used + self.needed
+        return max(floor, self.cap + 1) if self.cap is not None else floor
+
+    @property
+    def blocked(self) -> str:
+        """Why no cap can resume the run (its pools cannot grant one iteration), or ""."""
+        if self.above is not None and self.above < self.needed:
+            return (
+                f"Pool “{self.tightest}” has {usd(self.above)} left, and an iteration reserves "
+                f"{usd(self.needed)}: raise that pool's limit first, then resume."
+            )
+        return ""
+
+    @property
+    def cap_text(self) -> str:
+        return usd(self.cap)
+
+    @property
+    def needed_text(self) -> str:
+        return usd(self.needed)
+
+    @property
+    def used_text(self) -> str:
+        return usd(self.used)
+
+    @property
+    def most_text(self) -> str:
+        return usd(self.most)
+
+    @property
+    def least_text(self) -> str:
+        return usd(self.least)
+
+    def refusal(self, cap: int | None) -> str:
+        """Why resuming with `cap` (None: the cap it has) would end at once, or "" when it can go on."""
+        if self.blocked:
+            return self.blocked
+        if cap is None:
+            if self.cap is not None and self.cap - self.used < self.needed:
+                return (
+                    f"Its cap of {usd(self.cap)} is spent ({usd(self.used)} used; an iteration reserves "
+                    f"{usd(self.needed)}): resuming would stop it again at once. Give a cap of at least "
+                    f"{self.least_text}."
+                )
+            return ""
+        if self.cap is not None and cap <= self.cap:
+            return f"The new cap must be above its current cap of {usd(self.cap)}."
+        if cap - self.used < self.needed:
+            return (
+                f"A cap of {usd(cap)} leaves {usd(max(0, cap - self.used))} after the {usd(self.used)} this run "
+                f"has used, and an iteration reserves {usd(self.needed)}: it would stop again at once. "
+                f"Give at least {self.least_text}."
+            )
+        if self.most is not None and cap > self.most:
+            return (
+                f"A cap of {usd(cap)} is more than the pools allow: “{self.tightest}” has {usd(self.above)} left, "
+                f"so the most is {self.most_text}."
+            )
+        return ""
+
+
+def resume_offer(run: Run, form: Any = None) -> ResumeOffer | None:
+    """Return what resuming budget_exhausted `run` may ask for (None for any other run)."""
+    if run.status != Run.Status.FINISHED or run.outcome != Run.Outcome.BUDGET_EXHAUSTED or run.parent_id:
+        return None  # a delegated run is not resumed: its parent decides (the service says so)
+    from instances.brains import iteration_reserve
+    from loops.console.forms import ResumeRunForm
+
+    pools = run_chain(run)
+    own = next((p for p in pools if p.kind == "run" and p.run_id == run.pk), None)
+    above = [p for p in pools if p is not own]
+    left, tightest = chain_headroom(above)
+    used = own.spent + own.reserved if own is not None else run.spent_micros
+    offer = ResumeOffer(
+        cap=run.max_cost_micros,
+        used=max(0, used),
+        needed=max(1, iteration_reserve(run.instance)),
+        above=left,
+        tightest=tightest.name if tightest is not None else "",
+        pools=[
+            PoolLeft(row.name, "no limit" if row.remaining is None else usd(max(0, row.remaining)))
+            for row in headroom_for_run(run).pools
+            if own is None or row.id != own.pk
+        ],
+        budget_url=reverse("loops:instance-budget", args=[run.instance_id]),
+    )
+    if offer.cap is not None:  # as much again as it had, within what the pools can grant
+        suggested = max(offer.least, 2 * offer.cap)
+        if offer.most is not None:
+            suggested = min(suggested, offer.most)
+        offer.suggested = suggested
+    offer.form = form if form is not None else ResumeRunForm(run=run, offer=offer)
+    return offer
 
 
 def render_event(event: Event) -> str:
@@ -204,8 +341,27 @@ def render_state(run: Run, chart_all: bool = False) -> str:
     """
     from loops.console.forms import InterjectForm
 
-    context = {**run_state_context(run, chart_all), "form": InterjectForm(run=run), "oob": True}
+    context = {
+        **run_state_context(run, chart_all),
+        "form": InterjectForm(run=run, initial={"nonce": NONCE_SLOT}),
+        "csrf_token": CSRF_SLOT,
+        "oob": True,
+    }
     return render_to_string(f"{RUN_TEMPLATE}#live-state", context)
+
+
+def for_viewer(message: str, csrf_token: str) -> str:
+    """Fill a state message's slots for one socket: its viewer's CSRF token, and a fresh nonce per form.
+
+    Without a token ("": no CSRF cookie yet) the page's script fills the field from the page's own.
+    """
+    from loops.console.forms import fresh_nonce
+
+    if CSRF_SLOT in message:
+        message = message.replace(CSRF_SLOT, csrf_token)
+    while NONCE_SLOT in message:
+        message = message.replace(NONCE_SLOT, fresh_nonce(), 1)
+    return message
 
 
 def render_summary(run: Run) -> str:

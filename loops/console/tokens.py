@@ -16,15 +16,25 @@ from loops import auth
 from loops.console.forms import TokenForm
 from loops.console.views import _nav
 
+# The session key that carries a new token from the POST that made it to the one page that shows it.
+NEW_TOKEN = "tether_new_token"
+
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def tokens(request: HttpRequest) -> HttpResponse:
+    """List the tokens; a valid POST makes one and redirects (303) to the page that shows it once.
+
+    The secret rides in the session (server-side) for that one GET and is taken out as it is shown,
+    so a reload shows nothing and mints nothing.
+    """
     form = TokenForm(request.POST or None)
-    created = None
     if request.method == "POST" and form.is_valid():
-        created = auth.make_token(request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"])
-        form = TokenForm()
+        request.session[NEW_TOKEN] = auth.make_token(
+            request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"]
+        )
+        return _see_other("loops:tokens")
+    created = request.session.pop(NEW_TOKEN, None) if request.method == "GET" else None
     context = {
         "form": form,
         "tokens": list(auth.tokens_of(request.user)),
@@ -32,9 +42,14 @@ def tokens(request: HttpRequest) -> HttpResponse:
         "now": timezone.now(),
         **_nav(request),
     }
-    status = 201 if created else (400 if form.is_bound else 200)
-    response = render(request, "loops/apitoken_list.html", context, status=status)
+    response = render(request, "loops/apitoken_list.html", context, status=400 if form.is_bound else 200)
     response["Cache-Control"] = "no-store"  # the one response that holds a secret must not be kept
+    return response
+
+
+def _see_other(name: str) -> HttpResponse:
+    response = redirect(name)
+    response.status_code = 303
     return response
 
 

@@ -29,7 +29,7 @@ from instances.models import Instance
 from loops import selectors, services
 from loops.console import live
 from loops.console.display import EventView, RunView
-from loops.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, StartRunForm
+from loops.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
 from loops.models import Interjection, Run
 from reviews import audit as review_audit
 from reviews import selectors as review_selectors
@@ -186,10 +186,12 @@ def _run_page(
     status: int = 200,
     notice: str = "",
     continue_form: ContinueRunForm | None = None,
+    resume_form: ResumeRunForm | None = None,
 ) -> HttpResponse:
     window = selectors.timeline(run)
     context = {
         **live.run_state_context(run, chart_all=request.GET.get("chart") == "all"),
+        **({"resume": resume_form.offer} if resume_form is not None else {}),
         "events": [EventView.of(e) for e in window.events],
         "window": window,
         "form": form,
@@ -210,20 +212,23 @@ def _actions(
     notice: str = "",
     status: int = 200,
     transient: bool = False,
+    resume_form: ResumeRunForm | None = None,
 ) -> HttpResponse:
     """Answer a run-page form: its block alone for htmx, else the page (or a redirect back to it).
 
-    A `transient` notice ("Sent", "Stopping") hides once the run finishes.
+    A `transient` notice ("Sent", "Stopping") hides once the run finishes. A refused resume
+    (`resume_form` with its errors) keeps what was typed.
     """
     if is_htmx(request):
         run.refresh_from_db()
         context = {
             "run": RunView(run), "form": form, "notice": notice, "transient": transient,
             "continue_form": ContinueRunForm(run=run),
+            "resume": resume_form.offer if resume_form is not None else live.resume_offer(run),
         }
         return render(request, "loops/run_detail.html#run-actions", context)
     if status >= 400:
-        return _run_page(request, run, form, status=status, notice=notice)
+        return _run_page(request, run, form, status=status, notice=notice, resume_form=resume_form)
     if notice:
         messages.info(request, notice)
     return redirect("loops:run-detail", run_id=run.pk)
@@ -257,7 +262,9 @@ def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
         return _actions(request, run, form, status=400)
     text, nonce = form.cleaned_data["text"], form.cleaned_data["nonce"]
     waiting = run.status == Run.Status.WAITING
-    if nonce and not cache.add(_nonce_key("interject", request, nonce), 1, NONCE_SECONDS):
+    # Held while this message is tried (a double click waits its turn); spent only if it is accepted.
+    key = _nonce_key("interject", request, nonce) if nonce else None
+    if key and not cache.add(key, 1, NONCE_SECONDS):
         return _actions(request, run, InterjectForm(run=run), notice="That message was sent already.")
     try:
         with transaction.atomic():
@@ -269,6 +276,8 @@ def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
             if not repeat:
                 services.run_interject(run=run, user=request.user, text=text, via="console", request=request)
     except services.Refused as refused:
+        if key:  # refused, not sent: the same form may send the corrected message
+            cache.delete(key)
         form.add_error(None, refused.message)
         return _actions(request, run, form, status=refused.status)
     if repeat:
@@ -294,12 +303,28 @@ def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
+    """Resume a budget_exhausted run, with a new cap if one is given; one that would end at once is refused."""
     run = _run(request, run_id)
+    offer = live.resume_offer(run)
+    if offer is None:  # not out of budget: the service says why it cannot be resumed
+        try:
+            run = services.run_resume(run=run, user=request.user, via="console", request=request)
+        except services.Refused as refused:
+            return _actions(request, run, InterjectForm(run=run), notice=refused.message)
+        return _actions(request, run, InterjectForm(run=run), notice="Resumed from its next iteration.")
+    form = ResumeRunForm(request.POST, run=run, offer=offer)
+    offer.form = form
+    if not form.is_valid():
+        return _actions(request, run, InterjectForm(run=run), status=400, resume_form=form)
+    cap = form.cleaned_data["max_cost_usd"]
     try:
-        run = services.run_resume(run=run, user=request.user, via="console", request=request)
+        run = services.run_resume(run=run, user=request.user, via="console", request=request, max_cost_usd=cap)
     except services.Refused as refused:
-        return _actions(request, run, InterjectForm(run=run), notice=refused.message)
-    return _actions(request, run, InterjectForm(run=run), notice="Resumed from its next iteration.")
+        form.add_error(None, refused.message)
+        return _actions(request, run, InterjectForm(run=run), status=refused.status, resume_form=form)
+    notice = "Resumed from its next iteration"
+    notice += f" with a cap of {RunView(run).cap}." if cap is not None else "."
+    return _actions(request, run, InterjectForm(run=run), notice=notice)
 
 
 @login_required

@@ -209,6 +209,22 @@
     if (details) details.open = false;
   });
 
+  // "Copy": puts the text of the element `data-copy` names on the clipboard, and says so.
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-copy]");
+    if (!button) return;
+    var source = document.querySelector(button.getAttribute("data-copy"));
+    var said = button.parentNode.querySelector("[data-copied]");
+    if (!source || !navigator.clipboard) {
+      if (said) said.textContent = "Select the text and copy it.";
+      return;
+    }
+    navigator.clipboard.writeText(source.textContent.trim()).then(
+      function () { if (said) said.textContent = "Copied."; },
+      function () { if (said) said.textContent = "Could not copy: select the text and copy it."; }
+    );
+  });
+
   // --- a failed action always says so ---------------------------------------------------------------
   // How long an action waits for an answer: TETHER_CONSOLE_TIMEOUT_SECONDS, drawn on <body> (20 s).
   var REQUEST_TIMEOUT_MS = 1000 * (parseFloat(document.body.getAttribute("data-request-timeout")) || 20);

@@ -54,8 +54,10 @@ def sign_in(page, base_url, next_path):
     page.wait_for_url(re.compile(re.escape(base_url + next_path) + "$"))
 
 
-def test_a_max_iterations_run_is_continued_from_its_page(browser, server, worker, stopped_at_its_limit, artifacts,
+def test_a_max_iterations_run_is_continued_from_its_page(browser, stopped_at_its_limit, server, worker, artifacts,
                                                           device):
+    # The run is driven here before the worker starts (fixtures set up in this order): a worker
+    # up first would take the run from under `drive_in_thread`.
     old = stopped_at_its_limit
     assert (old.outcome, old.iterations_done) == ("max_iterations", 2)
     before = (model_to_dict(Run.objects.get(pk=old.pk)), list(Event.objects.filter(run=old).values_list("seq", "kind")))

@@ -49,7 +49,10 @@ def test_the_console_runs_under_its_policy_without_a_violation(browser, server, 
     page.click("text=Make token")
     secret = page.locator("[data-new-token]").inner_text()
     assert re.fullmatch(r"tth_[A-Za-z0-9_-]{20,}", secret)
-    page.click("button:has-text('Revoke')")
+    page.reload()  # the page a POST redirected to: reloading it mints nothing and shows nothing
+    assert page.locator("[data-new-token]").count() == 0
+    page.click("summary:has-text('Revoke')")  # destructive: it asks first
+    page.click("button:has-text('Yes, revoke it')")
     page.wait_for_selector("text=Revoked the token")
     assert page.evaluate("() => window.tetherViolations") == []
     assert reported == []

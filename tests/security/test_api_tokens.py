@@ -33,9 +33,11 @@ def console(user):
 
 def test_the_console_makes_a_token_shows_it_once_and_lists_it_without_the_secret(console, user):
     assert b'href="/tokens/"' in console.get("/").content  # reachable from the nav
-    made = console.post("/tokens/", {"name": "ci", "days": "30"})
-    assert made.status_code == 201 and made["Cache-Control"] == "no-store"
+    made = console.post("/tokens/", {"name": "ci", "days": "30"}, follow=True)
+    # POST, then 303 to the page that shows it: a reload of that page mints nothing.
+    assert made.redirect_chain == [("/tokens/", 303)] and made["Cache-Control"] == "no-store"
     token = SECRET.search(made.content).group().decode()
+    assert b"data-copy=" in made.content  # a Copy button beside the once-shown secret
     assert api_get(token).status_code == 200
 
     listed = console.get("/tokens/")
@@ -44,6 +46,7 @@ def test_the_console_makes_a_token_shows_it_once_and_lists_it_without_the_secret
     row = ApiToken.objects.get(user=user)
     assert row.name == "ci" and row.digest != token and token.encode() not in listed.content
     assert row.last_used_at is not None and timedelta(days=29) < row.expires_at - timezone.now() <= timedelta(days=30)
+    assert ApiToken.objects.filter(user=user).count() == 1  # the reload above made no second token
     assert b"ci" in listed.content and row.prefix.encode() in listed.content and b"last used" in listed.content
 
 
@@ -56,6 +59,13 @@ def test_revoking_in_the_console_refuses_the_very_next_request(console, user):
     refused = api_get(token)
     assert refused.status_code == 401 and "not valid" in refused.json()["error"]
     assert f'id="token-{row.pk}"'.encode() not in console.get("/tokens/").content
+
+
+def test_revoking_asks_first(console, user):
+    make_token(user, name="laptop")
+    page = console.get("/tokens/").content.decode()
+    confirm = page[page.index('<details class="stop-confirm">') :]
+    assert confirm.index("Revoke…") < confirm.index("Yes, revoke it") < confirm.index("</details>")
 
 
 def test_another_user_cannot_revoke_or_see_my_token(user, other_user):

@@ -51,6 +51,7 @@ def api(client):
         {"name": "x", "template": "coder", "tools": ["run_command"]},
         {"name": "x", "template": "coder", "approval_tools": []},
         {"name": "x", "template": "coder", "protected_paths": []},
+        {"name": "x", "template": "coder", "protect_defaults": False},
         {"name": "x", "template": "coder", "workspace": "/mnt/elsewhere/project"},
     ],
 )
@@ -65,7 +66,8 @@ def test_without_the_capability_a_template_with_safe_overrides_is_fine(api, user
     answer = api(user, {"name": "mine", "template": "coder", "max_iterations": 4, "model": "claude-test-1"})
     assert answer.status_code == 201, answer.content
     made = Instance.objects.get()
-    assert made.max_iterations == 4 and made.command == [] and made.protected_paths
+    assert made.max_iterations == 4 and made.command == [] and made.protect_defaults
+    assert "conftest.py" in answer.json()["protected"]  # what is protected, shown
     assert made.workspace_path() == settings.TETHER_WORKSPACES / str(user.pk) / str(made.pk)
 
 

@@ -54,8 +54,8 @@ def pages(user, make_instance):
     run = services.run_start(instance=instance, user=user, objective="write the report", max_cost_usd="5")
     client = Client()
     client.force_login(user)
-    made = client.post("/tokens/", {"name": "ci", "days": "7"})
-    assert made.status_code == 201
+    made = client.post("/tokens/", {"name": "ci", "days": "7"}, follow=True)
+    assert made.redirect_chain == [("/tokens/", 303)]
     paths = ["/", f"/instances/{instance.pk}/", f"/runs/{run.pk}/", "/history/", "/tokens/", "/reviews/",
              "/instances/new/", "/instances/new/coder/", f"/instances/{instance.pk}/edit",
              f"/instances/{instance.pk}/duplicate", f"/instances/{instance.pk}/budget", "/credentials/"]

@@ -5,6 +5,7 @@ if one dies the other is stopped too. `--web-only` / `--workers-only` run one ro
 for deployments that spread them over machines.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -19,6 +20,37 @@ from django.db import IntegrityError, transaction
 
 from loops import accounts
 from tether import addresses
+
+
+def address_file():
+    """Where a running `serve` notes the address it listens on, for `loginlink` (in another terminal)."""
+    return settings.TETHER_HOME / "serve.json"
+
+
+def record_address(host: str, port: int) -> None:
+    path = address_file()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"host": host, "port": port, "pid": os.getpid()}, fh)
+
+
+def forget_address() -> None:
+    """Remove the note, if it is this process's (another `serve` may have started since)."""
+    try:
+        if read_address().get("pid") == os.getpid():
+            address_file().unlink()
+    except OSError:
+        pass
+
+
+def read_address() -> dict:
+    """The address a `serve` of this TETHER_HOME that still runs listens on ({} when none does)."""
+    try:
+        noted = json.loads(address_file().read_text())
+        os.kill(int(noted["pid"]), 0)  # still running (a stale note from a killed `serve` is ignored)
+        return {"host": str(noted["host"]), "port": int(noted["port"]), "pid": int(noted["pid"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 class Command(BaseCommand):
@@ -57,6 +89,7 @@ class Command(BaseCommand):
             web = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port_number), "tether.asgi:application"]
             children.append(("web", subprocess.Popen(web, cwd=settings.BASE_DIR)))
             self.stdout.write(f"Tether web on http://{host}:{port_number}/")
+            record_address(host, port_number)
             if addresses.listens_everywhere(host):
                 self.stdout.write(f"  from other devices: {addresses.base_url(host, port_number)}/")
         if not web_only:
@@ -89,6 +122,7 @@ class Command(BaseCommand):
                 child.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.kill()
+        forget_address()
         sys.exit(code)
 
     def _first_start(self, host: str, port: int) -> bool:
