@@ -63,9 +63,11 @@ class AgentTemplateAdmin(admin.ModelAdmin):
 
 
 class InstanceForm(forms.ModelForm):
-    """Refuses a model with no price for an instance that calls Claude (its cost could not be capped)."""
+    """Refuses a model with no price for an instance that calls Claude (its cost could not be capped),
+    and a workspace that nests with another instance's (`validation.check_workspace_apart`)."""
 
     price_refused = False
+    workspace_refused = False
 
     class Meta:
         model = Instance
@@ -82,7 +84,24 @@ class InstanceForm(forms.ModelForm):
         except UnpricedModel as exc:
             self.price_refused = True
             self.add_error("model" if "model" in self.fields else None, str(exc))
+        self._check_workspace(cleaned)
         return cleaned
+
+    def _check_workspace(self, cleaned: dict) -> None:
+        """Check a new instance's workspace, or a changed workspace or owner.
+
+        A new instance's default workspace is known only once it has an id: runs check it then.
+        """
+        workspace = cleaned.get("workspace", self.instance.workspace)
+        owner = cleaned.get("owner")
+        changed = not self.instance.pk or {"workspace", "owner"} & set(self.changed_data)
+        if owner is None or not changed or not (workspace or self.instance.pk):
+            return
+        try:
+            validation.check_workspace_apart(Instance(pk=self.instance.pk, owner=owner, workspace=workspace))
+        except validation.InvalidInstance as exc:
+            self.workspace_refused = True
+            self.add_error("workspace" if "workspace" in self.fields else None, exc.message)
 
 
 @admin.register(Instance)
@@ -104,7 +123,7 @@ class InstanceAdmin(admin.ModelAdmin):
                 ]
             },
         ),
-        ("Command brain and checks", {"fields": ["command", "env", "checks", "protected_paths", "network"]}),
+        ("Command brain and checks", {"fields": ["command", "env", "checks", "protected_paths", "protect_defaults", "network"]}),
     ]
     # Every setting is checked against the user's capabilities (the safe ones pass), so a new field
     # needs run_programs until `capabilities.SAFE_OVERRIDES` says otherwise.
@@ -147,8 +166,8 @@ class InstanceAdmin(admin.ModelAdmin):
         form = context.get("adminform").form if context.get("adminform") else None
         if getattr(form, "capability_refused", False):
             response.status_code = 403  # refused, not merely invalid: nothing was saved
-        elif getattr(form, "price_refused", False):
-            response.status_code = 400  # a model with no price: nothing was saved
+        elif getattr(form, "price_refused", False) or getattr(form, "workspace_refused", False):
+            response.status_code = 400  # a model with no price, or a nesting workspace: nothing was saved
         return response
 
 

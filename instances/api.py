@@ -14,6 +14,7 @@ from ninja import Router, Status
 
 from instances import schemas, services
 from instances.models import Instance
+from loops import protected
 from loops.rest import ApiError, Id, errors
 
 router = Router(tags=["instances"])
@@ -38,6 +39,7 @@ def instance_json(instance: Instance) -> dict[str, Any]:
         "key_source": credentials.describe_source(instance),
         "created_at": instance.created_at.isoformat(),
         "archived_at": instance.archived_at.isoformat() if instance.archived_at else None,
+        "protected": protected.globs_for(instance),
     }
 
 

@@ -1,12 +1,25 @@
 """Redaction: the one place that keeps the server's keys out of what leaves it.
 
-`redact(text)` returns `text` with every run of 12 or more consecutive characters of a key
-replaced by `[redacted]` — of the key itself, and of its base64 (standard and URL-safe, at each
-of the three byte alignments, so a piece of the key inside a longer base64 text is caught too).
-Matches are maximal: the whole run is replaced, not just 12 characters of it. A run of 11
-characters or fewer is ordinary text and stays. `redact_data(value)` does the same to every
-string inside JSON-like data. Tool output, model answers, command and check output, events,
-receipts, review diffs and log lines all pass through here before they are shown, stored or sent.
+`redact(text)` returns `text` with every run of 12 or more consecutive characters of a key, in
+any of the forms below, replaced by `[redacted]`. Matches are maximal: the whole run is replaced,
+not just 12 characters of it. A run of 11 characters or fewer is ordinary text and stays.
+`redact_data(value)` does the same to every string inside JSON-like data. Tool output, model
+answers, command and check output, events, receipts, review diffs, the tool journal and log lines
+all pass through here before they are shown, stored or sent.
+
+The forms of a key (`key_forms`): the key itself, reversed, and rot13; its bytes in hex and
+%-escaped (`%73%6b…`); its base32 (at each of the five byte alignments); its base64, standard
+and URL-safe (at each of the three byte alignments, so a piece of the key inside a longer base64
+text is caught too). All but base64 are matched in any case (upper, lower, swapped, mixed); a
+case change of base64 is other data, so base64 is matched exactly. The text is also read
+- without its whitespace and zero-width characters (U+200B, U+200C, U+200D, U+2060, U+FEFF), so
+  a form split by spaces or line breaks, or joined by invisible characters, is one run again;
+  a split run counts its pieces that stand apart, not a piece glued to the end of a word (so a
+  key's 11 characters between two words are not joined to a letter of either);
+- with its %XX escapes decoded (only when it has one), so a key some of whose characters are
+  URL-escaped is caught; a run of 12 characters of the fully escaped form is caught as it is.
+A 12-character run of a form is 12 characters of that form: of hex, 6 of the key's characters; of
+the fully %-escaped form, 4.
 
 The keys: the server's own (`SECRET_KEY` and `SECRET_KEY_FALLBACKS`, `ANTHROPIC_API_KEY`,
 `TETHER_METRICS_TOKEN`, the database and Redis passwords, and every environment variable whose
@@ -14,10 +27,14 @@ name ends in `_KEY`, `_TOKEN`, `_SECRET` or `_PASSWORD`), every stored credentia
 whatever the caller adds (`extra`: the key a brain is about to use). Keys shorter than 12
 characters are too short to tell from ordinary text and are not redacted.
 
-How: for each key set an index maps every 8-character piece of every form of every key to where
-it occurs; the text is probed every 5 characters (any 12-character match contains a probed
-8-character piece), and each hit is extended both ways to the whole matching run. Cost is one
-dictionary look-up per 5 characters of text plus the length of real matches.
+How: for each key set an index maps every 8-character piece of every form of every key (folded
+to lower case) to where it occurs. A text is read in one or two views (without gaps; decoded and
+without gaps), each with a map back to the text's own positions, worked out only when something
+is found. Each view is probed every 5 characters (any 12-character match contains a probed
+8-character piece), and each hit is extended both ways to the whole matching run, compared in
+lower case or exactly as its form says; a run already found is not extended again. Cost: building
+the views and one dictionary look-up per 5 characters of each (in C: a regular expression takes
+the pieces, `compress` keeps those in the index), plus the length of real matches.
 
 Caching, per process: the index of a key set is kept (a few, least recently used first out); the
 decrypted stored credentials are reloaded when one is saved or deleted in this process (signals)
@@ -31,10 +48,14 @@ from __future__ import annotations
 
 import base64
 import os
+import re
+import string
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from itertools import accumulate, compress
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,52 +68,141 @@ _STEP = MIN_RUN - _GRAM + 1
 _KEY_SUFFIXES = ("_KEY", "_TOKEN", "_SECRET", "_PASSWORD")
 _INDEXES_KEPT = 8
 
+_INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff"  # zero-width space, non-joiner, joiner; word joiner; BOM
+_GAPS = re.compile(f"([\\s{_INVISIBLE}]+)")
+_ESCAPES = re.compile("(%[0-9A-Fa-f]{2})")
+_PROBES = re.compile(f"(?=(.{{{_GRAM}}})).{{{_STEP}}}", re.S)  # the 8 characters at every 5th position
+_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+_ROT13 = str.maketrans(
+    string.ascii_lowercase + string.ascii_uppercase,
+    string.ascii_lowercase[13:] + string.ascii_lowercase[:13] + string.ascii_uppercase[13:] + string.ascii_uppercase[:13],
+)
 
-def key_forms(key: str) -> set[str]:
-    """Return the texts a key may appear as: itself and its base64 at every byte alignment."""
-    forms = {key}
+
+def _fold(text: str) -> str:
+    """Return `text` in lower case, one character for one (so positions still match)."""
+    lowered = text.lower()
+    return lowered if len(lowered) == len(text) else text.translate(_LOWER)
+
+
+def key_forms(key: str) -> dict[str, bool]:
+    """Return the texts a key may appear as (without gaps), each with whether it is matched in any case."""
     raw = key.encode()
+    caseless = {key, key[::-1], key.translate(_ROT13), raw.hex(), "".join(f"%{byte:02x}" for byte in raw)}
+    exact = set()
+    # The last characters of an encoding at an alignment also encode what follows the key; a match
+    # just stops earlier there.
+    for skip in range(5):
+        caseless.add(base64.b32encode(raw[skip:]).decode().rstrip("="))
     for skip in range(3):
-        body = raw[skip:]
         for encode in (base64.b64encode, base64.urlsafe_b64encode):
-            # Its last characters also encode what follows the key; a match just stops earlier there.
-            forms.add(encode(body).decode().rstrip("="))
-    return {form for form in forms if len(form) >= MIN_RUN}
+            exact.add(encode(raw[skip:]).decode().rstrip("="))
+    forms = {_GAPS.sub("", form): False for form in exact}
+    forms.update({_fold(_GAPS.sub("", form)): True for form in caseless})
+    return {form: anycase for form, anycase in forms.items() if len(form) >= MIN_RUN}
+
+
+class _View:
+    """A text with every match of `pattern` replaced by `size` characters, and where each came from.
+
+    The map back (`origin`) is worked out only when a run is found: most texts have none.
+    """
+
+    def __init__(
+        self, source: str, text: str, pattern: re.Pattern[str], size: int, parent: _View | None = None
+    ) -> None:
+        self.source, self.text, self.pattern, self.size, self.parent = source, text, pattern, size, parent
+        self._map: tuple[list[int], list[int], list[int]] | None = None
+
+    def _replaced(self) -> tuple[list[int], list[int], list[int]]:
+        """Return where each replacement starts in this text, and starts and ends in the source."""
+        if self._map is None:
+            parts = self.pattern.split(self.source)  # kept, found, kept, …, kept
+            ends = list(accumulate(map(len, parts)))
+            kept = accumulate(map(len, parts[0::2]))
+            starts = [end + number * self.size for number, end in enumerate(kept)][:-1]
+            self._map = starts, ends[0:-1:2], ends[1::2]
+        return self._map
+
+    def origin(self, start: int, end: int) -> tuple[int, int]:
+        """Return the positions in the original text of this view's [start, end)."""
+        start, end = self._old(start)[0], self._old(end - 1)[1]
+        return self.parent.origin(start, end) if self.parent is not None else (start, end)
+
+    def _old(self, at: int) -> tuple[int, int]:
+        starts, old_starts, old_ends = self._replaced()
+        number = bisect_right(starts, at) - 1
+        if number < 0:
+            return at, at + 1
+        if at < starts[number] + self.size:
+            return old_starts[number], old_ends[number]
+        old = old_ends[number] + at - starts[number] - self.size
+        return old, old + 1
+
+    def trim(self, start: int, end: int) -> tuple[int, int]:
+        """Return a run spanning a gap without its end pieces that are short and glued to a word.
+
+        The 11 characters of a key between two words are then not made 12 by a letter of either.
+        """
+        if self.size:
+            return start, end
+        gaps, text = self._replaced()[0], self.text
+        first, last = bisect_right(gaps, start), bisect_left(gaps, end) - 1
+        if first > last:
+            return start, end  # no gap inside: an ordinary run
+        if start > (gaps[first - 1] if first else 0) and text[start - 1].isalnum() and gaps[first] - start < MIN_RUN:
+            start = gaps[first]
+        piece_end = gaps[last + 1] if last + 1 < len(gaps) else len(text)
+        if end < piece_end and text[end].isalnum() and end - gaps[last] < MIN_RUN:
+            end = gaps[last]
+        return start, end
+
+
+def _without_gaps(source: str, parent: _View | None = None) -> _View:
+    """Return the view of `source` without its whitespace and zero-width characters."""
+    text = "".join(source.split())  # str.split's whitespace is exactly the pattern's \s
+    for char in _INVISIBLE:
+        text = text.replace(char, "")
+    return _View(source, text, _GAPS, 0, parent)
+
+
+def _views(text: str) -> Iterator[_View]:
+    """Yield the views a text is read in: without gaps; if it has %XX escapes, decoded and without gaps."""
+    yield _without_gaps(text)
+    if "%" in text and _ESCAPES.search(text):
+        decoded = _View(text, _ESCAPES.sub(lambda escape: chr(int(escape[1][1:], 16)), text), _ESCAPES, 1)
+        yield _without_gaps(decoded.text, decoded)
 
 
 class Redactor:
     """An index of a fixed set of keys; `redact` and `spans` scan texts against it."""
 
     def __init__(self, keys: Iterable[str]) -> None:
-        forms: set[str] = set()
+        forms: dict[str, bool] = {}
         for key in keys:
             if key and len(key) >= MIN_RUN:
-                forms |= key_forms(key)
-        self._forms = sorted(forms)
+                for form, anycase in key_forms(key).items():
+                    forms[form] = forms.get(form, False) or anycase
+        self._forms = sorted(forms.items())
         self._index: dict[str, list[tuple[int, int]]] = {}
-        for number, form in enumerate(self._forms):
+        for number, (form, _) in enumerate(self._forms):
+            folded = _fold(form)
             for at in range(len(form) - _GRAM + 1):
-                self._index.setdefault(form[at : at + _GRAM], []).append((number, at))
+                self._index.setdefault(folded[at : at + _GRAM], []).append((number, at))
 
     def __repr__(self) -> str:
         return f"<Redactor of {len(self._forms)} key forms>"
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         """Return the maximal, merged [start, end) runs of `text` that are 12+ characters of a key."""
-        index, forms, size = self._index, self._forms, len(text)
-        if not index or size < MIN_RUN:
+        if not self._index or len(text) < MIN_RUN:
             return []
         found = []
-        for probe in range(0, size - _GRAM + 1, _STEP):
-            for number, at in index.get(text[probe : probe + _GRAM], ()):
-                form = forms[number]
-                start, end, left, right = probe, probe + _GRAM, at, at + _GRAM
-                while start > 0 and left > 0 and text[start - 1] == form[left - 1]:
-                    start, left = start - 1, left - 1
-                while end < size and right < len(form) and text[end] == form[right]:
-                    end, right = end + 1, right + 1
+        for view in _views(text):
+            for start, end in self._runs(view.text):
+                start, end = view.trim(start, end)
                 if end - start >= MIN_RUN:
-                    found.append((start, end))
+                    found.append(view.origin(start, end))
         merged: list[tuple[int, int]] = []
         for start, end in sorted(found):
             if merged and start <= merged[-1][1]:
@@ -100,6 +210,28 @@ class Redactor:
             else:
                 merged.append((start, end))
         return merged
+
+    def _runs(self, text: str) -> Iterator[tuple[int, int]]:
+        """Yield the maximal runs of `text` that are 12+ characters of one form (some more than once)."""
+        index, forms, size = self._index, self._forms, len(text)
+        folded = _fold(text)
+        pieces = _PROBES.findall(folded)
+        probes = compress(range(0, len(pieces) * _STEP, _STEP), map(index.__contains__, pieces))
+        reached: dict[tuple[int, int], int] = {}  # (form, offset) -> end of the run found there
+        for probe in probes:
+            for number, at in index[folded[probe : probe + _GRAM]]:
+                if reached.get((number, probe - at), -1) > probe:
+                    continue  # inside a run found already
+                form, anycase = forms[number]
+                seen = folded if anycase else text
+                start, end, left, right = probe, probe, at, at
+                while end < size and right < len(form) and seen[end] == form[right]:
+                    end, right = end + 1, right + 1
+                while start > 0 and left > 0 and seen[start - 1] == form[left - 1]:
+                    start, left = start - 1, left - 1
+                reached[(number, probe - at)] = end
+                if end - start >= MIN_RUN:
+                    yield start, end
 
     def redact(self, text: str) -> str:
         spans = self.spans(text)
@@ -216,7 +348,7 @@ def redactor(extra: Iterable[str] = ()) -> Redactor:
 
 
 def redact(text: str, extra: Iterable[str] = ()) -> str:
-    """Return `text` with every run of 12+ characters of a key (or its base64) replaced."""
+    """Return `text` with every run of 12+ characters of a key, in any of its forms, replaced."""
     if not text:
         return text
     return redactor(extra).redact(text)

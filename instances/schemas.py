@@ -11,7 +11,7 @@ model has a price is `instances.prices`. Touches no database.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
@@ -166,7 +166,7 @@ def _timeout(value: Any) -> int | float:
 
 
 class CheckIn(Body):
-    """A check run after every act: its argv, whether it must pass for done, its timeout."""
+    """A check run after every act: its argv, whether it must pass for done, its timeout, its evidence."""
 
     name: text(nonblank=True, max_length=100)  # type: ignore[valid-type]
     command: Argv
@@ -176,6 +176,9 @@ class CheckIn(Body):
         BeforeValidator(_timeout),
         Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": 3600}),
     ] = 300
+    evidence: Literal["report", "exit code"] | None = Field(
+        None, description='"report": the check passes only with a test report (pytest); default: a report when there is one'
+    )
 
 
 def _unique_names(checks: list[CheckIn]) -> list[CheckIn]:
@@ -226,6 +229,7 @@ class InstanceChange(Body):
     max_output_tokens: _bounded("max_output_tokens") | None = None  # type: ignore[valid-type]
     tool_timeout_seconds: _bounded("tool_timeout_seconds") | None = None  # type: ignore[valid-type]
     protected_paths: Strings | None = None
+    protect_defaults: flag() | None = None  # type: ignore[valid-type]
     network: flag() | None = None  # type: ignore[valid-type]
     mcp_servers: McpServers | None = None
 
@@ -289,6 +293,8 @@ class Instance(Schema):
     max_output_tokens: int
     tool_timeout_seconds: int
     protected_paths: list[str]
+    protect_defaults: bool
+    protected: list[str] = Field(description="everything protected: protected_paths and, with checks, the defaults")
     network: bool
     mcp_servers: list[str]
     created_at: str

@@ -1,8 +1,9 @@
 """Writes to instances and credentials: the only path the API and the console take to change them.
 
 Each write checks, in order, the fields' shape and bounds (`instances.validation`), what the
-user may set (`instances.capabilities.check_instance`), the template (`templates_loader`)
-and the model's price (`instances.prices.ensure_priced`), then saves in one transaction
+user may set (`instances.capabilities.check_instance`), the template (`templates_loader`),
+that its workspace nests with no other (`validation.check_workspace_apart`) and the model's
+price (`instances.prices.ensure_priced`), then saves in one transaction
 with an audit entry; a refusal raises `InstanceRefused` (status 403 for a capability, 400
 otherwise) and saves nothing.
 """
@@ -85,6 +86,7 @@ def instance_create(
                 )
             else:
                 instance = Instance.objects.create(owner=user, name=name, credential=credential, **data)
+            validation.check_workspace_apart(instance)  # its default workspace is known once it has an id
             prices.ensure_priced(instance)
             audit.record(user=user, action="instance.create", request=request, via=via, detail=_detail(instance))
     return instance
@@ -122,6 +124,8 @@ def instance_update(*, instance: Instance, user: Any, values: dict[str, Any], vi
             locked = Instance.objects.select_for_update().get(pk=instance.pk)
             for field, value in changes.items():
                 setattr(locked, field, value)
+            if "workspace" in changes:
+                validation.check_workspace_apart(locked)
             prices.ensure_priced(locked)
             locked.save()
             audit.record(

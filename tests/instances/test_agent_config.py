@@ -44,7 +44,7 @@ def test_the_configuration_is_what_template_and_instance_share():
 def test_the_api_takes_and_shows_every_setting():
     # The API names the credential by id and never shows it (key_source says where the key comes from).
     assert set(schemas.InstanceIn.model_fields) == SETTINGS - {"credential"} | {"name", "template", "credential_id"}
-    shown = {"id", "name", "template", "key_source", "created_at", "archived_at"}
+    shown = {"id", "name", "template", "key_source", "created_at", "archived_at", "protected"}
     assert set(schemas.Instance.model_fields) == SETTINGS - {"credential"} | shown
     assert OVERRIDABLE == SETTINGS | {"credential_id"}
 
