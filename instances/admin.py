@@ -7,7 +7,10 @@ from instances.models import AgentConfig, AgentTemplate, Credential, Instance, M
 
 
 class CredentialForm(forms.ModelForm):
-    """The key is write-only: typed in, never rendered back (only its last four characters show)."""
+    """The key is write-only: typed in, never rendered back (only its last four characters show).
+
+    Its label and key are held to the rules of every other surface (`validation.invisible`,
+    `validation.key_problem`)."""
 
     secret = forms.CharField(
         label="API key",
@@ -21,9 +24,21 @@ class CredentialForm(forms.ModelForm):
         model = Credential
         fields = ["owner", "label"]
 
+    def clean_label(self):
+        label = (self.cleaned_data.get("label") or "").strip()
+        if why := validation.invisible(label):
+            raise forms.ValidationError(f"label {why}")
+        return label
+
+    def clean_secret(self):
+        secret = self.cleaned_data.get("secret") or ""
+        if secret and (why := validation.key_problem(secret)):
+            raise forms.ValidationError(why)
+        return secret
+
     def clean(self):
         cleaned = super().clean()
-        if not self.instance.pk and not cleaned.get("secret"):
+        if not self.instance.pk and not cleaned.get("secret") and "secret" not in self.errors:
             self.add_error("secret", "Enter the API key.")
         return cleaned
 
@@ -64,10 +79,12 @@ class AgentTemplateAdmin(admin.ModelAdmin):
 
 class InstanceForm(forms.ModelForm):
     """Refuses a model with no price for an instance that calls Claude (its cost could not be capped),
-    and a workspace that nests with another instance's (`validation.check_workspace_apart`)."""
+    a workspace that nests with another instance's (`validation.check_workspace_apart`), and a
+    name its owner already uses or a configuration that cannot run (`validation.check_saved`)."""
 
     price_refused = False
     workspace_refused = False
+    saved_refused = False
 
     class Meta:
         model = Instance
@@ -85,7 +102,28 @@ class InstanceForm(forms.ModelForm):
             self.price_refused = True
             self.add_error("model" if "model" in self.fields else None, str(exc))
         self._check_workspace(cleaned)
+        self._check_saved(cleaned)
         return cleaned
+
+    def _check_saved(self, cleaned: dict) -> None:
+        """Check the name (when new or changed) and, when new or changed, what it runs: as the API and console do."""
+        fields = ("name", "owner", "brain", "command", "workspace")
+        if any(f in self.errors for f in fields):
+            return
+        values = {f: cleaned.get(f, getattr(self.instance, f, None)) for f in fields}
+        if values["owner"] is None:
+            return
+        probe = Instance(pk=self.instance.pk, **values)
+        new = not self.instance.pk
+        try:
+            validation.check_saved(
+                probe,
+                name=new or bool({"name", "owner"} & set(self.changed_data)),
+                program=new or bool({"brain", "command", "workspace"} & set(self.changed_data)),
+            )
+        except validation.InvalidInstance as exc:
+            self.saved_refused = True
+            self.add_error(exc.field if exc.field in self.fields else None, exc.message)
 
     def _check_workspace(self, cleaned: dict) -> None:
         """Check a new instance's workspace, or a changed workspace or owner.
@@ -166,9 +204,15 @@ class InstanceAdmin(admin.ModelAdmin):
         form = context.get("adminform").form if context.get("adminform") else None
         if getattr(form, "capability_refused", False):
             response.status_code = 403  # refused, not merely invalid: nothing was saved
-        elif getattr(form, "price_refused", False) or getattr(form, "workspace_refused", False):
-            response.status_code = 400  # a model with no price, or a nesting workspace: nothing was saved
+        elif any(getattr(form, flag, False) for flag in ("price_refused", "workspace_refused", "saved_refused")):
+            response.status_code = 400  # no price, a nesting workspace, a name taken, cannot run: nothing was saved
         return response
+
+    def save_model(self, request, obj, form, change):
+        from instances.services import fit_to_brain
+
+        fit_to_brain(obj)  # a program brain keeps no model, prompt or Claude tools, as on every surface
+        super().save_model(request, obj, form, change)
 
 
 def _pairs(text: str, separator: str, what: str) -> dict[str, str]:

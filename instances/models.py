@@ -193,6 +193,13 @@ class Instance(AgentConfig):
         own = (f.name for f in cls._meta.concrete_fields if f.name not in (*config, *cls.NOT_SETTINGS))
         return (*config, *own)
 
+    @property
+    def command_line(self) -> str:
+        """Return its command as a shell would take it, quotes and all (`shlex.join`)."""
+        import shlex
+
+        return shlex.join(str(a) for a in (self.command or []))
+
     def workspace_path(self) -> Path:
         if self.workspace:
             return Path(self.workspace)

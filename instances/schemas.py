@@ -36,6 +36,20 @@ _ARGV_SCHEMA = {
 }
 
 
+def _visible(value: str) -> str:
+    from instances.validation import invisible
+
+    why = invisible(value)
+    if why:
+        raise refuse(why)
+    return value
+
+
+# A name people read to tell things apart: visible characters only (no bidirectional overrides,
+# zero-width or control characters), 1 to 100 of them.
+Name: Any = Annotated[text(nonblank=True, max_length=100), AfterValidator(_visible)]
+
+
 def _nonempty(value: Any) -> str:
     text_ = clean_text(value)
     if not text_:
@@ -197,7 +211,7 @@ class InstanceChange(Body):
     brain needs its command) by `instances.services.instance_update`.
     """
 
-    name: text(nonblank=True, max_length=100) | None = None  # type: ignore[valid-type]
+    name: Name | None = None
     brain: _choice(list(InstanceModel.Brain.values)) | None = None  # type: ignore[valid-type]
     command: Command | None = Field(None, description="the argv of the command brain")
     env: Annotated[dict[str, str], BeforeValidator(_env), Field(json_schema_extra=_ENV_SCHEMA)] | None = None
@@ -237,7 +251,7 @@ class InstanceChange(Body):
 class InstanceIn(InstanceChange):
     """An instance's fields: `name`, and a template to start from or the whole agent by hand."""
 
-    name: text(nonblank=True, max_length=100)  # type: ignore[valid-type]
+    name: Name
     template: text(max_length=50, description="a template's name; the other fields override it") | None = None  # type: ignore[valid-type]
 
     model_config = {
@@ -305,9 +319,15 @@ class Instances(Schema):
     instances: list[Instance]
 
 
+# How long a stored model key may be (`validation.key_problem` checks its shape too).
+KEY_CHARS = (20, 400)
+
+
 class CredentialIn(Body):
-    label: text(nonblank=True, max_length=100)  # type: ignore[valid-type]
-    secret: text(min_length=1, max_length=10_000, description="write-only: never shown again")  # type: ignore[valid-type]
+    label: Name
+    secret: text(  # type: ignore[valid-type]
+        min_length=1, max_length=KEY_CHARS[1], description="write-only: never shown again; an Anthropic key, sk-ant-…"
+    )
 
 
 class Credential(Schema):

@@ -2,7 +2,8 @@
 
 Each write checks, in order, the fields' shape and bounds (`instances.validation`), what the
 user may set (`instances.capabilities.check_instance`), the template (`templates_loader`),
-that its workspace nests with no other (`validation.check_workspace_apart`) and the model's
+that its workspace nests with no other (`validation.check_workspace_apart`), that its name is
+its owner's only one so named and that it can run (`validation.check_saved`) and the model's
 price (`instances.prices.ensure_priced`), then saves in one transaction
 with an audit entry; a refusal raises `InstanceRefused` (status 403 for a capability, 400
 otherwise) and saves nothing.
@@ -44,11 +45,39 @@ def _refusals() -> Iterator[None]:
     except capabilities.CapabilityError as exc:
         raise InstanceRefused(str(exc), 403, exc.field) from None
     except validation.InvalidInstance as exc:
-        raise InstanceRefused(exc.message, 400, exc.field) from None
+        raise InstanceRefused(exc.message, exc.status, exc.field) from None
     except UnpricedModel as exc:
         raise InstanceRefused(str(exc), 400, "model") from None
     except templates_loader.TemplateError as exc:
         raise InstanceRefused(str(exc), 400) from None
+
+
+# What a program brain uses of the tools: `delegate` alone (through its act's MCP endpoint).
+PROGRAM_TOOLS = frozenset({"delegate"})
+
+
+def fit_to_brain(instance: Instance) -> list[str]:
+    """Clear on `instance` what its brain does not use; return the fields changed (not saved).
+
+    A program brain keeps no system prompt, of the tools only `delegate`, and no model unless
+    its decider calls Claude (the `llm` decider judges with the instance's model).
+    """
+    if instance.brain != Instance.Brain.COMMAND:
+        return []
+    from instances import credentials
+
+    changed = []
+    unused = ["system_prompt"] if credentials.needs_key(instance) else ["system_prompt", "model"]
+    for field in unused:
+        if getattr(instance, field):
+            setattr(instance, field, "")
+            changed.append(field)
+    for field in ("tools", "approval_tools"):
+        kept = [t for t in (getattr(instance, field) or []) if t in PROGRAM_TOOLS]
+        if kept != list(getattr(instance, field) or []):
+            setattr(instance, field, kept)
+            changed.append(field)
+    return changed
 
 
 def _own_credential(user: Any, credential: Any) -> Credential | None:
@@ -79,7 +108,8 @@ def instance_create(
         name = data.pop("name")
         credential = _own_credential(user, data.pop("credential", None) or data.pop("credential_id", None))
         data.pop("credential_id", None)
-        with transaction.atomic():  # an instance whose model has no price is not kept
+        validation.check_saved(Instance(owner=user, name=name), program=False)  # before anything is made
+        with transaction.atomic():  # an instance whose model has no price, or that cannot run, is not kept
             if template is not None:
                 instance = templates_loader.create_instance(
                     owner=user, template=template, name=name, overrides={**data, "credential": credential}
@@ -87,6 +117,9 @@ def instance_create(
             else:
                 instance = Instance.objects.create(owner=user, name=name, credential=credential, **data)
             validation.check_workspace_apart(instance)  # its default workspace is known once it has an id
+            if fitted := fit_to_brain(instance):
+                instance.save(update_fields=[*fitted, "updated_at"])
+            validation.check_saved(instance, name=False)
             prices.ensure_priced(instance)
             audit.record(user=user, action="instance.create", request=request, via=via, detail=_detail(instance))
     return instance
@@ -126,6 +159,10 @@ def instance_update(*, instance: Instance, user: Any, values: dict[str, Any], vi
                 setattr(locked, field, value)
             if "workspace" in changes:
                 validation.check_workspace_apart(locked)
+            fit_to_brain(locked)
+            validation.check_saved(
+                locked, name="name" in changes, program=bool({"brain", "command", "workspace"} & set(changes))
+            )
             prices.ensure_priced(locked)
             locked.save()
             audit.record(
@@ -133,6 +170,17 @@ def instance_update(*, instance: Instance, user: Any, values: dict[str, Any], vi
                 detail={"instance": locked.pk, "changed": sorted(changes)},
             )
     return locked
+
+
+def free_name(user: Any, name: str) -> str:
+    """Return `name`, or `name 2`, `name 3`…: the first that none of `user`'s instances has (at most 100 characters)."""
+    name = name[:100]
+    candidate, number = name, 1
+    while validation.name_taken(user.pk, candidate):
+        number += 1
+        suffix = f" {number}"
+        candidate = name[: 100 - len(suffix)] + suffix
+    return candidate
 
 
 def copy_values(source: Instance) -> dict[str, Any]:
@@ -200,7 +248,12 @@ def credential_add(*, user: Any, label: str, secret: str, via: str = "api", requ
     """Store an Anthropic key of `user`, encrypted; only its last four characters are ever shown again."""
     label = (label or "").strip()
     if not label or len(label) > 100:
-        raise InstanceRefused("label must be 1 to 100 characters", 400, "label")
+        raise InstanceRefused(f"label must be 1 to 100 characters; this one is {len(label):,}", 400, "label")
+    if why := validation.invisible(label):
+        raise InstanceRefused(f"label {why}", 400, "label")
+    secret = (secret or "").strip()
+    if why := validation.key_problem(secret):
+        raise InstanceRefused(why, 400, "secret")
     if Credential.objects.filter(owner=user, label=label).exists():
         raise InstanceRefused(f"you already have a credential labelled {label!r}; choose another label", 409, "label")
     try:

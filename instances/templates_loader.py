@@ -9,7 +9,8 @@ field of an agent's configuration (`instances.models.AgentConfig`: `model`, `sys
 and bounds, `protected_paths` — workspace-relative globs of the files that grade the agent —
 and `mcp_servers`, names of MCP servers an operator registered), and for a composition `roles`
 (role -> template name, reached with `delegate(to=ROLE)`) and `verify_with_role` (its done is
-verified only when that role's latest run passed). An instance made from a template copies
+verified only when that role's latest run passed). A template a composition names as a role is
+shown apart from the ones to start from (`grouped`). An instance made from a template copies
 its whole configuration (`AgentTemplate.instance_defaults`). `python manage.py loadtemplates`
 upserts them; on a fresh (or test-flushed) database the migration `0003_load_agent_templates` and the
 `ensure_templates` post_migrate receiver create the missing ones without touching edited rows.
@@ -207,6 +208,21 @@ def instance_values(template: Any, overrides: dict[str, Any] | None = None) -> d
     except ValueError as exc:
         raise TemplateError(str(exc)) from None
     return values
+
+
+def grouped(templates: Any) -> tuple[list[Any], list[Any]]:
+    """Return `templates` as (the ones to start from, the roles of compositions).
+
+    A role is a template some composition names in its `roles` (`pbq-qa`, `rwc-writer`): its
+    agent is started by that composition's `delegate`, not on its own. The ones to start from
+    come key-free first (a program brain needs no API key), then by name.
+    """
+    rows = list(templates)
+    role_names = {name for t in rows for name in (t.roles or {}).values()}
+    roles = [t for t in rows if t.name in role_names]
+    start = [t for t in rows if t.name not in role_names]
+    start.sort(key=lambda t: (t.brain != AgentConfig.Brain.COMMAND, t.name))
+    return start, roles
 
 
 def find(template: Any) -> AgentTemplate:

@@ -40,6 +40,10 @@ def make_token(user, *, name: str = "", days: int | None = None) -> str:
     """
     if len(name) > TOKEN_NAME_MAX:
         raise ValueError(f"a token's name can be at most {TOKEN_NAME_MAX} characters")
+    from instances.validation import invisible
+
+    if why := invisible(name):
+        raise ValueError(f"a token's name {why}")
     if days is not None and not 1 <= days <= TOKEN_DAYS_MAX:
         raise ValueError(f"a token's lifetime must be 1 to {TOKEN_DAYS_MAX} days")
     token = "tth_" + secrets.token_urlsafe(32)

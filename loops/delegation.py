@@ -99,7 +99,13 @@ def _resolve(run: Run, to: str, mode: str) -> tuple[Any, Any]:
     from instances.models import AgentTemplate, Instance
 
     owner = run.owner
-    found = Instance.objects.filter(owner=owner, name=to).first()
+    named = list(Instance.objects.filter(owner=owner, name=to).order_by("pk")[:2])
+    if len(named) > 1:  # names are unique per owner when saved; older ones may not be: never guess
+        raise Refusal(
+            f"{to!r} names more than one of your instances (ids {named[0].pk}, {named[1].pk}, …): "
+            "delegate to one by its id, or rename them apart"
+        )
+    found = named[0] if named else None
     if found is None and to.isdigit() and len(to) <= 18:
         found = Instance.objects.filter(owner=owner, pk=int(to)).first()
     roles = (run.instance.template.roles or {}) if run.instance.template_id else {}

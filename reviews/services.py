@@ -194,6 +194,24 @@ def _verifies(item: ReviewItem, status: str) -> bool:
     )
 
 
+def _ascii_stand_in(address: str) -> str:
+    """Return `address` with each letter or digit beyond ASCII in its local part as an `x` (RFC 6531).
+
+    An internationalised address (`josé@exemple.fr`, `用户@例子.广告`) is then checked as any other;
+    its domain is checked in its IDNA form by the validator itself. Spaces, controls and other
+    invisible characters stay, so they are still refused.
+    """
+    import unicodedata
+
+    local, at, domain = address.rpartition("@")
+    if not at:
+        return address
+    local = "".join(
+        "x" if ord(c) > 127 and unicodedata.category(c)[0] in "LNM" else c for c in local
+    )
+    return f"{local}@{domain}"
+
+
 def notification_target_add(
     *, user: Any, kind: str, address: str, events: list[str] | None = None, request: Any = None, via: str = "console"
 ) -> tuple[Any, str]:
@@ -212,7 +230,7 @@ def notification_target_add(
         raise Refused(f"unknown events: {', '.join(unknown)}")
     try:
         if kind == NotificationTarget.Kind.EMAIL:
-            EmailValidator()(address)
+            EmailValidator()(_ascii_stand_in(address))
         elif kind == NotificationTarget.Kind.WEBHOOK:
             URLValidator(schemes=["http", "https"])(address)
         else:

@@ -85,7 +85,7 @@ def notifications(request: HttpRequest) -> HttpResponse:
     """List the user's notification targets; add one (POST)."""
     from reviews.models import NotificationTarget
 
-    secret = ""
+    secret, error, status = "", "", 200
     if request.method == "POST":
         try:
             target, secret = services.notification_target_add(
@@ -95,18 +95,23 @@ def notifications(request: HttpRequest) -> HttpResponse:
                 events=request.POST.getlist("events"),
                 request=request,
             )
-        except Refused as exc:
-            messages.error(request, exc.message)
-            return redirect("reviews:notifications")
-        if not secret:
-            messages.success(request, f"Notifications will be sent to {target.address}.")
-            return redirect("reviews:notifications")
+        except Refused as exc:  # the form again, as typed, the refusal at its top and the field outlined
+            error, status = exc.message, 400
+        else:
+            if not secret:
+                messages.success(request, f"Notifications will be sent to {target.address}.")
+                return redirect("reviews:notifications")
     context = {
         "targets": NotificationTarget.objects.filter(owner=request.user).order_by("id"),
         "events": NotificationTarget.Event.choices,
         "secret": secret,
+        "error": error,
+        "posted": {
+            "kind": request.POST.get("kind", ""), "address": request.POST.get("address", "")[:500],
+            "events": request.POST.getlist("events"),
+        } if error else None,
     }
-    return render(request, "reviews/notifications.html", context)
+    return render(request, "reviews/notifications.html", context, status=status)
 
 
 @login_required

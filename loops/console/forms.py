@@ -189,7 +189,7 @@ class TokenForm(forms.Form):
         strip=True,
         error_messages={
             "required": "Name the token after what will use it, like 'ci' or 'laptop'.",
-            "max_length": "A token's name can be at most 100 characters.",
+            "max_length": "A token's name can be at most %(limit_value)d characters; this one has %(show_value)d.",
         },
     )
     days = forms.TypedChoiceField(
@@ -200,3 +200,16 @@ class TokenForm(forms.Form):
         label="Expires after",
         error_messages={"invalid_choice": "Choose one of the listed lifetimes."},
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # No maxlength: a browser would cut a longer name silently; the server refuses it, saying so.
+        self.fields["name"].widget.attrs.pop("maxlength", None)
+
+    def clean_name(self) -> str:
+        from instances.validation import invisible
+
+        name = self.cleaned_data["name"]
+        if why := invisible(name):
+            raise forms.ValidationError(f"The name {why}.")
+        return name

@@ -167,7 +167,7 @@ class InstanceForm(forms.Form):
     env = forms.CharField(
         required=False, label="Environment",
         widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "autocomplete": "off"}),
-        help_text="NAME=value, one a line; values are never shown again. Blank: keep the current ones",
+        help_text="NAME=value, one a line; values are never shown again",
     )
     env_clear = forms.BooleanField(required=False, label="Remove every variable")
     command_allow = forms.CharField(
@@ -194,9 +194,23 @@ class InstanceForm(forms.Form):
                              "max_tool_turns", "max_output_tokens", "workspace", "mcp_servers")
                  if f in capabilities.SAFE_OVERRIDES)
 
-    def __init__(self, *args: Any, user: Any, full: bool, initial: dict[str, Any], **kwargs: Any) -> None:
+    # What only a Claude brain uses: hidden when the brain is a program (see console.css), and not
+    # kept on save (`services.fit_to_brain`).
+    CLAUDE_ONLY = ("model", "system_prompt", "tools", "approval_tools", "max_tool_turns", "max_output_tokens")
+    # What the blank environment keeps, by what the form does.
+    ENV_KEPT = {"edit": "the current ones", "duplicate": "the copied instance's"}
+
+    def __init__(
+        self, *args: Any, user: Any, full: bool, initial: dict[str, Any], purpose: str = "create", **kwargs: Any
+    ) -> None:
         super().__init__(*args, initial=self.initial_from(initial), **kwargs)
         self.full = full
+        self.purpose = purpose
+        kept = self.ENV_KEPT.get(purpose)
+        if kept:
+            self.fields["env"].help_text += f". Blank: keep {kept}"
+        if not kept or not (initial or {}).get("env"):
+            del self.fields["env_clear"]  # nothing to remove
         self.fields["credential"].queryset = Credential.objects.filter(owner=user).order_by("label")
         self.fields["tools"].choices = self.fields["approval_tools"].choices = _tools()
         servers = _mcp_servers(user, (initial or {}).get("mcp_servers") or [])
@@ -207,6 +221,14 @@ class InstanceForm(forms.Form):
             for name in list(self.fields):
                 if name not in self.SAFE:
                     del self.fields[name]
+            if (initial or {}).get("brain") == Instance.Brain.COMMAND:  # a program: no tool turns
+                unused = ["max_tool_turns", "max_output_tokens"]
+                if (initial or {}).get("decider") != Instance.Decider.LLM:
+                    unused.append("model")  # nor a model, unless Claude judges it
+                for name in unused:
+                    self.fields.pop(name, None)
+        else:
+            self.fields["brain"].widget.attrs["data-brain-switch"] = ""
         for field in self.fields.values():
             if isinstance(field, forms.IntegerField):
                 field.widget.attrs.setdefault("inputmode", "numeric")
@@ -264,10 +286,15 @@ class CredentialForm(forms.Form):
     label = forms.CharField(
         strip=True, max_length=100,
         error_messages={"required": "Label the key, like 'personal' or 'team'.",
-                        "max_length": "A label can be at most 100 characters."},
+                        "max_length": "A label can be at most %(limit_value)d characters; this one has %(show_value)d."},
     )
     secret = forms.CharField(
         strip=True, label="Anthropic API key",
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "off", "spellcheck": "false"}),
         error_messages={"required": "Paste the API key."},
     )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # No maxlength: a browser would cut a longer label silently; the server refuses it, saying so.
+        self.fields["label"].widget.attrs.pop("maxlength", None)

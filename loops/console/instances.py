@@ -9,6 +9,7 @@ user's instance or credential is a 404 on every view.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from django.contrib import messages
@@ -21,7 +22,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from budgets import money
 from budgets import selectors as budget_selectors
 from budgets.models import Pool, Price
-from instances import capabilities, services
+from instances import capabilities, services, templates_loader
 from instances.models import AgentTemplate, Credential, Instance
 from loops import protected
 from loops.console.instance_forms import FIXED_LABELS, CredentialForm, InstanceForm
@@ -41,9 +42,11 @@ def _fixed(values: dict[str, Any], form: InstanceForm) -> list[tuple[str, Any, s
     for name, label in FIXED_LABELS.items():
         if name in form.fields or (name == "command" and values.get("brain") != Instance.Brain.COMMAND):
             continue
+        if values.get("brain") == Instance.Brain.COMMAND and name in InstanceForm.CLAUDE_ONLY:
+            continue  # a program uses none of it
         value = values.get(name)
-        if name == "brain" and value == Instance.Brain.ANTHROPIC:
-            value = "Claude (anthropic)"
+        if name == "brain":
+            value = "Claude (anthropic)" if value == Instance.Brain.ANTHROPIC else "a program (command)"
         if name in ("tool_timeout_seconds", "act_timeout_seconds"):
             value = f"{value} s"
         if name == "network":
@@ -52,6 +55,10 @@ def _fixed(values: dict[str, Any], form: InstanceForm) -> list[tuple[str, Any, s
             value = "yes, with the paths above" if value else "no: only the paths above"
         if name == "base_url" and not value:
             value = "the server's"
+        if name == "command":  # as a shell takes it, quotes and all
+            value = shlex.join(value or [])
+        if name == "checks":
+            value = [{**check, "line": shlex.join(check.get("command") or [])} for check in value or []]
         kind = {"system_prompt": "text", "checks": "checks", "command": "argv"}.get(name, "list" if isinstance(value, list) else "")
         rows.append((label, value, kind))
     return rows
@@ -124,8 +131,10 @@ def _save(
 @require_http_methods(["GET"])
 def instance_new(request: HttpRequest) -> HttpResponse:
     """Choose a template to create an instance from; archived instances can be restored here."""
+    start_here, roles = templates_loader.grouped(AgentTemplate.objects.order_by("name"))
     context = {
-        "templates": AgentTemplate.objects.order_by("name"),
+        "templates": start_here,
+        "roles": roles,
         "archived": Instance.objects.filter(owner=request.user, archived_at__isnull=False).order_by("-archived_at"),
         "full": capabilities.may_run_programs(request.user),
         **_nav(request),
@@ -137,7 +146,7 @@ def instance_new(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def instance_create(request: HttpRequest, template: str) -> HttpResponse:
     chosen = get_object_or_404(AgentTemplate, name=template)
-    values = {**_values_of(chosen), "name": chosen.name}
+    values = {**_values_of(chosen), "name": services.free_name(request.user, chosen.name)}
     form = InstanceForm(
         request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values
     )
@@ -159,7 +168,8 @@ def instance_edit(request: HttpRequest, instance_id: int) -> HttpResponse:
     instance = _instance(request, instance_id)
     values = _values_of(instance)
     form = InstanceForm(
-        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values
+        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values,
+        purpose="edit",
     )
     page = {"title": f"Edit “{instance.name}”", "action": request.path, "values": values,
             "template": instance.template, "instance": instance}
@@ -177,9 +187,10 @@ def instance_edit(request: HttpRequest, instance_id: int) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 def instance_duplicate(request: HttpRequest, instance_id: int) -> HttpResponse:
     source = _instance(request, instance_id)
-    values = {**_values_of(source), "name": f"{source.name} copy"[:100], "workspace": ""}
+    values = {**_values_of(source), "name": services.free_name(request.user, f"{source.name} copy"), "workspace": ""}
     form = InstanceForm(
-        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values
+        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values,
+        purpose="duplicate",
     )
     page = {"title": f"Duplicate “{source.name}”", "action": request.path, "values": values,
             "template": source.template}

@@ -98,7 +98,7 @@ def test_with_the_capability_the_full_form_saves_command_and_checks(signed_in, c
         {"name": "tests", "command": ["python", "-m", "pytest", "-q"]},
         {"name": "lint", "command": ["ruff", "check", "."], "required": False, "timeout": 60},
     ]
-    assert made.env == {"TOKEN": "tok-9f8e7d", "MODE": "fast"} and made.tools == ["read_file", "list_files"]
+    assert made.env == {"TOKEN": "tok-9f8e7d", "MODE": "fast"} and made.tools == []  # a program has no Claude tools
     assert made.command_deny == ["sudo"] and made.decider == "checks"
     # Values of variables are never rendered back; only their names.
     edit = signed_in.get(f"/instances/{made.pk}/edit").content.decode()

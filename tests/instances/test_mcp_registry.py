@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import Group, Permission
 
 from instances import services
-from instances.models import McpServer
+from instances.models import Instance, McpServer
 from loops.auth import make_token
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +39,8 @@ def api(client, user):
 
 
 def create(user, **values):
-    return services.instance_create(user=user, values={"name": "helper", **values}, template="coder")
+    name = f"helper {Instance.objects.filter(owner=user).count() + 1}"  # an owner's names are unique
+    return services.instance_create(user=user, values={"name": name, **values}, template="coder")
 
 
 def test_a_user_enables_only_servers_granted_to_them(user, other_user, registered):
