@@ -73,6 +73,7 @@ class RunView:
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.nested: list[RunView] = []  # on the fleet: its children at work, drawn under it
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.run, name)
@@ -91,13 +92,15 @@ class RunView:
             return self.run.outcome.replace("_", " ")
         if self.run.cancel_requested_at is not None:
             return "stopping"
+        if self.waiting_on_children:
+            return self.children_word
         return STATUS_WORDS.get(self.run.status, self.run.status)
 
     @property
     def tone(self) -> str:
         run = self.run
         if run.status != Run.Status.FINISHED:
-            return "warn" if run.status == Run.Status.WAITING else "live"
+            return "warn" if self.awaits_person else "live"
         if run.outcome == Run.Outcome.DONE and run.verified is False:
             return "warn"
         return OUTCOME_TONE.get(run.outcome, "bad")
@@ -117,6 +120,24 @@ class RunView:
     @property
     def can_interject(self) -> bool:
         return self.stoppable
+
+    @property
+    def awaits_person(self) -> bool:
+        """Whether the run waits for a person's answer (not for the children it delegated to)."""
+        return self.run.status == Run.Status.WAITING and not self.waiting_on_children
+
+    @cached_property
+    def live_children(self) -> list[int]:
+        """Return the ids of this run's children that have not finished (a stop stops them too).
+
+        Only a run waiting for its children has any (it goes on once they all finished): one query then.
+        """
+        if not self.waiting_on_children:
+            return []
+        return list(
+            Run.objects.filter(parent_id=self.run.pk).exclude(status=Run.Status.FINISHED).order_by("pk")
+            .values_list("pk", flat=True)
+        )
 
     @property
     def continued_as(self) -> Run | None:
@@ -171,7 +192,7 @@ class RunView:
             str(part)
             for part in (
                 self.run.status, self.run.cancel_requested_at is not None, self.run.outcome,
-                self.can_continue, later.pk if later else "",
+                self.waiting_on_children, self.can_continue, later.pk if later else "",
             )
         )
 
@@ -206,6 +227,20 @@ class RunView:
     def waiting_on_children(self) -> bool:
         """Whether the run waits for the child runs it delegated to (not for a person)."""
         return self.run.status == Run.Status.WAITING and (self.run.delegation or {}).get("state") in ("starting", "waiting")
+
+    @property
+    def children_waited(self) -> int:
+        """Return how many children the run waits for: those its act started (or asked for, while starting)."""
+        state = self.run.delegation or {}
+        return len(state.get("children") or []) or len(state.get("calls") or [])
+
+    @property
+    def children_word(self) -> str:
+        """Return "waiting for 2 children" (a waiting parent's status on every page)."""
+        n = self.children_waited
+        if not n:
+            return "waiting for its children"
+        return f"waiting for {n} child" if n == 1 else f"waiting for {n} children"
 
     @property
     def worker_note(self) -> WorkerNote | None:

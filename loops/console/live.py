@@ -11,6 +11,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db.models import Q
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.safestring import mark_safe
@@ -176,6 +177,35 @@ def chart_scope(drawn: list[Any], total: int, chart_all: bool) -> ChartScope:
     return ChartScope(drawn[0].number, drawn[-1].number, len(drawn), max(total, len(drawn)), chart_all)
 
 
+# What a running run is doing, by the last of these events it recorded ("Now: iteration 3 — checking").
+PHASES = {
+    "run.claimed": "starting", "run.resumed": "starting", "iteration.finished": "starting",
+    "iteration.started": "acting", "act.started": "acting",
+    "act.finished": "checking", "protected.changed": "checking",
+    "checks.finished": "deciding", "grade.finished": "deciding", "grade.role": "deciding", "decision.made": "deciding",
+}
+
+
+def now_line(run: Run) -> str:
+    """Return the live run's one line at the top of its page ("" once it finished; one query)."""
+    view = RunView(run)
+    if not view.live:
+        return ""
+    if run.cancel_requested_at is not None:
+        return "Now: stopping"
+    if run.status == Run.Status.QUEUED or view.worker_note is not None:
+        return "Now: waiting for a worker to pick it up"
+    number = view.iteration_number or 1
+    if view.waiting_on_children:
+        return f"Now: iteration {(run.delegation or {}).get('iteration') or number} — {view.children_word}"
+    if view.awaits_person:
+        return f"Now: iteration {number} — waiting for your answer"
+    last = (
+        Event.objects.filter(run_id=run.pk, kind__in=list(PHASES)).order_by("-seq").values_list("kind", flat=True).first()
+    )
+    return f"Now: iteration {number} — {PHASES.get(last or '', 'starting')}"
+
+
 def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
     """Return what the run page's summary, budget, money trail and chart blocks draw.
 
@@ -187,6 +217,7 @@ def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
     drawn = selectors.chart_iterations(run, limit=limit)
     return {
         "tree": tree_view(run),
+        "now": now_line(run),
         "chart_all": chart_all,
         "chart_scope": chart_scope(drawn, run.iterations_done, chart_all),
         "run": RunView(run),
@@ -366,17 +397,38 @@ def for_viewer(message: str, csrf_token: str) -> str:
 
 def render_summary(run: Run) -> str:
     """Return the websocket message that replaces the run page's summary alone (a periodic refresh)."""
-    return render_to_string(f"{RUN_TEMPLATE}#run-summary", {"run": RunView(run), "tree": tree_view(run), "oob": True})
+    context = {"run": RunView(run), "tree": tree_view(run), "now": now_line(run), "oob": True}
+    return render_to_string(f"{RUN_TEMPLATE}#run-summary", context)
 
 
 # --- fleet -----------------------------------------------------------------------------------------
 
 
+def working_runs(user: Any) -> list[RunView]:
+    """Return the user's runs at work, newest first, each child nested under its parent ("Working now").
+
+    At work: queued, running, or a parent waiting for its children (they work for it). A child whose
+    parent is not in the list stays at the top level and names its parent (see _run_row.html).
+    """
+    parked = Q(status=Run.Status.WAITING, delegation__has_key="state", delegation__state__in=["starting", "waiting"])
+    found = selectors.runs_for(user).filter(Q(status__in=[Run.Status.QUEUED, Run.Status.RUNNING]) | parked)
+    views = [RunView(r) for r in found.order_by("-id")[:100]]
+    by_id = {view.pk: view for view in views}
+    top = []
+    for view in reversed(views):  # oldest first: a parent's children in the order they were started
+        parent = by_id.get(view.parent_id)
+        (parent.nested if parent is not None else top).append(view)
+    top.reverse()
+    return top
+
+
 def fleet_context(user: Any) -> dict[str, Any]:
     needs = selectors.needs_you(user)
+    working = working_runs(user)
     return {
         "instances": list(selectors.instances_for(user)),
-        "active": [RunView(r) for r in selectors.active_runs(user)[:100]],
+        "active": working,
+        "active_count": _count(working),
         "needs": {
             "waiting": [RunView(r) for r in needs.waiting],
             "failed": [RunView(r) for r in needs.failed],
@@ -385,6 +437,10 @@ def fleet_context(user: Any) -> dict[str, Any]:
             "since": needs.since,
         },
     }
+
+
+def _count(views: list[RunView]) -> int:
+    return sum(1 + _count(view.nested) for view in views)
 
 
 def render_fleet(user: Any) -> str:

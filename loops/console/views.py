@@ -197,7 +197,6 @@ def _run_page(
         "form": form,
         "continue_form": continue_form or ContinueRunForm(run=run),
         "notice": notice,
-        "events_url": reverse("api:run-events", args=[run.instance_id, run.pk]),
         "receipt_url": reverse("api:run-receipt", args=[run.instance_id, run.pk]),
         "entries": review_audit.audit_for_run(run),
         **_nav(request),

@@ -305,7 +305,7 @@
   // --- "live" only while the run can still change -------------------------------------------------
   function runEnded() {
     var summary = document.querySelector(".run-page .summary[data-live-run]");
-    return summary && summary.getAttribute("data-live-run") === "false";
+    return !!summary && summary.getAttribute("data-live-run") === "false";
   }
   function markEnded() {
     document.querySelectorAll('.run-page [ws-connect][data-state="live"]').forEach(function (el) {
@@ -321,21 +321,19 @@
 
 
   // --- reading a long timeline: follow the latest, jump to it, fold iterations ---------------------
-  var FOLLOW_KEY = "tether.follow-latest";
+  // A live run opens following its newest events; a finished one opens at its top.
   var KEEP_UNFOLDED = 2; // the latest iterations stay open when older ones fold by themselves
   var folded = {};
   var following = false;
+  var stoppedHere = false; // a stop sent from this page: its "Stopped by …" event is brought into view
   var followedY = null; // where following last put the page: scrolling above it is a person reading
   var unseen = 0;
 
   function timelineOf(tools) { return document.getElementById("run-" + tools.getAttribute("data-timeline-tools") + "-timeline"); }
   function latestAnchor() { return document.querySelector(".latest-anchor"); }
-  function storedFollow() { try { return localStorage.getItem(FOLLOW_KEY) === "1"; } catch (err) { return false; } }
-  function storeFollow(on) { try { localStorage.setItem(FOLLOW_KEY, on ? "1" : "0"); } catch (err) { /* private mode */ } }
 
   function setFollow(on) {
     following = on;
-    storeFollow(on);
     document.querySelectorAll("[data-follow]").forEach(function (b) {
       b.setAttribute("aria-pressed", on ? "true" : "false");
       b.textContent = on ? "Following latest" : "Follow latest";
@@ -356,12 +354,25 @@
     var box = anchor.getBoundingClientRect();
     return box.top <= window.innerHeight + 40;
   }
+  // The floating "Jump to latest" never covers a control: where it would, it stays hidden.
+  var CONTROLS = ".run-page [data-actions] button, .run-page [data-actions] summary, .run-page [data-actions] textarea, " +
+    ".run-page [data-actions] input, [data-timeline-tools] button, [data-timeline-tools] .button";
+  function coversControl(jump) {
+    var box = jump.getBoundingClientRect();
+    var margin = 8;
+    return Array.prototype.some.call(document.querySelectorAll(CONTROLS), function (c) {
+      var r = c.getBoundingClientRect();
+      return r.width > 0 && r.height > 0 && r.left < box.right + margin && r.right > box.left - margin &&
+        r.top < box.bottom + margin && r.bottom > box.top - margin;
+    });
+  }
   function updateJump() {
     var jump = document.querySelector("[data-jump-latest]");
     if (!jump) return;
-    jump.hidden = latestInView();
     var count = jump.querySelector("[data-new-count]");
     if (count) count.textContent = unseen ? "(" + unseen + " new)" : "";
+    jump.hidden = runEnded() || latestInView();
+    if (!jump.hidden && coversControl(jump)) jump.hidden = true;
   }
 
   function fold(timeline, number, on) {
@@ -415,10 +426,27 @@
   // A person who scrolls up to read stops following. Only a move above where following put the
   // page counts (not a timer): a new event's own scroll, however late, is never taken for a person's.
   window.addEventListener("scroll", function () {
-    if (following && followedY !== null && window.scrollY < followedY - 40) setFollow(false);
+    // (A block above that shrinks moves the page too, but keeps the latest in view: still following.)
+    if (following && followedY !== null && window.scrollY < followedY - 40 && !latestInView()) setFollow(false);
     if (latestInView()) unseen = 0;
     updateJump();
   }, { passive: true });
+  window.addEventListener("resize", updateJump);
+  document.addEventListener("toggle", updateJump, true); // a stop confirmation opened or closed
+
+  // "Jump to latest" puts the newest event in view (a plain link to the anchor would put the anchor
+  // at the top of the window, the newest event above it, out of sight).
+  document.addEventListener("click", function (e) {
+    var link = e.target.closest && e.target.closest('.run-page a[href$="-latest"]');
+    var anchor = latestAnchor();
+    if (!link || !anchor || link.getAttribute("href") !== "#" + anchor.id) return;
+    e.preventDefault();
+    scrollToLatest();
+    anchor.focus({ preventScroll: true });
+  });
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    if (e.detail.elt && e.detail.elt.matches && e.detail.elt.matches("form.stop")) stoppedHere = true;
+  });
 
   document.addEventListener("htmx:wsAfterMessage", function (e) {
     var message = e.detail && e.detail.message;
@@ -428,16 +456,17 @@
       var match = /data-iteration="(\d+)"/.exec(message);
       if (match && folded[match[1]]) fold(timeline, match[1], true);
     }
-    if (following) scrollToLatest();
+    if (following || stoppedHere) scrollToLatest();
     else if (!latestInView()) { unseen += 1; updateJump(); }
   });
+  document.addEventListener("htmx:wsAfterMessage", updateJump);
 
   function readyTimeline() {
     document.querySelectorAll("[data-timeline-tools]").forEach(function (tools) {
       tools.querySelectorAll("[hidden]").forEach(function (b) { b.hidden = false; });
       var line = timelineOf(tools);
       if (line) foldOlder(line, KEEP_UNFOLDED);
-      setFollow(storedFollow());
+      setFollow(!runEnded());
     });
     updateJump();
   }
