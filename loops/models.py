@@ -94,6 +94,25 @@ class Run(models.Model):
     def iterations_done(self) -> int:
         return self.next_iteration - 1
 
+    # A parent parked on its children (starting them, or waiting for them): it waits, but for no person.
+    PARKED_ON_CHILDREN = ("starting", "waiting")
+
+    @property
+    def waiting_for_children(self) -> bool:
+        return self.status == Run.Status.WAITING and (self.delegation or {}).get("state") in Run.PARKED_ON_CHILDREN
+
+    @staticmethod
+    def parked_on_children(prefix: str = "") -> models.Q:
+        """The runs `waiting_for_children`, as a filter (`prefix`: "runs__" from an instance).
+
+        has_key first: a missing key's lookup is NULL, which a negation would drop.
+        """
+        return models.Q(**{
+            f"{prefix}status": Run.Status.WAITING,
+            f"{prefix}delegation__has_key": "state",
+            f"{prefix}delegation__state__in": Run.PARKED_ON_CHILDREN,
+        })
+
 
 class Iteration(models.Model):
     """One recorded turn of the loop. Recorded at most once per (run, number)."""

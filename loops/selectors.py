@@ -40,8 +40,11 @@ TIMELINE_WINDOW = 150
 def instances_for(user: Any) -> QuerySet[Instance]:
     """Return the user's instances (not archived ones) with their active and total run counts."""
     return Instance.objects.filter(owner=user, archived_at__isnull=True).annotate(
-        active_runs=Count("runs", filter=Q(runs__status__in=[Run.Status.QUEUED, Run.Status.RUNNING])),
-        waiting_runs=Count("runs", filter=Q(runs__status=Run.Status.WAITING)),
+        # A parent waiting for its children is at work (they work for it), not waiting for a person.
+        active_runs=Count(
+            "runs", filter=Q(runs__status__in=[Run.Status.QUEUED, Run.Status.RUNNING]) | Run.parked_on_children("runs__")
+        ),
+        waiting_runs=Count("runs", filter=Q(runs__status=Run.Status.WAITING) & ~Run.parked_on_children("runs__")),
         total_runs=Count("runs"),
         last_run_at=Max("runs__created_at"),
     )
@@ -97,8 +100,7 @@ def needs_you(user: Any, now: datetime | None = None) -> NeedsYou:
         # A parent waiting for its children needs nobody; a child waiting for a person is listed itself.
         waiting=list(
             runs.filter(status=Run.Status.WAITING)
-            # (has_key first: a JSON key lookup on a run without one is NULL, which exclude() would drop)
-            .exclude(Q(delegation__has_key="state") & Q(delegation__state__in=["starting", "waiting"]))
+            .exclude(Run.parked_on_children())
             .order_by("-id")[:NEEDS_YOU_LIMIT]
         ),
         failed=list(recent.filter(outcome__in=TROUBLE_OUTCOMES)[:NEEDS_YOU_LIMIT]),

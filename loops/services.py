@@ -202,7 +202,7 @@ def run_cancel(*, run: Run, user, via: str = "api", request=None) -> Run:
                 detail = f"stopped by {who} in iteration {run.next_iteration}, whose worker had died"
             elif run.status == Run.Status.QUEUED:
                 detail = f"stopped by {who} before it was picked up"
-            elif (run.delegation or {}).get("state") in ("starting", "waiting"):
+            elif run.waiting_for_children:
                 detail = f"stopped by {who} while its children ran"
             else:
                 detail = f"stopped by {who} while it waited for a person"

@@ -226,7 +226,7 @@ class RunView:
     @property
     def waiting_on_children(self) -> bool:
         """Whether the run waits for the child runs it delegated to (not for a person)."""
-        return self.run.status == Run.Status.WAITING and (self.run.delegation or {}).get("state") in ("starting", "waiting")
+        return self.run.waiting_for_children
 
     @property
     def children_waited(self) -> int:

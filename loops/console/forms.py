@@ -91,7 +91,7 @@ class InterjectForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.run = run
         self.fields["text"].label = (
-            "Your answer" if run.status == Run.Status.WAITING else "Message to the agent"
+            "Your answer" if run.status == Run.Status.WAITING and not run.waiting_for_children else "Message to the agent"
         )
 
     def clean_text(self) -> str:

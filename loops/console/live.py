@@ -410,8 +410,9 @@ def working_runs(user: Any) -> list[RunView]:
     At work: queued, running, or a parent waiting for its children (they work for it). A child whose
     parent is not in the list stays at the top level and names its parent (see _run_row.html).
     """
-    parked = Q(status=Run.Status.WAITING, delegation__has_key="state", delegation__state__in=["starting", "waiting"])
-    found = selectors.runs_for(user).filter(Q(status__in=[Run.Status.QUEUED, Run.Status.RUNNING]) | parked)
+    found = selectors.runs_for(user).filter(
+        Q(status__in=[Run.Status.QUEUED, Run.Status.RUNNING]) | Run.parked_on_children()
+    )
     views = [RunView(r) for r in found.order_by("-id")[:100]]
     by_id = {view.pk: view for view in views}
     top = []

@@ -124,3 +124,22 @@ def test_live_swapped_html_carries_no_inline_style(signed_in, family, user):
     parent, *_ = family
     for message in (live.render_state(parent), live.render_summary(parent), live.render_fleet(user)):
         assert not re.search(r"<[^>]*\sstyle\s*=", message), "an inline style the CSP blocks"
+
+
+def test_the_fleets_instance_counts_a_waiting_parent_as_working_not_waiting(user, instance, family, start_run):
+    from loops import selectors
+
+    asking = start_run(instance)
+    Run.objects.filter(pk=asking.pk).update(status="waiting", next_iteration=2)  # waits for a person
+    counts = {i.name: (i.active_runs, i.waiting_runs) for i in selectors.instances_for(user)}
+    assert counts[instance.name] == (1, 1)  # the parent works (through its children); the asker waits
+    assert counts["helper"] == (2, 0)  # one child running, one queued
+
+
+def test_the_message_box_of_a_waiting_parent_is_not_an_answer(family):
+    from loops.console.forms import InterjectForm
+
+    parent = family[0]
+    assert InterjectForm(run=parent).fields["text"].label == "Message to the agent"
+    Run.objects.filter(pk=parent.pk).update(delegation={})
+    assert InterjectForm(run=Run.objects.get(pk=parent.pk)).fields["text"].label == "Your answer"
