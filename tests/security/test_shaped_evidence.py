@@ -13,7 +13,7 @@ from instances.models import AgentTemplate
 from loops.models import Event
 from tests.loops.conftest import drive_in_thread
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.sandbox]
 
 CALC = "def add(a, b):\n    return a - b\n"
 TESTS = (
