@@ -34,13 +34,13 @@ lint: $(STAMP)
 test: export TETHER_HOME := $(TETHER_TEST_HOME)
 test: lint
 	@scripts/system-packages.sh chromium
-	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The fast lane while changing code: lint, then every test that starts no browser, no server or
 # worker process and waits on nothing slow (`-m "not slow and not browser"`).
 check: export TETHER_HOME := $(TETHER_TEST_HOME)
 check: lint
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow and not browser" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench
