@@ -195,7 +195,8 @@ def test_a_run_killed_between_two_tool_calls_reruns_without_repeating_the_journa
     # Turns 1 and 2 were asked for (a transient fault may have asked one of them twice), turn 3 not yet.
     assert {turn_of(r) for r in before} == {0, 1}, ([summary(r) for r in before], first.tail())
 
-    second = Cluster("second", tmp_path)
+    # Longer leases than the killed cluster's: a loaded machine never expires a lease the survivor keeps.
+    second = Cluster("second", tmp_path, TETHER_LEASE_SECONDS="10")
     try:
         run = wait_for(lambda: Run.objects.filter(pk=run.pk, status="finished").first(), 60, "the re-run to finish")
     finally:

@@ -340,7 +340,9 @@ def test_a_tree_survives_a_sigkilled_worker_and_a_cancel_reaches_every_descendan
     first = clusters("first")
     wait_for(lambda: Event.objects.filter(run__parent=run, kind="act.started").exists(), 60, "a child's act")
     first.kill()  # mid-act of a child
-    clusters("second")
+    # The survivor holds longer leases than the killed cluster: the kill is taken over after 2 s, and
+    # a loaded machine never expires a lease it keeps (a scripted reply asked twice runs out).
+    clusters("second", TETHER_LEASE_SECONDS="10")
     run = wait_for(lambda: Run.objects.filter(pk=run.pk, status="finished").first(), 90, "the tree to finish")
     assert (run.outcome, run.verified) == ("done", True), run.outcome_detail
     for member in [run, *children_of(run)]:

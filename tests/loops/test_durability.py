@@ -46,7 +46,9 @@ def test_run_survives_a_sigkilled_worker_cluster(client, user, make_instance, sc
         "iteration 2's act to start",
     )
     first.kill()  # mid-act
-    clusters("second")
+    # The survivor holds longer leases than the killed cluster: the kill is taken over after 2 s, and
+    # a loaded machine never expires a lease it keeps (a scripted reply asked twice runs out).
+    clusters("second", TETHER_LEASE_SECONDS="10")
     run = wait_for(
         lambda: Run.objects.filter(pk=run_id, status="finished").first(),
         60,
@@ -176,7 +178,7 @@ def test_a_worker_sigkilled_mid_act_leaves_an_attempt_lost_event(user, make_inst
     wait_for(lambda: (workspace / "notes.txt").exists(), 30, "the act to write its file")
     worker = Event.objects.get(run=run, kind="run.claimed").data["worker"]
     first.kill()  # mid-act
-    second = clusters("second")
+    second = clusters("second", TETHER_LEASE_SECONDS="10")  # it never loses a lease it keeps, however loaded
     run = wait_for(lambda: Run.objects.filter(pk=run.pk, status="finished").first(), 60, "the re-run to finish")
     assert run.outcome == "done", second.tail()
     [lost] = Event.objects.filter(run=run, kind="attempt.lost")
