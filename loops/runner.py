@@ -503,6 +503,31 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
         jsonlog.restore(logged)
 
 
+@dataclass(frozen=True)
+class Ended:
+    """How one iteration ended, as one value: everything `_record` writes of it.
+
+    Every path builds one — a refused workspace, a failed act, a person's stop, a reported
+    overdraft, a park, an act that was checked and decided — and `_record` takes it whole.
+    """
+
+    reply: Reply
+    decision: decision_mod.Decision
+    step: policy.Continue | policy.Stop
+    checks: list[policy.Check] = field(default_factory=list)
+    fingerprint: str = ""
+    decider_usage: Usage = field(default_factory=Usage)
+    extra_events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    protected_changed: list[str] = field(default_factory=list)
+    delegated: list[dict[str, Any]] | None = None  # the delegate calls a park waits for
+    delegation_key: str = ""  # what the act delegated, for the no-progress rule ("" when nothing)
+
+
+def _failed(reply: Reply, step: policy.Stop, reason: str, **more: Any) -> Ended:
+    """An iteration that `step` ends before any verdict: a refusal, a failed act, a stop, an overdraft."""
+    return Ended(reply, decision_mod.Decision("failed", reason), step, **more)
+
+
 def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None = None) -> Begun | bool:
     """Run one iteration (`begun`, or begin one); return whether the loop goes on under this lease.
 
@@ -512,16 +537,39 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     begun = begun or _begin(lease)
     if begun is None:
         return False
-    run, instance = begun.run, begun.run.instance
+    if (refused := _refused_workspace(begun)) is not None:
+        return _record(lease, begun, refused)
+    _open_iteration(lease, begun)
+    meter = metering.RunMeter(begun.run, begun.number)  # every model call of this iteration goes through it
+    reply = _act(lease, begun, meter)
+    if isinstance(reply, Ended):
+        return _record(lease, begun, reply)
+    if (ended := _cut_short(lease, begun, reply)) is not None:
+        return _record(lease, begun, ended)
+    if (park := _asked_to_wait(begun, reply)) is not None:
+        return _parked(lease, begun, reply, *park)
+    return _record(lease, begun, _judged(lease, begun, reply, meter), fuse_until=fuse_until)
+
+
+def _refused_workspace(begun: Begun) -> Ended | None:
+    """Check the workspace before anything of ours reads or runs in it; how the iteration ends if it is refused.
+
+    Whether it nests with another instance's is asked of the database as the run starts, or an
+    attempt starts again, not every iteration.
+    """
+    instance = begun.run.instance
+    opening = begun.number == 1 or begun.attempt > 1
     try:
-        # Before anything of ours reads or runs in it; whether it nests with another instance's is
-        # asked of the database as the run starts, or an attempt starts again, not every iteration.
-        opening = begun.number == 1 or begun.attempt > 1
         sandbox.checked_workspace(instance.workspace_path(), instance_id=instance.pk if opening else None)
     except sandbox.WorkspaceRefused as exc:
         refused = Reply(ok=False, text="", usage=Usage(), detail=str(exc))
-        stop_now = policy.Stop(Run.Outcome.FAILED, str(exc))
-        return _record(lease, begun, refused, [], decision_mod.Decision("failed", str(exc)), stop_now, "", Usage())
+        return _failed(refused, policy.Stop(Run.Outcome.FAILED, str(exc)), str(exc))
+    return None
+
+
+def _open_iteration(lease: Lease, begun: Begun) -> None:
+    """Say the run (or the iteration) starts, and let the database connection go for a long act."""
+    run = begun.run
     if begun.number == 1:
         signals.run_starting.send(sender=Run, run=run)  # e.g. the review's diff starts here
         _take_protected_baseline(lease, run)
@@ -533,7 +581,10 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
         # ... nor, with a pool to give them back to, do the act's and the decider's writes, until `_enter`
         dbfaults.hold_no_connection(dbpool.enabled())
 
-    meter = metering.RunMeter(run, begun.number)  # every model call of this iteration goes through it
+
+def _act(lease: Lease, begun: Begun, meter: metering.RunMeter) -> Reply | Ended:
+    """Run the act: its reply, or how the iteration ends when the brain could not act."""
+    run, instance = begun.run, begun.run.instance
     request = ActRequest(
         run_id=run.pk,
         iteration=begun.number,
@@ -547,92 +598,124 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
         meter=meter,
         journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
     )
-    checks: list[policy.Check] = []
-    decider_usage = Usage()
     acting = time.monotonic()
     try:
         reply = get_brain(instance).act(request)
     except BrainError as exc:  # what the act said and called so far is kept in its record
         reply = Reply(ok=False, text=exc.text, usage=exc.usage, detail=exc.detail, tool_calls=exc.tool_calls)
-        step: policy.Continue | policy.Stop = policy.Stop(exc.outcome, exc.detail)
-        decision = decision_mod.Decision("failed", exc.detail)
-        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+        return _failed(reply, policy.Stop(exc.outcome, exc.detail), exc.detail)
     # A connection kept across a long act may have been cut meanwhile: find out now, not mid-write
     # (an act of a moment leaves it to the record's own retry on a fresh connection).
     if time.monotonic() - acting > IDLE_PING_SECONDS:
         dbfaults.ensure_usable(what=f"run {run.pk}: after the act")
+    return reply
 
+
+def _confirm_stop(lease: Lease, run_id: int) -> None:
+    """A stop cut the iteration short: go on to record it only if a person asked for the stop."""
+    _enter(lease)
+    if not _stop_requested(run_id):
+        raise LeaseLost  # stopped because this driver lost the run or is shutting down
+
+
+def _cut_short(lease: Lease, begun: Begun, reply: Reply) -> Ended | None:
+    """How the iteration ends right after its act (a person's stop, a reported overdraft), or None."""
     if reply.stopped:
-        _enter(lease)
-        if not _stop_requested(run.pk):
-            raise LeaseLost  # stopped because this driver lost the run or is shutting down
+        _confirm_stop(lease, begun.run.pk)
         step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {begun.number}")
-        decision = decision_mod.Decision("failed", "stopped mid-act")
-        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
-
-    if overdraft := _reported_beyond_reservation(run, reply):
+        return _failed(reply, step, "stopped mid-act")
+    if overdraft := _reported_beyond_reservation(begun.run, reply):
         # Only metered spend is hard-capped: an agent's own report above what its iteration
         # reserved ends the run at once; the ledger records the overdraft, and a pool it
         # overdrew grants nothing more until a person covers it.
-        step = policy.Stop(Run.Outcome.BUDGET_EXHAUSTED, overdraft)
-        decision = decision_mod.Decision("failed", overdraft)
-        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+        return _failed(reply, policy.Stop(Run.Outcome.BUDGET_EXHAUSTED, overdraft), overdraft)
+    return None
 
+
+_Wait = tuple[policy.Park, decision_mod.Decision, list[dict[str, Any]] | None, str]
+
+
+def _asked_to_wait(begun: Begun, reply: Reply) -> _Wait | None:
+    """The wait the act asks for (the children it delegated to, a person's approval), as `_parked` takes it."""
     if delegated := [call for call in reply.tool_calls if call.get("delegate")]:
         # Park until the children this act asked for have finished (loops.delegation starts them
         # once this iteration is recorded, and resumes the run when the last one ends) — if the
         # policy lets it wait: not on its last allowed iteration, nor to repeat what it delegated.
-        key = _delegation_key(begun, delegated, checks_mod.fingerprint(instance.workspace_path()))
+        key = _delegation_key(begun, delegated, checks_mod.fingerprint(begun.run.instance.workspace_path()))
         park = policy.Park(
             "children", f"children running: {len(delegated)} delegated in iteration {begun.number}",
             undone=_not_started(delegated),
         )
-        return _parked(lease, begun, reply, park, decision_mod.Decision("continue", park.detail), delegated, key)
-
+        return park, decision_mod.Decision("continue", park.detail), delegated, key
     if any(call.get("needs_approval") for call in reply.tool_calls):
         # Park the run for a person before spending anything on checks or a decider.
         detail = reply.detail or "a tool call needs a person's approval"
         park = policy.Park("approval", detail, undone=f"the tool calls that needed a person's approval were not run ({detail})")
-        return _parked(lease, begun, reply, park, decision_mod.Decision("escalate", detail))
+        return park, decision_mod.Decision("escalate", detail), None, ""
+    return None
 
+
+def _judged(lease: Lease, begun: Begun, reply: Reply, meter: metering.RunMeter) -> Ended:
+    """Check what the act did, have it decided, and ask the policy what comes next (graders judge a done)."""
+    run, instance = begun.run, begun.run.instance
     workspace = instance.workspace_path()
     changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
     checks = checks_mod.run_checks(
         list(instance.checks or []), workspace, lease.stop, instance=instance, baseline=run.evidence_baseline
     )
     if lease.stop.is_set():  # a stop during the checks: what ran is no verdict, and a stop is never a done
-        _enter(lease)
-        if not _stop_requested(run.pk):
-            raise LeaseLost
-        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the checks of iteration {begun.number}")
-        decision = decision_mod.Decision("failed", "stopped by a person during the checks")
-        return _record(lease, begun, reply, checks, decision, step, "", decider_usage)
+        _confirm_stop(lease, run.pk)
+        stopped = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the checks of iteration {begun.number}")
+        return _failed(reply, stopped, "stopped by a person during the checks", checks=checks)
     fingerprint = checks_mod.fingerprint(workspace)
-    memory = begun.memory
-    recent = memory.recent_instructions(begun.base_instruction)
-    if instance.decider == instance.Decider.LLM:
-        from instances.brains.anthropic import decide  # type: ignore[import-not-found]
+    recent = begun.memory.recent_instructions(begun.base_instruction)
+    decided = _decide(lease, begun, reply, checks, recent, meter, fingerprint)
+    if isinstance(decided, Ended):
+        return decided
+    decision, decider_usage = decided
+    state = _state_after(begun, reply, checks, recent, fingerprint)
+    step = policy.next_step(state, decision, checks, protected_changed=changed)
+    extra: list[tuple[str, dict[str, Any]]] = [evidence] if evidence else []
+    if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.DONE:
+        # A clean exit is not success: the graders look at what the run hands back, then the
+        # policy's verdict decides with what they found.
+        reports = _graders(lease, begun, reply, checks, fingerprint, meter)
+        for report in reports:
+            decider_usage = decider_usage.add(report.usage)
+            extra.append(report.as_event(begun.number))
+        grades = [report.assessment for report in reports]
+        step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
+    return Ended(reply, decision, step, checks, fingerprint, decider_usage, extra, changed)
 
-        try:
-            answer, decider_usage = decide(
-                instance, _decider_snapshot(run, begun, reply, checks), stop=lease.stop, meter=meter
-            )
-            decision = decision_mod.parse(answer, recent_instructions=recent)
-        except BrainError as exc:
-            decider_usage = exc.usage
-            step = policy.Stop(exc.outcome, exc.detail)
-            if lease.stop.is_set():  # the decider's call was cut by a stop, not by the provider
-                _enter(lease)
-                if not _stop_requested(run.pk):
-                    raise LeaseLost from None
-                step = policy.Stop(
-                    Run.Outcome.CANCELLED, f"stopped by a person while the decider judged iteration {begun.number}"
-                )
-            decision = decision_mod.Decision("failed", step.detail)
-            return _record(lease, begun, reply, checks, decision, step, fingerprint, decider_usage)
-    else:
-        decision = decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail)
-    state = policy.State(
+
+def _decide(
+    lease: Lease, begun: Begun, reply: Reply, checks: list[policy.Check], recent: tuple[str, ...],
+    meter: metering.RunMeter, fingerprint: str,
+) -> tuple[decision_mod.Decision, Usage] | Ended:
+    """The decider's decision and what it cost; or how the iteration ends when the LLM decider could not judge."""
+    run, instance = begun.run, begun.run.instance
+    if instance.decider != instance.Decider.LLM:
+        return decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail), Usage()
+    from instances.brains.anthropic import decide  # type: ignore[import-not-found]
+
+    try:
+        answer, decider_usage = decide(instance, _decider_snapshot(run, begun, reply, checks), stop=lease.stop, meter=meter)
+        return decision_mod.parse(answer, recent_instructions=recent), decider_usage
+    except BrainError as exc:
+        failure = exc
+    step = policy.Stop(failure.outcome, failure.detail)
+    if lease.stop.is_set():  # the decider's call was cut by a stop, not by the provider
+        _confirm_stop(lease, run.pk)
+        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person while the decider judged iteration {begun.number}")
+    return _failed(reply, step, step.detail, checks=checks, fingerprint=fingerprint, decider_usage=failure.usage)
+
+
+def _state_after(
+    begun: Begun, reply: Reply, checks: list[policy.Check], recent: tuple[str, ...], fingerprint: str
+) -> policy.State:
+    """What the policy knows of the run after an act that was checked and decided."""
+    run, memory = begun.run, begun.memory
+    return policy.State(
         iteration=begun.number,
         max_iterations=run.max_iterations,
         act_ok=reply.ok,
@@ -640,29 +723,20 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
         failed_acts=memory.failed_in_a_row(reply.ok),
         recent_instructions=recent,
         progress=memory.recent_progress(fingerprint, policy.checks_signature(checks)),
-        has_checks=bool(instance.checks),
+        has_checks=bool(run.instance.checks),
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
         delegations=memory.recent_delegations(""),
         refusals=memory.recent_refusals(refusals_of(reply)),
     )
-    step = policy.next_step(state, decision, checks, protected_changed=changed)
-    extra: list[tuple[str, dict[str, Any]]] = [evidence] if evidence else []
-    if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.DONE:
-        # A clean exit is not success: the graders look at what the run hands back, then the
-        # policy's verdict decides with what they found.
-        final = signals.FinalAct(begun.number, reply.text, fingerprint)
-        sent = signals.done_proposed.send(
-            sender=Run, run=run, final=final, checks=checks, stop=lease.stop, meter=meter
-        )
-        reports = [report for _, report in sent if report is not None]
-        for report in reports:
-            decider_usage = decider_usage.add(report.usage)
-            extra.append(report.as_event(begun.number))
-        grades = [report.assessment for report in reports]
-        step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
-    return _record(
-        lease, begun, reply, checks, decision, step, fingerprint, decider_usage, extra, changed, fuse_until=fuse_until
-    )
+
+
+def _graders(
+    lease: Lease, begun: Begun, reply: Reply, checks: list[policy.Check], fingerprint: str, meter: metering.RunMeter
+) -> list[Any]:
+    """What the graders report of a proposed done (each with its assessment, its usage and its event)."""
+    final = signals.FinalAct(begun.number, reply.text, fingerprint)
+    sent = signals.done_proposed.send(sender=Run, run=begun.run, final=final, checks=checks, stop=lease.stop, meter=meter)
+    return [report for _, report in sent if report is not None]
 
 
 def _parked(
@@ -679,9 +753,9 @@ def _parked(
     step = policy.after(state, park)
     if isinstance(step, policy.Park):
         waiting = policy.Stop(Run.Outcome.ESCALATED, step.detail)
-        return _record(lease, begun, reply, [], decision, waiting, "", Usage(), delegated=delegated, delegation_key=key)
+        return _record(lease, begun, Ended(reply, decision, waiting, delegated=delegated, delegation_key=key))
     assert isinstance(step, policy.Stop)
-    return _record(lease, begun, reply, [], decision, step, "", Usage(), delegation_key=key)
+    return _record(lease, begun, Ended(reply, decision, step, delegation_key=key))
 
 
 def refusals_of(reply: Reply) -> list[str]:
@@ -904,22 +978,8 @@ class _Unfused(Exception):
     """The next iteration's reservation was refused: record this one alone (the begin says why)."""
 
 
-def _record(
-    lease: Lease,
-    begun: Begun,
-    reply: Reply,
-    checks: list[policy.Check],
-    decision: decision_mod.Decision,
-    step: policy.Continue | policy.Stop,
-    fingerprint: str,
-    decider_usage: Usage,
-    extra_events: list[tuple[str, dict[str, Any]]] | None = None,
-    protected_changed: list[str] | None = None,
-    delegated: list[dict[str, Any]] | None = None,
-    fuse_until: float | None = None,
-    delegation_key: str = "",
-) -> Begun | bool:
-    """Close the iteration: record it, settle its cost, apply the policy. One transaction.
+def _record(lease: Lease, begun: Begun, ended: Ended, fuse_until: float | None = None) -> Begun | bool:
+    """Close the iteration as `ended` says: record it, settle its cost, apply the policy's step. One transaction.
 
     When the policy goes on and `fuse_until` has not passed, the same transaction begins the next
     iteration if nothing stands in its way (a stop, the deadline, a person's message, an edited
@@ -928,6 +988,8 @@ def _record(
     """
     _enter(lease)
     run, number = begun.run, begun.number
+    reply, checks, decision, step, fingerprint = ended.reply, ended.checks, ended.decision, ended.step, ended.fingerprint
+    decider_usage, delegated, protected_changed = ended.decider_usage, ended.delegated, ended.protected_changed
     usage = reply.usage.add(decider_usage)
     # Metered calls were settled one by one as they went; the iteration's own reservation
     # settles only what no meter saw (a command's reported spend).
@@ -939,7 +1001,7 @@ def _record(
         instruction=begun.base_instruction, fingerprint=fingerprint, signature=policy.checks_signature(checks),
         act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
-        delegation=delegation_key, refused=refusals_of(reply),
+        delegation=ended.delegation_key, refused=refusals_of(reply),
     )
     fields = _recorded_fields(begun, step, decision, delegated, now) | {
         "next_iteration": number + 1, "spent_micros": F("spent_micros") + cost, "history": memory.as_json(), "attempt": 1,
@@ -950,7 +1012,7 @@ def _record(
         "iteration": number, "cost_usd": money.usd_string(cost),
         "duration_ms": int((now - begun.started_at).total_seconds() * 1000), "act_ok": reply.ok,
     }
-    items = _closing_events(number, reply, checks, decision, step, usage, extra_events or [], iteration_data, delegated)
+    items = _closing_events(number, reply, checks, decision, step, usage, ended.extra_events, iteration_data, delegated)
     going = isinstance(step, policy.Continue)
     fuse = going and fuse_until is not None and time.monotonic() < fuse_until and not lease.stop.is_set()
     base = (step.instruction if going else "") or run.objective
