@@ -54,9 +54,8 @@ chaos-ci: $(STAMP)
 chaos-cuts: $(STAMP)
 	$(PY) -m bench.chaos --cuts
 
-# `make load LOAD_ARGS=--burst`: every start and every viewer at the same instant (see bench/load.py).
 load: $(STAMP)
-	$(PY) -m bench.load $(LOAD_ARGS)
+	$(PY) -m bench.load
 
 clean:
 	rm -rf $(VENV) var
