@@ -17,7 +17,20 @@ from ninja import Schema
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
 from instances.models import Instance as InstanceModel
-from tether.schema import MAX_ID, NO_NUL, Body, clean_text, flag, kind_of, listed, refuse, text, whole
+from tether.schema import (
+    INVISIBLE_CLASS,
+    MAX_ID,
+    NO_NUL,
+    SPACE,
+    Body,
+    clean_text,
+    flag,
+    kind_of,
+    listed,
+    refuse,
+    text,
+    whole,
+)
 
 # Bounds of the numeric fields: (lowest, highest).
 BOUNDS: dict[str, tuple[int, int]] = {
@@ -47,7 +60,15 @@ def _visible(value: str) -> str:
 
 # A name people read to tell things apart: visible characters only (no bidirectional overrides,
 # zero-width or control characters), 1 to 100 of them.
-Name: Any = Annotated[text(nonblank=True, max_length=100), AfterValidator(_visible)]
+# The schema states the rule (`validation.INVISIBLE_CLASS`, spaces apart): its pattern is what `invisible` allows.
+Name: Any = Annotated[
+    text(nonblank=True, max_length=100),
+    AfterValidator(_visible),
+    Field(json_schema_extra={
+        "pattern": f"^[^{INVISIBLE_CLASS}]*[^{SPACE}{INVISIBLE_CLASS}][^{INVISIBLE_CLASS}]*$",
+        "minLength": 1, "maxLength": 100,
+    }),
+]
 
 
 def _nonempty(value: Any) -> str:
@@ -325,9 +346,13 @@ KEY_CHARS = (20, 400)
 
 class CredentialIn(Body):
     label: Name
-    secret: text(  # type: ignore[valid-type]
-        min_length=1, max_length=KEY_CHARS[1], description="write-only: never shown again; an Anthropic key, sk-ant-…"
-    )
+    secret: Annotated[  # the shape `validation.key_problem` checks, stated in the schema
+        text(min_length=1, max_length=KEY_CHARS[1], description="write-only: never shown again; an Anthropic key, sk-ant-…"),  # type: ignore[valid-type]
+        Field(json_schema_extra={
+            "pattern": f"^sk-ant-[A-Za-z0-9_-]{{{KEY_CHARS[0] - 7},{KEY_CHARS[1] - 7}}}$",
+            "minLength": KEY_CHARS[0], "maxLength": KEY_CHARS[1],
+        }),
+    ]
 
 
 class Credential(Schema):

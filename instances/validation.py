@@ -34,7 +34,7 @@ from django.db import connection
 from pydantic import ValidationError
 
 from instances.schemas import BOUNDS, KEY_CHARS, InstanceIn
-from tether.schema import describe
+from tether.schema import INVISIBLE, describe
 
 __all__ = [
     "BOUNDS", "InvalidInstance", "check_saved", "check_workspace_apart", "invisible", "key_problem", "name_taken",
@@ -52,9 +52,8 @@ class InvalidInstance(ValueError):
         self.status = status
 
 
-# Unicode categories a name may not hold: controls, format characters (bidirectional overrides,
-# zero-width spaces and joiners), private use, surrogates, unassigned, line and paragraph separators.
-INVISIBLE = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
+
+
 
 
 def invisible(text: str) -> str | None:

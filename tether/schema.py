@@ -10,6 +10,7 @@ the first error into one sentence and the field at fault.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Annotated, Any
@@ -25,6 +26,32 @@ SPACE = "\\t\\n\\u000b\\f\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a
 NO_NUL = "^[^\\u0000]*$"
 NONBLANK = f"^[^\\u0000]*[^{SPACE}\\u0000][^\\u0000]*$"
 SOMETHING = f"[^{SPACE}]"
+# Unicode categories a name may not hold: controls, format characters (bidirectional overrides,
+# zero-width spaces and joiners), surrogates, line and paragraph separators. (Private-use and
+# unassigned characters show as a box: visible, so allowed, and the schema's pattern stays small.)
+INVISIBLE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _invisible_class() -> str:
+    """The body of a regex character class holding every character `invisible` refuses (but surrogates,
+    which no JSON text decodes to on their own), for the API schema's patterns."""
+    ranges: list[list[int]] = []
+    for code in range(0x110000):
+        if 0xD800 <= code <= 0xDFFF or unicodedata.category(chr(code)) not in INVISIBLE:
+            continue
+        if ranges and ranges[-1][1] == code - 1:
+            ranges[-1][1] = code
+        else:
+            ranges.append([code, code])
+
+    def one(code: int) -> str:
+        return f"\\u{code:04x}" if code < 0x10000 else chr(code)
+
+    return "".join(one(a) if a == b else f"{one(a)}-{one(b)}" for a, b in ranges)
+
+
+INVISIBLE_CLASS = _invisible_class()
+
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_ID = 10**18 - 1  # ids are 1 to 18 digits: they fit a signed 64-bit column
 

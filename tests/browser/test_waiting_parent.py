@@ -87,8 +87,7 @@ def test_a_parent_waiting_for_its_children_asks_nobody(browser, server, ada, mak
     expect(nested.locator(f'[data-run="{second.pk}"]')).to_be_visible()
     expect(page.locator("#fleet-needs")).not_to_contain_text("waiting for 2 children")
     # A child nests below its parent: drawn to the right of it.
-    assert nested.locator(f'[data-run="{first.pk}"] .run-id').bounding_box()["x"] > \
-        row.locator(".run-id").first.bounding_box()["x"]
+    assert nested.locator(f'[data-run="{first.pk}"]').bounding_box()["x"] > row.bounding_box()["x"]
 
     # One child starts asking a person, live: it moves to "Needs you" and names its parent there.
     Run.objects.filter(pk=first.pk).update(status="waiting", outcome_detail="Which source should I trust?")

@@ -281,3 +281,27 @@ def test_a_long_token_name_is_refused_with_a_message_not_cut(client, capable):
     from loops.models import ApiToken
 
     assert not ApiToken.objects.filter(user=capable, name__startswith="nnn").exists()
+
+
+@pytest.mark.parametrize("name", ["ada", "josé 1", "😀 ok", "\u202eevil", "a\u200bb", "tab\there", "line\u2028two", "x\u0085"])
+def test_the_api_schema_states_the_name_rule_the_server_checks(name):
+    """schemathesis generates names from the schema's pattern: it must allow exactly what `invisible` allows."""
+    import re
+
+    from instances.schemas import CredentialIn, InstanceIn
+    from instances.validation import invisible
+
+    for schema, field in ((InstanceIn, "name"), (CredentialIn, "label")):
+        pattern = re.compile(schema.model_json_schema()["properties"][field]["pattern"])
+        assert bool(pattern.match(name)) == (invisible(name) is None), (schema.__name__, name)
+
+
+def test_the_api_schema_states_the_key_shape_the_server_checks():
+    import re
+
+    from instances.schemas import CredentialIn
+    from instances.validation import key_problem
+
+    pattern = re.compile(CredentialIn.model_json_schema()["properties"]["secret"]["pattern"])
+    for key in ["sk-ant-" + "a" * 13, "sk-ant-" + "a" * 12, "sk-ant-" + "b_-9" * 98, "sk-ant-" + "a" * 394, "sk-ant-a b" + "c" * 20, "abc"]:
+        assert bool(pattern.match(key)) == (key_problem(key) is None), key
