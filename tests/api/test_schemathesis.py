@@ -110,7 +110,12 @@ def test_schemathesis_finds_nothing(live_api, django_user_model, tmp_path, shipp
     # before (it PATCHes an instance's objective cap to 1, then starts a run with a longer
     # objective): that 400 names the instance's cap and is right, so 400 is expected there too.
     # The fuzzing phase, where no state changes under it, keeps the strict statuses.
+    # DELETE /v1/instances/{id} archives (documented; tests/instances/test_api_edit.py): the instance
+    # and everything under it stay readable, changeable and restorable, so a read after it is 200 by
+    # design, which ST301 (use_after_free, "a deleted resource answers 404") calls a failure whenever
+    # the stateful phase happens to pair the two: off, for this reason only.
     (tmp_path / "schemathesis.toml").write_text(
+        "[checks.use_after_free]\nenabled = false\n"
         "[phases.fuzzing.error-feedback]\nenabled = false\n"
         "[phases.coverage.checks.positive_data_acceptance]\nenabled = false\n"
         "[phases.stateful.checks.positive_data_acceptance]\n"

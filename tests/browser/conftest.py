@@ -163,3 +163,56 @@ def _orm_beside_playwright(monkeypatch):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
+
+
+PAGE_LIVE_JS = """() => {
+    const bar = document.querySelector('.live-bar');
+    const socket = bar && bar.tetherSocket;
+    return {state: bar && bar.getAttribute('data-state'), text: bar && bar.innerText, lastSeq: bar && bar.getAttribute('data-last-seq'),
+            socket: socket ? socket.readyState : null, htmx: typeof htmx, ws: !!(bar && bar['htmx-internal-data']),
+            box: bar && JSON.stringify(bar.getBoundingClientRect()), display: bar && getComputedStyle(bar).display,
+            visibility: bar && getComputedStyle(bar).visibility, scrollY: window.scrollY};
+}"""
+
+
+def wait_live(page, errors: list[str], within: float = 30) -> None:
+    """Wait for the page's live bar to say "live"; if it does not, say what the page shows instead."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector('.live-bar[data-state="live"]', timeout=within * 1000)
+    except PlaywrightTimeout:
+        raise AssertionError(
+            f"the page's live bar did not say live within {within:g} s: {page.evaluate(PAGE_LIVE_JS)}, "
+            f"script errors {errors}"
+        ) from None
+
+
+def wait_until_shown_finished(page, run_id: int, errors: list[str], ended_within: float = 60,
+                              shown_within: float = 15) -> None:
+    """Wait for run `run_id` to end (in the database), then for the page to show it ended.
+
+    The two waits are apart: a busy machine may take long to end a run, which is not the page's
+    fault; the page must then be told within `shown_within` seconds. If it is not, the failure says
+    where the news stopped: the events recorded and when, what the page last applied, whether its
+    socket is open, and any script error.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    from loops.models import Run
+    from tests.support.cluster import wait_for
+
+    wait_for(lambda: Run.objects.get(pk=run_id).status == Run.Status.FINISHED, ended_within, "the run to end")
+    try:
+        page.wait_for_selector(f'#run-{run_id}-summary[data-status="finished"]', timeout=shown_within * 1000)
+    except PlaywrightTimeout:
+        run = Run.objects.get(pk=run_id)
+        recent = [(e.seq, e.kind, e.created_at.strftime("%H:%M:%S.%f")[:-3])
+                  for e in run.events.order_by("-seq")[:6]]
+        seen = page.evaluate(PAGE_LIVE_JS)
+        seen["summary"] = page.get_attribute(f"#run-{run_id}-summary", "data-status")
+        raise AssertionError(
+            f"run {run_id} ended ({run.outcome}, last seq {run.last_seq}, finished "
+            f"{run.finished_at:%H:%M:%S.%f}) but the page was not told within {shown_within:g} s: page {seen}, "
+            f"script errors {errors}, recent events {recent}"
+        ) from None

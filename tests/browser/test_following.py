@@ -13,6 +13,7 @@ from playwright.sync_api import expect
 
 from loops import services
 from loops.models import Run
+from tests.browser.conftest import wait_live, wait_until_shown_finished
 from tests.browser.test_run_page import ada, keeps_its_page, sign_in, still_same  # noqa: F401 - ada: a fixture
 from tests.support.cluster import wait_for
 
@@ -68,7 +69,7 @@ def test_a_live_run_is_followed_and_its_stop_is_shown(browser, server, worker, a
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))
     sign_in(page, server.url, f"/runs/{run.pk}/")
-    page.wait_for_selector('.live-bar[data-state="live"]')
+    wait_live(page, errors)
     keeps_its_page(page)
 
     # It opens following: the newest event in view, and it stays so as events come.
@@ -96,8 +97,7 @@ def test_a_live_run_is_followed_and_its_stop_is_shown(browser, server, worker, a
     # Stopped from the page: the "Stopped by ada" event comes into view, the pill goes, the receipt link comes.
     page.locator(f"#run-{run.pk}-actions").get_by_role("button", name="Yes, stop it").click()
     wait_for(lambda: Run.objects.get(pk=run.pk).cancel_requested_at, 10, "the stop to be asked")
-    wait_for(lambda: Run.objects.get(pk=run.pk).status == "finished", 30, "the run to stop")
-    page.wait_for_selector(f'#run-{run.pk}-summary[data-status="finished"]', timeout=15_000)
+    wait_until_shown_finished(page, run.pk, errors)
     stopped = page.locator(f'#run-{run.pk}-timeline article[data-kind="run.finished"]')
     expect(stopped).to_contain_text("Stopped by ada", timeout=10_000)
     page.wait_for_function(f"() => ({IN_VIEW})(document.querySelector('#run-{run.pk}-timeline article[data-kind=\"run.finished\"]'))",

@@ -12,11 +12,10 @@ import re
 import time
 
 import pytest
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from loops import services
 from loops.models import Event, Run
-from tests.browser.conftest import Server
+from tests.browser.conftest import Server, wait_until_shown_finished
 from tests.loops.conftest import drive_in_thread
 from tests.support.cluster import wait_for
 
@@ -169,15 +168,7 @@ def test_a_failed_action_says_why_and_a_stop_asks_first(browser, server, worker,
     # and reads as hers.
     assert page.locator(f"{actions} >> text=Yes, stop it").is_visible()
     page.click(f"{actions} >> text=Yes, stop it")
-    try:
-        page.wait_for_selector(f'#run-{run.pk}-summary[data-status="finished"]', timeout=15_000)
-    except PlaywrightTimeout:  # say where it stuck: the stop not sent, the run not ended, or the page not told
-        now = Run.objects.get(pk=run.pk)
-        raise AssertionError(
-            f"the page did not show the run finished: run {now.status}/{now.outcome}, stop requested at "
-            f"{now.cancel_requested_at}, last events {list(now.events.order_by('-seq').values_list('kind', flat=True)[:4])}, "
-            f"live bar {page.get_attribute('.live-bar', 'data-state')!r}, actions {page.inner_text(actions)[:300]!r}"
-        ) from None
+    wait_until_shown_finished(page, run.pk, errors)
     assert page.locator(f"{actions} [data-action-error]").count() == 0
     summary = page.inner_text(f"#run-{run.pk}-summary")
     assert "Stopped by ada" in summary
