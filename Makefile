@@ -10,6 +10,10 @@ TETHER_TEST_HOME ?= $(TETHER_HOME)/test
 # Most tests wait on processes, sockets and leases rather than the CPU, so more than the cores.
 TEST_WORKERS ?= 4
 
+# Python caches bytecode here whatever the environment says: with PYTHONDONTWRITEBYTECODE set,
+# every process compiled its modules again, and each pytest process rewrote its plugins' modules.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: run test check lint unit bench chaos chaos-ci chaos-cuts load install clean
 
 $(STAMP): pyproject.toml scripts/requirements.py scripts/system-packages.sh

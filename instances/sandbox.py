@@ -47,7 +47,7 @@ from typing import Any
 
 from django.conf import settings
 
-from instances import pinned
+from instances import bytecode, pinned
 from instances.pinned import Pinned
 
 log = logging.getLogger(__name__)
@@ -354,6 +354,16 @@ def _prepare(
     args += _dirs_for(sorted(dests), {"/usr", "/proc", "/dev"})
     for path in readonly:
         args += ["--ro-bind", path, path]
+    # The interpreter's bytecode, compiled once by the server (instances.bytecode): read-only, under
+    # a cache directory the program can still write for its own modules.
+    if cached := bytecode.mounts():
+        args += ["--perms", "1777", "--dir", bytecode.PREFIX_SEEN]
+        below = {str(a) for _, dest in cached for a in Path(dest).parents
+                 if str(a).startswith(bytecode.PREFIX_SEEN + "/")}
+        for name in sorted(below):  # traversable, as `_dirs_for` makes the parents of other mounts
+            args += ["--perms", "0755", "--dir", name]
+        for source, dest in cached:
+            args += ["--ro-bind", source, dest]
     args += _merged_usr_links()
     for source, dest in writable:
         args += [bind, sources[source], dest]

@@ -50,7 +50,15 @@ def _invisible_class() -> str:
     return "".join(one(a) if a == b else f"{one(a)}-{one(b)}" for a, b in ranges)
 
 
-INVISIBLE_CLASS = _invisible_class()
+# `_invisible_class()` walks every code point (a second of CPU in each process that imports this);
+# for the Unicode version it was computed with, its answer is kept here.
+_KNOWN_CLASS = (
+    "15.1.0",
+    "\\u0000-\\u001f\\u007f-\\u009f\\u00ad\\u0600-\\u0605\\u061c\\u06dd\\u070f\\u0890-\\u0891\\u08e2\\u180e"
+    "\\u200b-\\u200f\\u2028-\\u202e\\u2060-\\u2064\\u2066-\\u206f\\ufeff\\ufff9-\\ufffb\U000110bd\U000110cd"
+    "\U00013430-\U0001343f\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f",
+)
+INVISIBLE_CLASS = _KNOWN_CLASS[1] if unicodedata.unidata_version == _KNOWN_CLASS[0] else _invisible_class()
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 MAX_ID = 10**18 - 1  # ids are 1 to 18 digits: they fit a signed 64-bit column

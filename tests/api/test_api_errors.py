@@ -170,3 +170,15 @@ def test_an_interjection_of_only_a_separator_character_is_a_blank_400(api):
         _json_error(response, 400)
         assert "message" in response.json()["error"]
     assert not run.interjections.exists()
+
+
+def test_the_kept_invisible_class_is_what_the_walk_over_every_code_point_finds():
+    """The schema's character class is kept for one Unicode version (the walk costs a second per
+    process); for that version it must be exactly what the walk finds, and any other version walks."""
+    import unicodedata
+
+    from tether import schema
+
+    version, kept = schema._KNOWN_CLASS
+    assert kept == schema._invisible_class() or unicodedata.unidata_version != version
+    assert schema.INVISIBLE_CLASS == schema._invisible_class()
