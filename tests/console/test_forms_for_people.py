@@ -99,7 +99,7 @@ def test_credential_token_and_notification_forms_share_the_summary(signed_in, us
     assert 'aria-invalid="true"' in address and 'value="not an address"' in address  # kept to correct
 
 
-@pytest.mark.parametrize("address", ["用户@例子.广告", "josé@exemple.fr", "ada@例え.jp"])
+@pytest.mark.parametrize("address", ["用户@例子.广告", "josé@exemple.fr", "ada@例え.jp", "josé@bücher.example"])
 def test_an_internationalised_email_address_is_taken(signed_in, user, address):
     from reviews.models import NotificationTarget
 
