@@ -9,6 +9,11 @@ falls on all of them alike:
 Twice: in a workspace of 10 files and of 2,000 files (the sandbox hands the workspace tree to
 the instance's uid before each act, so it walks it).
 
+Then a pytest check's start in the sandbox (`python -m pytest --collect-only` over three tests, as
+every pytest check's baseline runs it), with the interpreter's bytecode the server compiled once
+(`TETHER_SANDBOX_BYTECODE=1`, the default: instances/bytecode.py) and without it (each sandbox
+compiling what it imports, pytest rewriting its plugins' modules), interleaved.
+
 Run: python -m bench.sandbox_bench [--rounds 40]
 """
 
@@ -83,6 +88,46 @@ def main(rounds: int = ROUNDS) -> None:
                 median = statistics.median(times[m])
                 cells.append(f"{median * 1000:8.1f} ({median / base:4.1f}x)")
             print(f"{files:>6} files | " + " | ".join(f"{c:>18}" for c in cells))
+        check_starts(Path(home))
+
+
+CHECK_ROUNDS = 8
+TESTS = "def test_a():\n    assert 1\n\ndef test_b():\n    assert 2\n\ndef test_c():\n    assert 3\n"
+
+
+def _check_start(workspace: Path, compiled: bool) -> float:
+    """One sandboxed `pytest --collect-only`: its seconds."""
+    from django.conf import settings
+
+    from instances.brains import process
+    from instances.sandbox import Spec
+
+    settings.TETHER_SANDBOX = "bwrap"
+    settings.TETHER_SANDBOX_BYTECODE = compiled
+    spec = Spec(workspace=workspace, instance_id=1, network=False)
+    started = time.perf_counter()
+    done = process.run(["python", "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"], cwd=workspace,
+                       env=process.base_env(workspace), timeout=300, spec=spec)
+    took = time.perf_counter() - started
+    if done.exit_code != 0:
+        raise SystemExit(f"the check failed to start: {done.stdout[-500:]} {done.stderr[-500:]}")
+    return took
+
+
+def check_starts(home: Path, rounds: int = CHECK_ROUNDS) -> None:
+    workspace = home / "workspaces" / "pytest"
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "test_three.py").write_text(TESTS)
+    _check_start(workspace, True)  # the server compiles its cache once, here
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for compiled in (False, True):
+            times[compiled].append(_check_start(workspace, compiled))
+    base = statistics.median(times[False])
+    print(f"\na pytest check's start in the sandbox, median of {rounds} interleaved rounds; ratio to compiling")
+    for compiled, label in ((False, "each sandbox compiles"), (True, "server's bytecode")):
+        median = statistics.median(times[compiled])
+        print(f"{label:>22} | {median * 1000:8.0f} ms ({median / base:4.2f}x)")
 
 
 if __name__ == "__main__":

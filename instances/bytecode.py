@@ -60,8 +60,11 @@ def cache_dir() -> Path:
 def mounts() -> list[tuple[str, str]]:
     """Return (source, destination) pairs to mount read-only in a sandbox; warm the cache first if needed.
 
-    Empty when the cache could not be made (logged once): programs then compile as before.
+    Empty when it is turned off (`TETHER_SANDBOX_BYTECODE=0`) or could not be made (logged once):
+    programs then compile what they import, each in its own sandbox.
     """
+    if not settings.TETHER_SANDBOX_BYTECODE:
+        return []
     ready = warm()
     if ready is None:
         return []

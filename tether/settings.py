@@ -288,6 +288,9 @@ if TETHER_SANDBOX not in ("bwrap", "off"):
 TETHER_SANDBOX_MEMORY_MB = _env_int("TETHER_SANDBOX_MEMORY_MB", 4096)  # address space per process
 TETHER_SANDBOX_FILE_MB = _env_int("TETHER_SANDBOX_FILE_MB", 1024)  # largest file it may write
 TETHER_SANDBOX_TMP_MB = _env_int("TETHER_SANDBOX_TMP_MB", 512)  # its private /tmp
+# 1: a sandboxed Python runs the interpreter's bytecode compiled once by the server (instances/bytecode.py),
+# mounted read-only; 0: every sandbox compiles what it imports (slower; for comparing, see bench.sandbox_bench).
+TETHER_SANDBOX_BYTECODE = _env_int("TETHER_SANDBOX_BYTECODE", 1) != 0
 TETHER_SANDBOX_MAX_PROCESSES = _env_int("TETHER_SANDBOX_MAX_PROCESSES", 256)  # per instance (server as root)
 # Directories of programs (agent CLIs, scripts installed outside /usr) every sandbox sees
 # read-only at the same path; separated by ":".
