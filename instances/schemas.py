@@ -17,6 +17,7 @@ from ninja import Schema
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
 from instances.models import Instance as InstanceModel
+from tether import limits
 from tether.schema import (
     INVISIBLE_CLASS,
     MAX_ID,
@@ -34,12 +35,12 @@ from tether.schema import (
 
 # Bounds of the numeric fields: (lowest, highest).
 BOUNDS: dict[str, tuple[int, int]] = {
-    "max_iterations": (1, 10_000),
-    "objective_max_chars": (1, 1_000_000),
-    "max_tool_turns": (1, 200),
-    "max_output_tokens": (1, 1_000_000),
-    "tool_timeout_seconds": (1, 3600),
-    "act_timeout_seconds": (1, 24 * 3600),
+    "max_iterations": (1, limits.MAX_ITERATIONS),
+    "objective_max_chars": (1, limits.OBJECTIVE_MAX_CHARS),
+    "max_tool_turns": (1, limits.MAX_TOOL_TURNS),
+    "max_output_tokens": (1, limits.MAX_OUTPUT_TOKENS),
+    "tool_timeout_seconds": (1, limits.MAX_TOOL_TIMEOUT_SECONDS),
+    "act_timeout_seconds": (1, limits.MAX_ACT_TIMEOUT_SECONDS),
 }
 ARGV = 'a non-empty list of strings (an argv), like ["ruff", "check", "."]'
 _ARGV_SCHEMA = {
@@ -62,11 +63,11 @@ def _visible(value: str) -> str:
 # zero-width or control characters), 1 to 100 of them.
 # The schema states the rule (`validation.INVISIBLE_CLASS`, spaces apart): its pattern is what `invisible` allows.
 Name: Any = Annotated[
-    text(nonblank=True, max_length=100),
+    text(nonblank=True, max_length=limits.NAME_MAX_CHARS),
     AfterValidator(_visible),
     Field(json_schema_extra={
         "pattern": f"^[^{INVISIBLE_CLASS}]*[^{SPACE}{INVISIBLE_CLASS}][^{INVISIBLE_CLASS}]*$",
-        "minLength": 1, "maxLength": 100,
+        "minLength": 1, "maxLength": limits.NAME_MAX_CHARS,
     }),
 ]
 
@@ -148,7 +149,7 @@ _ENV_SCHEMA = {
 
 
 def _base_url(value: Any) -> str:
-    url = clean_text(value, max_length=500)
+    url = clean_text(value, max_length=limits.PATH_MAX_CHARS)
     if url and not url.startswith(("http://", "https://")):
         raise refuse("must start with http:// or https://")
     return url
@@ -195,21 +196,22 @@ Command = Annotated[
 
 
 def _timeout(value: Any) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
-        raise refuse("must be 1 to 3600 seconds")
+    high = limits.MAX_TOOL_TIMEOUT_SECONDS
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= high:
+        raise refuse(f"must be 1 to {high} seconds")
     return value
 
 
 class CheckIn(Body):
     """A check run after every act: its argv, whether it must pass for done, its timeout, its evidence."""
 
-    name: text(nonblank=True, max_length=100)  # type: ignore[valid-type]
+    name: text(nonblank=True, max_length=limits.NAME_MAX_CHARS)  # type: ignore[valid-type]
     command: Argv
     required: flag() = True  # type: ignore[valid-type]
     timeout: Annotated[
         int | float,
         BeforeValidator(_timeout),
-        Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": 3600}),
+        Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": limits.MAX_TOOL_TIMEOUT_SECONDS}),
     ] = 300
     evidence: Literal["report", "exit code"] | None = Field(
         None, description='"report": the check passes only with a test report (pytest); default: a report when there is one'
@@ -236,21 +238,21 @@ class InstanceChange(Body):
     brain: _choice(list(InstanceModel.Brain.values)) | None = None  # type: ignore[valid-type]
     command: Command | None = Field(None, description="the argv of the command brain")
     env: Annotated[dict[str, str], BeforeValidator(_env), Field(json_schema_extra=_ENV_SCHEMA)] | None = None
-    workspace: text(max_length=500) | None = None  # type: ignore[valid-type]
+    workspace: text(max_length=limits.PATH_MAX_CHARS) | None = None  # type: ignore[valid-type]
     checks: Annotated[list[CheckIn], AfterValidator(_unique_names)] | None = None
     decider: _choice(list(InstanceModel.Decider.values)) | None = None  # type: ignore[valid-type]
     max_iterations: _bounded("max_iterations") | None = None  # type: ignore[valid-type]
     objective_max_chars: _bounded("objective_max_chars") | None = None  # type: ignore[valid-type]
     act_timeout_seconds: _bounded("act_timeout_seconds") | None = None  # type: ignore[valid-type]
-    model: text(max_length=100) | None = None  # type: ignore[valid-type]
-    system_prompt: text(max_length=100_000) | None = None  # type: ignore[valid-type]
+    model: text(max_length=limits.NAME_MAX_CHARS) | None = None  # type: ignore[valid-type]
+    system_prompt: text(max_length=limits.PROMPT_MAX_CHARS) | None = None  # type: ignore[valid-type]
     credential_id: whole(1, MAX_ID, description="one of your stored keys (GET /v1/credentials)") | None = None  # type: ignore[valid-type]
     base_url: (
         Annotated[
             str,
             BeforeValidator(_base_url),
             Field(
-                json_schema_extra={"pattern": "^$|^https?://[^\\u0000]*$", "maxLength": 500},
+                json_schema_extra={"pattern": "^$|^https?://[^\\u0000]*$", "maxLength": limits.PATH_MAX_CHARS},
                 description="http(s)://…, or empty",
             ),
         ]
@@ -273,7 +275,7 @@ class InstanceIn(InstanceChange):
     """An instance's fields: `name`, and a template to start from or the whole agent by hand."""
 
     name: Name
-    template: text(max_length=50, description="a template's name; the other fields override it") | None = None  # type: ignore[valid-type]
+    template: text(max_length=limits.TEMPLATE_NAME_MAX_CHARS, description="a template's name; the other fields override it") | None = None  # type: ignore[valid-type]
 
     model_config = {
         # Made by hand (no template), a command brain (the default) needs its command.
@@ -340,8 +342,7 @@ class Instances(Schema):
     instances: list[Instance]
 
 
-# How long a stored model key may be (`validation.key_problem` checks its shape too).
-KEY_CHARS = (20, 400)
+KEY_CHARS = limits.KEY_CHARS  # how long a stored model key may be (`validation.key_problem` checks its shape too)
 
 
 class CredentialIn(Body):

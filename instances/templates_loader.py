@@ -26,6 +26,7 @@ from typing import Any
 import jsonschema
 
 from instances.models import AgentConfig, AgentTemplate, Credential, Instance
+from tether import limits
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "agent_templates"
 
@@ -36,15 +37,15 @@ SCHEMA: dict[str, Any] = {
     "required": ["name", "description", "brain"],
     "additionalProperties": False,
     "properties": {
-        "name": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,49}$"},
+        "name": {"type": "string", "pattern": f"^[a-z0-9][a-z0-9_-]{{0,{limits.TEMPLATE_NAME_MAX_CHARS - 1}}}$"},
         "description": {"type": "string"},
         "brain": {"enum": list(AgentConfig.Brain.values)},
         "model": {"type": "string"},
         "system_prompt": {"type": "string"},
         "tools": _STRINGS,
         "decider": {"enum": list(AgentConfig.Decider.values)},
-        "max_iterations": {"type": "integer", "minimum": 1, "maximum": 10000},
-        "objective_max_chars": {"type": "integer", "minimum": 1, "maximum": 1_000_000},
+        "max_iterations": {"type": "integer", "minimum": 1, "maximum": limits.MAX_ITERATIONS},
+        "objective_max_chars": {"type": "integer", "minimum": 1, "maximum": limits.OBJECTIVE_MAX_CHARS},
         "checks": {
             "type": "array",
             "items": {

@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 EXCERPT = 1500
 PATCH_CHARS = 20_000
 PATCH_SKIP = frozenset({".git", "__pycache__"})
-MAX_ITERATIONS = 10_000  # as for any run (`services.run_start`)
 
 
 class Refusal(DelegateRefused):

@@ -1,7 +1,7 @@
 """The schemas of the run API: what each route takes (and refuses) and what it answers.
 
-Bounds come from the rules they stand for: `loops.services` (iterations, wall clock, a
-message's length) and `tether.schema` (dollars). Answers are checked against these schemas
+Bounds come from `tether.limits` (iterations, wall clock, lengths, dollars), stated once; the
+console's forms validate through these schemas too (`loops.console.forms`). Answers are checked against these schemas
 before they leave, so /v1/openapi.json describes what a client really gets.
 """
 
@@ -13,12 +13,17 @@ from ninja import Schema
 from pydantic import Field, ValidationError, model_validator
 
 from loops.models import Run as RunModel
-from loops.services import INTERJECTION_MAX_CHARS, MAX_MINUTES
+from tether.limits import (
+    CAP_DIGITS,
+    MAX_ITERATIONS,
+    MAX_MINUTES,
+    MESSAGE_MAX_CHARS,
+    NAME_MAX_CHARS,
+    OBJECTIVE_MAX_CHARS,
+    PROMPT_MAX_CHARS,
+    TARGET_MAX_CHARS,
+)
 from tether.schema import SOMETHING, Body, describe, flag, refuse, text, usd, whole
-
-MAX_ITERATIONS = 10_000
-CAP_DIGITS = 6  # a run's own cap: at most $1,000,000
-OBJECTIVE_MAX = 1_000_000  # the highest objective cap an instance may have
 
 Iterations = whole(1, MAX_ITERATIONS)
 Minutes = whole(1, MAX_MINUTES, unit=" of minutes", description="a wall-clock limit in minutes")
@@ -26,12 +31,12 @@ Cap = usd(CAP_DIGITS)
 ChildCap = usd(CAP_DIGITS, required=True, description="the child's budget, carved from yours")
 Objective = text(
     nonblank=True,
-    max_length=OBJECTIVE_MAX,
+    max_length=OBJECTIVE_MAX_CHARS,
     description="at most the instance's objective_max_chars; a CRLF counts as one character",
 )
-Message = text(max_length=INTERJECTION_MAX_CHARS)
-SaidMessage = text(nonblank=True, max_length=INTERJECTION_MAX_CHARS)  # a message that must say something
-Target = text(nonblank=True, max_length=200)  # an instance (name or id), a template or a role
+Message = text(max_length=MESSAGE_MAX_CHARS)
+SaidMessage = text(nonblank=True, max_length=MESSAGE_MAX_CHARS)  # a message that must say something
+Target = text(nonblank=True, max_length=TARGET_MAX_CHARS)  # an instance (name or id), a template or a role
 
 
 class Error(Schema):
@@ -51,7 +56,7 @@ class RunIn(Body):
 class RunContinueIn(Body):
     message: (
         text(  # type: ignore[valid-type]
-            max_length=INTERJECTION_MAX_CHARS,
+            max_length=MESSAGE_MAX_CHARS,
             description="folded into the new run's first instruction, like an interjection",
         )
         | None
@@ -123,14 +128,14 @@ class Empty(Body):
 
 
 class DecideCheck(Body):
-    name: text(max_length=100)  # type: ignore[valid-type]
+    name: text(max_length=NAME_MAX_CHARS)  # type: ignore[valid-type]
     passed: flag()  # type: ignore[valid-type]
     required: flag() = True  # type: ignore[valid-type]
-    output: text(max_length=100_000) = ""  # type: ignore[valid-type]
+    output: text(max_length=PROMPT_MAX_CHARS) = ""  # type: ignore[valid-type]
 
 
 class DecideIn(Body):
-    objective: text(nonblank=True, max_length=OBJECTIVE_MAX)  # type: ignore[valid-type]
+    objective: text(nonblank=True, max_length=OBJECTIVE_MAX_CHARS)  # type: ignore[valid-type]
     response: text() | None = None  # type: ignore[valid-type]
     instruction: text() | None = None  # type: ignore[valid-type]
     act_ok: flag() | None = None  # type: ignore[valid-type]

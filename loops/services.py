@@ -18,8 +18,7 @@ from loops import delegation, events, liveness, tasks
 from loops.memory import Memory
 from loops.models import Interjection, Run
 from reviews import audit
-
-INTERJECTION_MAX_CHARS = 8000
+from tether.limits import MAX_ITERATIONS, MAX_MINUTES, MESSAGE_MAX_CHARS
 
 
 class Refused(Exception):
@@ -84,9 +83,6 @@ def run_start(
     return run
 
 
-MAX_MINUTES = 366 * 24 * 60  # a year: a longer wall-clock limit is no limit
-
-
 def _checked_objective(instance, objective: str) -> str:
     # CRLF is one line break, as in the console's form: it counts (and is stored) as one character.
     objective = (objective or "").replace("\r\n", "\n").strip()
@@ -101,8 +97,8 @@ def _checked_objective(instance, objective: str) -> str:
 
 
 def _checked_iterations(max_iterations: Any) -> int:
-    if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or not 1 <= max_iterations <= 10_000:
-        raise Refused(f"max_iterations must be a whole number from 1 to 10000; got {max_iterations!r}")
+    if isinstance(max_iterations, bool) or not isinstance(max_iterations, int) or not 1 <= max_iterations <= MAX_ITERATIONS:
+        raise Refused(f"max_iterations must be a whole number from 1 to {MAX_ITERATIONS}; got {max_iterations!r}")
     return max_iterations
 
 
@@ -232,8 +228,8 @@ def run_interject(
         text = "Approved." if approve else "Refused."
     if not text:
         raise Refused("the message is empty")
-    if len(text) > INTERJECTION_MAX_CHARS:
-        raise Refused(f"the message is {len(text):,} characters; at most {INTERJECTION_MAX_CHARS:,} are accepted")
+    if len(text) > MESSAGE_MAX_CHARS:
+        raise Refused(f"the message is {len(text):,} characters; at most {MESSAGE_MAX_CHARS:,} are accepted")
     with transaction.atomic():
         run = _locked(run)
         if run.status == Run.Status.FINISHED:
@@ -423,8 +419,8 @@ def _checked_message(text: Any) -> str:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise Refused("message contains a lone surrogate (text that is not valid Unicode)") from None
-    if len(text) > INTERJECTION_MAX_CHARS:
-        raise Refused(f"message is {len(text):,} characters; at most {INTERJECTION_MAX_CHARS:,} are accepted")
+    if len(text) > MESSAGE_MAX_CHARS:
+        raise Refused(f"message is {len(text):,} characters; at most {MESSAGE_MAX_CHARS:,} are accepted")
     return text
 
 

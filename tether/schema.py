@@ -18,6 +18,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from tether import limits
+
 # JSON Schema patterns (ECMA-262): no NUL anywhere; and at least one character that is not space.
 # "Space" is what Python's str.strip() removes, spelled out: ECMA's \s differs (it counts
 # U+FEFF, and not U+001C..U+001F or U+0085), and the pattern must refuse exactly what the
@@ -70,9 +72,12 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def refuse(why: str, kind: str = "tether") -> PydanticCustomError:
-    """Return the error a validator raises; `why` reads after the field's name."""
-    return PydanticCustomError(kind, "{why}", {"why": why})
+def refuse(why: str, kind: str = "tether", **context: Any) -> PydanticCustomError:
+    """Return the error a validator raises; `why` reads after the field's name.
+
+    `context` (e.g. a number's `low`, `high` and what it `got`) lets a form word the refusal its own way.
+    """
+    return PydanticCustomError(kind, "{why}", {"why": why, **context})
 
 
 def kind_of(value: Any) -> str:
@@ -143,7 +148,7 @@ def whole(
             )
         if not low <= value <= high:
             bound = f"between {low} and {high}" if between else f"a whole number{unit} from {low} to {high}"
-            raise refuse(f"must be {bound}; got {value}")
+            raise refuse(f"must be {bound}; got {value}", low=low, high=high, got=value)
         return value
 
     return Annotated[
@@ -200,7 +205,7 @@ def usd(high_digits: int, *, required: bool = False, **doc: Any) -> Any:
     decimal places is refused; a number is kept to the nearest micro-dollar (never below the
     0.01 floor, so never a $0 cap). A Decimal (what this type gave before) is taken as its text.
     """
-    low, high = Decimal("0.01"), Decimal(10) ** high_digits
+    low, high = Decimal(limits.CAP_MIN_USD), Decimal(10) ** high_digits
     pattern = _usd_text(high_digits)
     words = f"a number of US dollars, like 2.50, from {low} to {high:,}"
 

@@ -1,13 +1,24 @@
-"""Console forms: they parse what a person typed; the rules live in loops.services."""
+"""Console forms: they parse what a person typed; the rules are `loops.schemas`' (bounds: `tether.limits`).
+
+A form's fields turn the typed text into values (a number, an amount); `clean` then checks them
+with the same schema the REST API and MCP use, and words a refusal for the person at the form
+(its field's name, a bound as a bound). What depends on the run or the instance (an objective's
+cap, a budget) is `loops.services`'.
+"""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from django import forms
+from pydantic import ValidationError
 
+from loops import schemas
 from loops.models import Run
+from tether import limits
+from tether.schema import Body, describe
 
 
 def fresh_nonce() -> str:
@@ -18,15 +29,55 @@ def normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def said(label: str, error: Mapping[str, Any]) -> str:
+    """One pydantic `error` of a schema, as a sentence about the field a person calls `label`."""
+    context = error.get("ctx") or {}
+    got, low, high = context.get("got"), context.get("low"), context.get("high")
+    if isinstance(got, int) and high is not None and got > high:
+        return f"{label} can be at most {high:,}."
+    if isinstance(got, int) and low is not None and got < low:
+        return f"{label} must be at least {low:,}."
+    sentence, field = describe([error])
+    if field and sentence.startswith(field):
+        sentence = sentence[len(field) :]
+    sentence = sentence if sentence[:1] in (":", ",", "[") else f" {sentence.lstrip()}"
+    return f"{label}{sentence}".rstrip(".") + "."
+
+
+class Checked(forms.Form):
+    """A form whose values a `loops.schemas` body checks: one rule for every surface, worded for a person.
+
+    `SCHEMA`: the body; `FIELDS`: form field -> (the body's field, its name in a sentence).
+    """
+
+    SCHEMA: type[Body]
+    FIELDS: dict[str, tuple[str, str]]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        present = {name: (field, label) for name, (field, label) in self.FIELDS.items() if name in data}
+        try:
+            body = self.SCHEMA.model_validate({field: data[name] for name, (field, _) in present.items()})
+        except ValidationError as exc:
+            by_field = {field: (name, label) for name, (field, label) in self.FIELDS.items()}
+            for error in exc.errors(include_url=False):
+                loc = error["loc"]
+                name, label = by_field.get(str(loc[0]), (None, "")) if loc else (None, "")
+                if name is None or self.has_error(name):
+                    continue  # a field the form refused already (or a rule of the whole body: the service says it)
+                self.add_error(name, said(label, error))
+            return data
+        for name, (field, _) in present.items():
+            data[name] = getattr(body, field)
+        return data
+
+
 def _max_iterations_field(**extra):
     return forms.IntegerField(
-        min_value=1,
-        max_value=10_000,
+        widget=forms.NumberInput(attrs={"min": 1, "max": limits.MAX_ITERATIONS}),
         error_messages={
-            "required": "Give a maximum number of iterations (1 to 10,000).",
+            "required": f"Give a maximum number of iterations (1 to {limits.MAX_ITERATIONS:,}).",
             "invalid": "Max iterations must be a whole number, like 10.",
-            "min_value": "Max iterations must be at least 1.",
-            "max_value": "Max iterations can be at most 10,000.",
         },
         **extra,
     )
@@ -35,19 +86,25 @@ def _max_iterations_field(**extra):
 def _cost_cap_field():
     return forms.DecimalField(
         required=False,
-        min_value=0,
-        decimal_places=6,
-        max_digits=12,
         label="Cost cap (USD)",
-        widget=forms.NumberInput(attrs={"step": "0.01", "placeholder": "no cap", "inputmode": "decimal"}),
+        widget=forms.NumberInput(
+            attrs={"min": limits.CAP_MIN_USD, "step": "0.01", "placeholder": "no cap", "inputmode": "decimal"}
+        ),
         error_messages={
             "invalid": "The cost cap must be an amount of dollars, like 2.50 (or empty for no cap).",
-            "max_decimal_places": "The cost cap has at most 6 decimal places (a micro-dollar).",
         },
     )
 
 
-class StartRunForm(forms.Form):
+class StartRunForm(Checked):
+    SCHEMA = schemas.RunIn
+    FIELDS = {
+        "objective": ("objective", "The objective"),
+        "max_iterations": ("max_iterations", "Max iterations"),
+        "max_cost_usd": ("max_cost_usd", "The cost cap"),
+        "max_minutes": ("max_minutes", "The time limit"),
+    }
+
     objective = forms.CharField(
         strip=True,
         widget=forms.Textarea(attrs={"rows": 5, "data-count": "objective"}),
@@ -57,9 +114,8 @@ class StartRunForm(forms.Form):
     max_cost_usd = _cost_cap_field()
     max_minutes = forms.IntegerField(
         required=False,
-        min_value=1,
         label="Time limit (minutes)",
-        widget=forms.NumberInput(attrs={"placeholder": "none"}),
+        widget=forms.NumberInput(attrs={"min": 1, "max": limits.MAX_MINUTES, "placeholder": "none"}),
         error_messages={"invalid": "The time limit must be a whole number of minutes (or empty for none)."},
     )
     nonce = forms.CharField(widget=forms.HiddenInput, required=False, max_length=64)
@@ -77,7 +133,10 @@ class StartRunForm(forms.Form):
         return normalise_newlines(self.cleaned_data["objective"])
 
 
-class InterjectForm(forms.Form):
+class InterjectForm(Checked):
+    SCHEMA = schemas.Interjection
+    FIELDS = {"text": ("message", "The message")}
+
     text = forms.CharField(
         strip=True,
         label="Message to the agent",
@@ -98,8 +157,15 @@ class InterjectForm(forms.Form):
         return normalise_newlines(self.cleaned_data["text"])
 
 
-class ContinueRunForm(forms.Form):
+class ContinueRunForm(Checked):
     """Continue a finished run as a new one: a message for its first iteration, and its limits."""
+
+    SCHEMA = schemas.RunContinueIn
+    FIELDS = {
+        "message": ("message", "The message"),
+        "max_iterations": ("max_iterations", "Max iterations"),
+        "max_cost_usd": ("max_cost_usd", "The cost cap"),
+    }
 
     message = forms.CharField(
         required=False,
@@ -128,8 +194,11 @@ class ContinueRunForm(forms.Form):
         return normalise_newlines(self.cleaned_data["message"])
 
 
-class ResumeRunForm(forms.Form):
+class ResumeRunForm(Checked):
     """Resume a budget_exhausted run with a new cap, within what its pools can grant (see live.ResumeOffer)."""
+
+    SCHEMA = schemas.ResumeIn
+    FIELDS = {"max_cost_usd": ("max_cost_usd", "The cap")}
 
     max_cost_usd = _cost_cap_field()
 
@@ -148,15 +217,16 @@ class ResumeRunForm(forms.Form):
         attrs["placeholder"] = "no cap" if offer.cap is None else "a new cap"
         attrs["step"] = "any"  # the bounds are said in words, and checked here with what to give instead
 
-    def clean_max_cost_usd(self) -> Any:
+    def clean(self) -> dict[str, Any]:
         from budgets import money
 
-        value = self.cleaned_data["max_cost_usd"]
-        micros = None if value is None else money.usd_to_micros(value)
-        why = self.offer.refusal(micros)
-        if why:
-            raise forms.ValidationError(why)
-        return value
+        data = super().clean()
+        if "max_cost_usd" in data and not self.has_error("max_cost_usd"):  # a cap the schema took
+            value = data["max_cost_usd"]
+            why = self.offer.refusal(None if value is None else money.usd_to_micros(value))
+            if why:
+                self.add_error("max_cost_usd", why)
+        return data
 
 
 class HistoryFilterForm(forms.Form):
@@ -185,7 +255,7 @@ class TokenForm(forms.Form):
     LIFETIMES = [("", "never (until revoked)"), ("7", "7 days"), ("30", "30 days"), ("90", "90 days"), ("365", "1 year")]
 
     name = forms.CharField(
-        max_length=100,
+        max_length=limits.NAME_MAX_CHARS,
         strip=True,
         error_messages={
             "required": "Name the token after what will use it, like 'ci' or 'laptop'.",

@@ -15,6 +15,7 @@ from django import forms
 
 from instances import capabilities
 from instances.models import Credential, Instance
+from tether import limits
 
 LIST_FIELDS = ("command_allow", "command_deny", "protected_paths")
 # What the template (or the operator) fixes, as the read-only summary shows it, in this order.
@@ -284,7 +285,7 @@ class CredentialForm(forms.Form):
     """A key to store: write-only, so the key field never renders a value back."""
 
     label = forms.CharField(
-        strip=True, max_length=100,
+        strip=True, max_length=limits.NAME_MAX_CHARS,
         error_messages={"required": "Label the key, like 'personal' or 'team'.",
                         "max_length": "A label can be at most %(limit_value)d characters; this one has %(show_value)d."},
     )

@@ -171,7 +171,7 @@ def test_start_calls_the_service_and_opens_the_run(signed_in, instance):
         ),
         (
             {"objective": "go", "max_iterations": 3, "max_cost_usd": "0"},
-            "max_cost_usd must be more than 0 dollars",
+            "The cost cap must be a number of US dollars, like 2.50, from 0.01 to 1,000,000; got",
         ),
         (
             {"objective": "go", "max_iterations": 3, "max_minutes": "soon"},
@@ -273,7 +273,7 @@ def test_interject_with_bad_input_shows_a_clear_message(signed_in, instance, sta
     assert empty.status_code == 400 and b"The message is empty" in empty.content
     long = signed_in.post(f"/runs/{run.pk}/interject", {"text": "x" * 8001}, headers={"HX-Request": "true"})
     assert long.status_code == 200  # htmx swaps the block with its message
-    assert b"the message is 8,001 characters; at most 8,000 are accepted" in long.content
+    assert b"The message is 8,001 characters; at most 8,000 are accepted." in long.content
     signed_in.post(f"/runs/{run.pk}/stop")
     finished = signed_in.post(f"/runs/{run.pk}/interject", {"text": "too late"})
     assert finished.status_code == 409

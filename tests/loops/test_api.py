@@ -75,7 +75,7 @@ def test_cancel_and_interject(api, instance, user):
 
 
 def test_an_interjection_counts_a_crlf_as_one_character(api, instance):
-    from loops.services import INTERJECTION_MAX_CHARS
+    from tether.limits import MESSAGE_MAX_CHARS as INTERJECTION_MAX_CHARS
 
     run = api("post", f"/v1/instances/{instance['id']}/loop", {"objective": "x"}).json()
     base = f"/v1/instances/{instance['id']}/loop/{run['id']}"
