@@ -12,6 +12,7 @@ import re
 import time
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from loops import services
 from loops.models import Event, Run
@@ -203,8 +204,10 @@ def test_follow_latest_and_jump_to_latest(browser, server, worker, ada, long_run
     for _ in range(3):
         last = int(page.get_attribute("[ws-connect]", "data-last-seq"))
         wait_for(lambda last=last: int(page.get_attribute("[ws-connect]", "data-last-seq")) > last + 2, 15, "new events")
-        time.sleep(0.3)
-        assert page.evaluate(IN_VIEW_JS, latest), "following, yet the newest event is out of view"
+        try:  # following brings each newest event into view (a busy machine may take a moment)
+            page.wait_for_function(IN_VIEW_JS, arg=latest, timeout=5_000)
+        except PlaywrightTimeout:
+            raise AssertionError("following, yet the newest event stayed out of view for 5 s") from None
 
     # Scrolling up to read stops following; "jump to latest" then says how much is new and goes there.
     # (Read in the timeline: where the floating jump would cover a button, as the actions at the top
@@ -220,8 +223,7 @@ def test_follow_latest_and_jump_to_latest(browser, server, worker, ada, long_run
     page.wait_for_function("() => /\\d+ new/.test(document.querySelector('[data-new-count]').textContent)", timeout=15_000)
     page.screenshot(path=str(artifacts / f"{name}-jump-to-latest.png"))
     jump.click()
-    time.sleep(0.3)
-    assert page.evaluate(IN_VIEW_JS, latest)
+    page.wait_for_function(IN_VIEW_JS, arg=latest, timeout=5_000)
 
     # An iteration folds and unfolds by hand.
     toggle = page.locator(f'#run-{run.pk}-timeline [data-iter-toggle="1"]').first
