@@ -227,7 +227,7 @@ def _dirs_for(dests: list[str], bound: set[str]) -> list[str]:
             if name == "/" or name in made or any(name == b or name.startswith(b + "/") for b in bound):
                 continue
             made.add(name)
-            args += ["--perms", "0755", "--dir", name]
+            args += ["--perms", "1777", "--dir", name]
     return args
 
 
@@ -360,8 +360,10 @@ def _prepare(
         args += ["--perms", "1777", "--dir", bytecode.PREFIX_SEEN]
         below = {str(a) for _, dest in cached for a in Path(dest).parents
                  if str(a).startswith(bytecode.PREFIX_SEEN + "/")}
-        for name in sorted(below):  # traversable, as `_dirs_for` makes the parents of other mounts
-            args += ["--perms", "0755", "--dir", name]
+        # Writable and sticky like /tmp: the workspace's own bytecode may belong beside a mount (a
+        # workspace in the checkout that holds the virtualenv, as `make run` has them).
+        for name in sorted(below):
+            args += ["--perms", "1777", "--dir", name]
         for source, dest in cached:
             args += ["--ro-bind", source, dest]
     args += _merged_usr_links()

@@ -104,7 +104,7 @@ def test_a_refused_message_leaves_the_form_able_to_send(browser, server, worker,
 
     actions.locator("textarea").fill("x" * 9000)
     actions.get_by_role("button", name="Send message").click()
-    expect(actions.locator(".errors")).to_contain_text("at most 8,000", timeout=10_000)
+    expect(actions.locator("[role=alert]")).to_contain_text("at most 8,000", timeout=10_000)  # by the field
     assert not Interjection.objects.filter(run=run).exists()
 
     actions.locator("textarea").fill("A real message after an error")

@@ -86,8 +86,17 @@ def test_a_parent_waiting_for_its_children_asks_nobody(browser, server, ada, mak
     expect(nested.locator(f'[data-run="{first.pk}"]')).to_be_visible()
     expect(nested.locator(f'[data-run="{second.pk}"]')).to_be_visible()
     expect(page.locator("#fleet-needs")).not_to_contain_text("waiting for 2 children")
-    # A child nests below its parent: drawn to the right of it.
-    assert nested.locator(f'[data-run="{first.pk}"]').bounding_box()["x"] > row.bounding_box()["x"]
+    # A child nests below its parent: drawn to the right of it. Both boxes are read in one script, as
+    # the fleet's live updates may redraw the list between two reads.
+    page.wait_for_function(
+        """([parent, child]) => {
+            const row = document.querySelector(`#fleet-active [data-run="${parent}"]`);
+            const kid = row && row.querySelector(`[data-children-of="${parent}"] [data-run="${child}"]`);
+            return !!kid && kid.getBoundingClientRect().left > row.getBoundingClientRect().left;
+        }""",
+        arg=[parent.pk, first.pk],
+        timeout=10_000,
+    )
 
     # One child starts asking a person, live: it moves to "Needs you" and names its parent there.
     Run.objects.filter(pk=first.pk).update(status="waiting", outcome_detail="Which source should I trust?")

@@ -63,3 +63,20 @@ def test_the_cache_is_made_once_and_holds_only_the_interpreters_trees():
     assert [dest for _, dest in bytecode.mounts()] == [
         "/tmp/pycache" + root for root in bytecode.roots() if (cache / root.lstrip("/")).is_dir()
     ]
+
+
+def test_a_workspace_beside_the_interpreter_still_caches_its_own_bytecode():
+    """A workspace that shares a directory with the interpreter's tree (`make run` keeps both in the
+    checkout) writes its own bytecode next to the read-only mount: `py_compile` must work there."""
+    import shutil
+    import uuid
+
+    workspace = Path(sys.prefix).resolve().parent / f".tether-bytecode-test-{uuid.uuid4().hex[:8]}"
+    workspace.mkdir()
+    try:
+        (workspace / "app.py").write_text("def mul(a, b):\n    return a * b\n")
+        done = run_inside(workspace, "import py_compile; print(py_compile.compile('app.py', doraise=True))")
+        assert done.exit_code == 0, done.stderr[-2000:]
+        assert done.stdout.strip().startswith("/tmp/pycache/"), done.stdout
+    finally:
+        shutil.rmtree(workspace)
