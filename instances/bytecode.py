@@ -18,6 +18,7 @@ cache is also keyed by the interpreter and the modification times of its library
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -41,12 +42,14 @@ _lock = threading.Lock()
 _failed: set[str] = set()
 
 
+@functools.cache  # a process's interpreter does not move; asked at every sandbox's start
 def roots() -> list[str]:
     """The interpreter's own trees, read-only in every sandbox: whose bytecode the cache holds."""
     found = [sys.base_prefix, sys.prefix, str(Path(sys.executable).resolve().parent.parent)]
     return [p for p in dict.fromkeys(os.path.realpath(p) for p in found) if os.path.isdir(p)]
 
 
+@functools.cache  # an upgrade of the interpreter's libraries comes with a restart
 def _key() -> str:
     libraries = {sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
     stamps = sorted(f"{p}:{os.stat(p).st_mtime_ns}" for p in libraries if p and os.path.isdir(p))
