@@ -29,7 +29,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from budgets import ledger, money, pricing, selectors
-from instances.brains.base import BudgetExhausted, Grant
+from budgets.grants import BudgetExhausted, Grant
 from tether import dbfaults
 
 

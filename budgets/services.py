@@ -238,3 +238,12 @@ def _check_fits(
             f"a cap of {format_usd(cap if cap is not None else needed)} for {label} is more than pool "
             f"{tightest.name!r} has left ({format_usd(remaining)})"
         )
+
+
+def close_deleted_run(run: Any) -> None:
+    """No reservation outlives its run: a run deleted while money is held settles it conservatively.
+
+    Called by `loops` as its `Run` is deleted (budgets knows no run model).
+    """
+    ledger.close_abandoned(run, actor="run deleted")
+    ledger.return_run_lease(run.pk, actor="run deleted")

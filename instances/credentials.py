@@ -177,7 +177,7 @@ def missing_key_message(instance: Instance) -> str:
 
 
 def secrets_for(instance: Instance) -> tuple[str, ...]:
-    """Return every key the instance might carry, for `instances.redaction` to keep out of texts."""
+    """Return every key the instance might carry, for `tether.redaction` to keep out of texts."""
     found = []
     try:
         key = resolve_api_key(instance)
@@ -189,3 +189,36 @@ def secrets_for(instance: Instance) -> tuple[str, ...]:
         found.append(env_key)
     return tuple(dict.fromkeys(found))
 
+
+
+def stored_rows() -> tuple[tuple[int, str], ...] | None:
+    """The stored credentials' encrypted keys, for `tether.redaction`; None when not to be read now.
+
+    Only over a database connection this thread already has open, never opening one (acts give
+    theirs back), and in a savepoint inside a transaction, so a failure spoils nothing.
+    """
+    from django.db import connections, transaction
+
+    from instances.models import Credential
+
+    connection = connections[Credential.objects.db]
+    if connection.connection is None:
+        return None
+    try:
+        if connection.in_atomic_block:
+            with transaction.atomic(using=connection.alias):
+                return tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
+        return tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
+    except Exception:  # noqa: BLE001 - async code, no table yet: keep what is known
+        return None
+
+
+def stored_keys(rows: Sequence[tuple[int, str]]) -> list[str]:
+    """The keys of `stored_rows()` that decrypt (an unreadable one is skipped)."""
+    keys = []
+    for _, token in rows:
+        try:
+            keys.append(decrypt(token))
+        except CredentialUnreadable:
+            continue
+    return keys

@@ -68,8 +68,10 @@ from django.core import signing
 from django.db import connection
 
 from budgets import pricing, selectors
-from instances import capabilities, credentials, gateway_bounds, redaction, sandbox
-from instances.brains.base import BudgetExhausted, Grant, Meter, Usage
+from budgets.grants import BudgetExhausted, Grant
+from instances import capabilities, credentials, gateway_bounds, sandbox
+from instances.brains.base import Meter, Usage
+from tether import redaction
 
 log = logging.getLogger(__name__)
 

@@ -9,20 +9,30 @@ def _act_mcp(*args: Any, **kwargs: Any) -> Any:
     return mcp_act.handle(*args, **kwargs)
 
 
+def _run_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    from budgets import services
+
+    services.close_deleted_run(instance)
+
+
 class LoopsConfig(AppConfig):
     name = "loops"
 
     def ready(self) -> None:
+        from django.db.models.signals import pre_delete
         from django_q.signals import post_spawn
 
         from instances import gateway
         from instances.brains import base
         from loops import delegation, driver, signals
+        from loops.models import Run
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
         # drive claimed runs, a heartbeat that renews their leases and watches for
         # stop requests, and the reaper.
         post_spawn.connect(driver.on_worker_spawn, dispatch_uid="tether-driver")
+        # A run deleted while its pools hold money for it releases that money (the ledger's hook).
+        pre_delete.connect(_run_deleted, sender=Run, dispatch_uid="budgets.run_deleted")
         # A child run's start and end are told on its parent's timeline; its end may resume the parent.
         signals.run_starting.connect(delegation.on_run_starting, dispatch_uid="tether-delegation-start")
         signals.run_finished.connect(delegation.on_run_finished, dispatch_uid="tether-delegation")

@@ -17,9 +17,9 @@ from django.conf import settings
 from instances import sandbox
 from instances.brains import process
 from instances.pinned import Pinned, open_file_at
-from instances.redaction import redact
 from loops import evidence
 from loops.policy import Check
+from tether.redaction import redact
 
 OUTPUT_TAIL = 4000
 SKIP_DIRS = frozenset({".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache", "node_modules", ".venv"})

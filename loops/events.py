@@ -2,7 +2,7 @@
 
 Must be called inside a transaction: the run row's `last_seq` is bumped with a
 conditional update, which serialises appenders of one run. Every string in an event's
-data is redacted (`instances.redaction`) before it is stored. Viewers are woken
+data is redacted (`tether.redaction`) before it is stored. Viewers are woken
 after the commit, never before, so they can always read what they are told about.
 """
 
@@ -22,8 +22,8 @@ from django.db.models.expressions import RawSQL
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
-from instances.redaction import redact_each
 from loops.models import Event, Run
+from tether.redaction import redact_each
 
 log = logging.getLogger(__name__)
 

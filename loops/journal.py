@@ -12,7 +12,7 @@ retried through transient database faults (`tether.dbfaults`); a write that fail
 raises `JournalError`, and the brain then fails the act without running the call. The
 (run, iteration, turn, index) constraint makes a second start of one key impossible.
 
-No key is stored in the clear (`instances.redaction`, the redactor events use): a call's name,
+No key is stored in the clear (`tether.redaction`, the redactor events use): a call's name,
 input and result are stored redacted (the result is what the model was sent already). The model's
 answer of a turn is stored redacted too, for reading; a replay must give it back verbatim, though
 (the model is sent its own earlier answer, and a call of it that never started runs now, with the
@@ -32,9 +32,9 @@ from django.utils import timezone
 
 from instances import credentials
 from instances.brains.base import JournaledCall, JournaledTurn, JournalError
-from instances.redaction import redact, redact_data
 from loops.models import ToolCall
 from tether import dbfaults
+from tether.redaction import redact, redact_data
 
 
 def key_of(run_id: int, iteration: int, turn: int, index: int) -> str:

@@ -37,10 +37,10 @@ import jsonschema
 from django.conf import settings
 
 from instances.brains.base import Usage
-from instances.redaction import redact
 from loops import policy
 from loops.signals import FinalAct
 from reviews.judge import Verdict
+from tether.redaction import redact
 
 __all__ = ["FinalAct", "Grade", "grade", "on_done_proposed"]
 

@@ -12,7 +12,7 @@ and an HMAC-SHA256 over that digest map, under a key derived from `settings.SECR
 checks the HMAC first (so the digest map is authentic), then compares each field's digest: a
 changed, added or removed field is named.
 
-The document is redacted (`instances.redaction`) before it is signed: no key is in a receipt.
+The document is redacted (`tether.redaction`) before it is signed: no key is in a receipt.
 
 Writes `Receipt` rows (`issue`); reads runs. No network, no subprocess.
 """
@@ -32,8 +32,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from budgets import money, spending
-from instances.redaction import redact_data
 from reviews.models import GradeRecord, Receipt, ReviewItem
+from tether.redaction import redact_data
 
 VERSION = 1
 ALGORITHM = "HMAC-SHA256"

@@ -30,7 +30,7 @@ libgit2 cannot store (not UTF-8, or reserved such as `.git`) are left out.
 An unchanged file is not read again: each run keeps (in this process) the blob of every file by
 its path, size, times and inode, as git's index does.
 
-The diff is redacted (`instances.redaction`): a key the agent wrote into a file is not shown.
+The diff is redacted (`tether.redaction`): a key the agent wrote into a file is not shown.
 
 `take(run)` at the start (idempotent: the first snapshot of a run is kept; a workspace that does
 not exist yet is created empty, so everything the run writes shows in the diff), `finish(run)` when the
@@ -68,9 +68,9 @@ from pygit2.enums import ConfigLevel, FileMode
 
 from instances import sandbox
 from instances.pinned import Pinned, open_file_at
-from instances.redaction import redact
 from loops import checks as checks_mod
 from reviews.models import WorkspaceSnapshot
+from tether.redaction import redact
 
 log = logging.getLogger(__name__)
 

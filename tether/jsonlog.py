@@ -8,7 +8,7 @@ binds its run once, and every line logged while it drives it says which run it i
 An exception is rendered into `exc` as one string, so a line stays one line.
 
 Both formatters here (`JsonFormatter`, and `PlainFormatter` for the default text lines) redact
-every line (`instances.redaction`): a key that reached a message or a traceback is not logged.
+every line (`tether.redaction`): a key that reached a message or a traceback is not logged.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from typing import Any
 
-from instances.redaction import redact
+from tether.redaction import redact
 
 # Record attributes copied into the line when a log call set them through `extra`.
 CONTEXT_FIELDS = ("run_id", "iteration", "worker", "reservation_id", "pool_id")

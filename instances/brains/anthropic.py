@@ -57,7 +57,8 @@ import anthropic
 import httpx2
 from django.conf import settings
 
-from instances import credentials, redaction, sandbox
+from budgets import grants
+from instances import credentials, sandbox
 from instances.brains.base import (
     ActRequest,
     BrainError,
@@ -75,6 +76,7 @@ from instances.brains.base import (
 from instances.pinned import Pinned
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
 from instances.tools.mcp import McpTools, is_mcp_name
+from tether import redaction
 
 log = logging.getLogger(__name__)
 
@@ -427,7 +429,7 @@ class Session:
                     grant = self.meter.before(
                         model=str(params["model"]), request_bytes=request_bytes, max_tokens=int(params["max_tokens"])
                     )
-                except BudgetExhausted as exc:
+                except grants.BudgetExhausted as exc:
                     raise BudgetExhausted(exc.detail, self.usage) from None  # with what the act spent so far
                 params = {**params, "max_tokens": grant.max_tokens}
             before = dataclasses.replace(self.usage)

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from budgets import grants
+from budgets.grants import Grant
+
 
 @dataclass
 class Usage:
@@ -117,18 +120,13 @@ class ProviderError(BrainError):
     outcome = "provider_error"
 
 
-class BudgetExhausted(BrainError):
-    """The run's headroom cannot pay for the next model call, so it was not made."""
+class BudgetExhausted(BrainError, grants.BudgetExhausted):
+    """An act that ended because the run's headroom could not pay for its next model call.
+
+    The meter refuses with `budgets.grants.BudgetExhausted`; this one also carries the act's usage.
+    """
 
     outcome = "budget_exhausted"
-
-
-@dataclass(frozen=True)
-class Grant:
-    """A metered call's allowance: the (possibly clamped) `max_tokens` it may ask for."""
-
-    max_tokens: int
-    handle: Any = None
 
 
 class Meter(Protocol):

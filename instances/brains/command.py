@@ -36,7 +36,7 @@ from instances import gateway, sandbox
 from instances.brains import process
 from instances.brains.base import ActRequest, BudgetExhausted, Reply, Usage
 from instances.pinned import Pinned
-from instances.redaction import redact
+from tether.redaction import redact
 
 # The end of a failed act's stderr that its detail keeps (and the next instruction quotes).
 STDERR_TAIL_CHARS = 500

@@ -4,7 +4,7 @@ An instance (or its template) enables tools by name in its `tools` field. `defin
 returns what the model is shown; `run_tool` executes one call inside the instance's
 workspace and guardrails and never raises for the agent's mistakes: every refusal or
 failure comes back as a `ToolResult` with `is_error` and a message fit for the model.
-Tool output is redacted (`instances.redaction`) before it leaves.
+Tool output is redacted (`tether.redaction`) before it leaves.
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ def definitions(names: Sequence[str]) -> list[dict[str, Any]]:
 
 def run_tool(name: str, arguments: Any, context: ToolContext) -> ToolResult:
     """Execute one tool call; every refusal or failure is an error result, never an exception."""
-    from instances.redaction import redact
+    from tether.redaction import redact
 
     tool = TOOLS.get(name)
     if tool is None:

@@ -254,7 +254,7 @@ class McpTools:
 
     def call(self, name: str, arguments: Any, *, timeout: float, output_cap: int) -> tuple[str, bool]:
         """Run one call of `name`; return (text, is_error). Never raises for the server's failures."""
-        from instances.redaction import redact
+        from tether.redaction import redact
 
         text, is_error = self._call(name, arguments, timeout=timeout, output_cap=output_cap)
         # A server may answer anything: no NUL or lone surrogate reaches the events (PostgreSQL's JSON refuses them).
@@ -315,7 +315,7 @@ class McpTools:
     # --- internals ---------------------------------------------------------------------------
 
     def _fail(self, name: str, why: str) -> None:
-        from instances.redaction import redact
+        from tether.redaction import redact
 
         why = redact(why, self.secrets)
         connection = self._connections.get(name)

@@ -1,13 +1,13 @@
-"""instances.redaction: runs of 12+ characters of a key, and of its base64, are redacted; less is not."""
+"""tether.redaction: runs of 12+ characters of a key, and of its base64, are redacted; less is not."""
 
 import base64
 import secrets
 
 import pytest
 
-from instances import redaction
-from instances.redaction import REDACTED, Redactor, redact
 from tests.instances.conftest import KEY
+from tether import redaction
+from tether.redaction import REDACTED, Redactor, redact
 
 LONG = "sk-ant-api03-" + secrets.token_urlsafe(72)
 # A key is also matched across whitespace and in any case, so the text around a piece of it in

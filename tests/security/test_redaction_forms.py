@@ -17,10 +17,10 @@ from urllib.parse import quote
 
 import pytest
 
-from instances.redaction import REDACTED, Redactor
 from loops import journal, runner, services
 from loops.models import Event, Iteration, ToolCall
 from tests.fakes.messages_server import MessagesServer, text, tool_use
+from tether.redaction import REDACTED, Redactor
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "sk-ant-api03-" + secrets.token_urlsafe(72)[:95]

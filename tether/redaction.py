@@ -54,7 +54,7 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, compress
 from typing import Any
 from urllib.parse import urlsplit
@@ -273,6 +273,8 @@ class _Stored:
         self.keys: tuple[str, ...] = ()
         self.rows: object = None  # what the keys were decrypted from
         self.checked = float("-inf")
+        # Where the stored keys come from (`stored_keys_from`): read a snapshot, decrypt it.
+        self.source: tuple[Callable[[], object | None], Callable[[Any], Iterable[str]]] | None = None
 
     def invalidate(self) -> None:
         self.checked = float("-inf")
@@ -290,40 +292,33 @@ class _Stored:
 
     def _reload(self) -> None:
         from django.apps import apps
-        from django.db import connections, transaction
 
-        if not apps.ready:
+        if not apps.ready or self.source is None:
             return
-        from instances.credentials import CredentialUnreadable, decrypt
-        from instances.models import Credential
-
-        connection = connections[Credential.objects.db]
-        if connection.connection is None:
-            return  # never open a connection for this (an act may have handed its own back)
-        try:
-            if connection.in_atomic_block:
-                with transaction.atomic(using=connection.alias):  # a savepoint: a failure spoils nothing
-                    rows = tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
-            else:
-                rows = tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
-        except Exception:  # noqa: BLE001 - async code, no table yet: keep what is known
-            return
+        read, decrypt = self.source
+        rows = read()
+        if rows is None:
+            return  # no connection of this thread's, async code, no table yet: keep what is known
         with self.lock:
             self.checked = time.monotonic()
             if rows == self.rows:
                 return
-            keys = []
-            for _, token in rows:
-                try:
-                    keys.append(decrypt(token))
-                except CredentialUnreadable:
-                    continue
-            self.keys, self.rows = tuple(sorted(set(keys))), rows
+            self.keys, self.rows = tuple(sorted(set(decrypt(rows)))), rows
 
 
 _stored = _Stored()
 _indexes: OrderedDict[frozenset[str], Redactor] = OrderedDict()
 _indexes_lock = threading.Lock()
+
+
+def stored_keys_from(read: Callable[[], object | None], decrypt: Callable[[Any], Iterable[str]]) -> None:
+    """Name where the stored keys come from (the app that stores credentials calls this as it starts).
+
+    `read()` returns a snapshot of the stored rows, comparable with `==`, or None to keep what is
+    known; it must never open a database connection. `decrypt(rows)` returns the keys in them.
+    """
+    _stored.source = (read, decrypt)
+    _stored.invalidate()
 
 
 def credentials_changed(**_: Any) -> None:
