@@ -12,9 +12,8 @@ from django.db import transaction
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from instances import schemas, services
+from instances import protected, schemas, services
 from instances.models import Instance
-from loops import protected
 from loops.rest import ApiError, Id, errors
 
 router = Router(tags=["instances"])

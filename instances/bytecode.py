@@ -99,8 +99,8 @@ def warm() -> Path | None:
 
 
 def _build(target: Path) -> None:
+    from instances import evidence
     from instances.brains import process
-    from loops import evidence
 
     target.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))

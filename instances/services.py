@@ -213,15 +213,14 @@ def instance_archive(*, instance: Instance, user: Any, via: str = "api", request
 
     Refused while one of its runs is still going (queued, running or waiting): stop it first.
     """
-    from loops.models import Run
-
     if instance.owner_id != user.pk:
         raise InstanceRefused(f"instance {instance.pk} not found", 404)
     with transaction.atomic():
         locked = Instance.objects.select_for_update().get(pk=instance.pk)
         if locked.archived_at is not None:
             return locked
-        live = Run.objects.filter(instance=locked).exclude(status=Run.Status.FINISHED).count()
+        runs = locked.runs  # the reverse relation: instances import nothing of loops
+        live = runs.exclude(status=runs.model.Status.FINISHED).count()
         if live:
             runs, them = ("1 run", "it") if live == 1 else (f"{live} runs", "them")
             raise InstanceRefused(

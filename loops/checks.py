@@ -14,15 +14,13 @@ from typing import Any
 
 from django.conf import settings
 
-from instances import sandbox
+from instances import evidence, sandbox
 from instances.brains import process
-from instances.pinned import Pinned, open_file_at
-from loops import evidence
+from instances.pinned import SKIP_DIRS, Pinned, open_file_at
 from loops.policy import Check
 from tether.redaction import redact
 
 OUTPUT_TAIL = 4000
-SKIP_DIRS = frozenset({".git", "__pycache__", ".ruff_cache", ".pytest_cache", ".mypy_cache", "node_modules", ".venv"})
 MAX_FINGERPRINT_FILES = 5000
 MAX_FINGERPRINT_BYTES = 32 * 1024 * 1024  # of each file (its size is in the digest too)
 MAX_BASELINE_TESTS = 20_000  # test ids kept per check
@@ -34,7 +32,7 @@ def run_checks(
 ) -> list[Check]:
     """Run each check in the instance's sandbox (its uid, its network grant) and return the results.
 
-    A check passes when it exits 0 and its evidence holds (`loops.evidence.judge`, against the
+    A check passes when it exits 0 and its evidence holds (`instances.evidence.judge`, against the
     tests collected at the start of the run, `baseline`, by check name).
     """
     results = []

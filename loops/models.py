@@ -49,12 +49,12 @@ class Run(models.Model):
     next_instruction = models.TextField(blank=True)
     # Bookkeeping the no-progress rule reads: recent instructions and (fingerprint, checks) pairs.
     history = models.JSONField(default=dict, blank=True)
-    # Protected evidence (see loops.protected): the digests of the protected files as the run found
+    # Protected evidence (see instances.protected): the digests of the protected files as the run found
     # them (null until taken, before the first act), every protected path an act has changed since
     # (sticky), and whether a person's acceptance of the review makes the done verified (the checks
     # and graders verified it; only the changed evidence held it back).
     protected_baseline = models.JSONField(null=True, blank=True)
-    # The tests each pytest check collected as the run started, by check name (loops.evidence).
+    # The tests each pytest check collected as the run started, by check name (instances.evidence).
     evidence_baseline = models.JSONField(null=True, blank=True)
     protected_changed = models.JSONField(default=list, blank=True)
     held_for_review = models.BooleanField(default=False)

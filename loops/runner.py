@@ -29,13 +29,13 @@ from django.utils import timezone
 
 from budgets import ledger, metering, money
 from budgets.models import Reservation
-from instances import brains, sandbox
+from instances import brains, protected, sandbox
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
 from loops import decision as decision_mod
-from loops import delegation, events, journal, policy, protected, signals
+from loops import delegation, events, journal, policy, signals
 from loops.event_kinds import changed_names
 from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run

@@ -22,9 +22,8 @@ from django.views.decorators.http import require_http_methods, require_POST
 from budgets import money
 from budgets import selectors as budget_selectors
 from budgets.models import Pool, Price
-from instances import capabilities, services, templates_loader
+from instances import capabilities, protected, services, templates_loader
 from instances.models import AgentTemplate, Credential, Instance
-from loops import protected
 from loops.console.instance_forms import FIXED_LABELS, CredentialForm, InstanceForm
 from loops.console.views import _instance, _nav
 

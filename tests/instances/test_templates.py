@@ -109,7 +109,7 @@ def test_the_shipped_compositions_are_loaded_and_every_role_is_a_shipped_templat
     for role, name in template.roles.items():
         member = AgentTemplate.objects.get(name=name)
         assert "delegate" not in member.tools, f"{lead}'s {role} must not delegate further"
-    from loops import protected
+    from instances import protected
 
     # Its checks run the project's tests: the shared defaults protect them (it adds, never copies).
     assert "tests/" in protected.globs_for(template) or lead != "plan-build-qa"

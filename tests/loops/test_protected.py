@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from loops import policy, protected
+from instances import protected
+from loops import policy
 from loops.decision import Decision
 
 CODER = ["tests/**", "test_*.py", "*_test.py", "conftest.py", "pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini"]

@@ -126,7 +126,8 @@ def test_a_swapper_racing_every_host_side_operation_reaches_nothing_outside(make
                     found.append(f"{name}: {result.content[:80]}")
 
     def host_side() -> None:
-        from loops import checks, protected
+        from instances import protected
+        from loops import checks
 
         copies = 0
         while not stop.is_set():
@@ -241,8 +242,9 @@ def test_a_mount_is_the_directory_checked_never_what_was_swapped_in(
 
 
 def test_fifos_devices_and_sparse_files_never_hang_or_flood_the_host(tmp_path):
+    from instances import protected
     from instances.brains.command import read_usage
-    from loops import checks, protected
+    from loops import checks
 
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -27,8 +27,7 @@ from typing import Any
 
 # Directories never walked: the same ones the workspace fingerprint and the snapshots skip.
 from instances import sandbox
-from instances.pinned import Entry, Pinned, open_file_at
-from loops.checks import SKIP_DIRS
+from instances.pinned import SKIP_DIRS, Entry, Pinned, open_file_at
 
 MAX_WALKED = 20_000  # entries looked at per fingerprint
 MAX_PROTECTED = 2_000  # protected files digested per fingerprint

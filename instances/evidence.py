@@ -1,6 +1,6 @@
 """What a check's evidence is worth: a test report from outside the workspace, or its exit code only.
 
-A check runs with Tether's pytest plugin (`loops/evidence_plugin/`) on a read-only path, and with a
+A check runs with Tether's pytest plugin (`instances/evidence_plugin/`) on a read-only path, and with a
 directory of its own, outside the workspace, where the plugin writes one report per test session.
 `judge` reads those reports against the run's baseline -- the tests pytest collected before the
 agent's first act (`collect_baseline`) -- and says whether the check's tests ran as written:
