@@ -33,6 +33,7 @@ run: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 # The whole suite on the embedded default (SQLite + the ORM broker).
 test: export TETHER_HOME := $(TETHER_TEST_HOME)

@@ -12,8 +12,9 @@ from django.db import transaction
 from django.http import HttpRequest
 from ninja import Router, Status
 
+from audit import trail
 from instances import protected, schemas, services
-from instances.models import Instance
+from instances.models import Credential, Instance
 from loops.rest import ApiError, Id, errors
 
 router = Router(tags=["instances"])
@@ -155,8 +156,6 @@ def _own_instance(request: HttpRequest, instance_id: int) -> Instance:
     summary="List your stored Anthropic keys (last four characters only)",
 )
 def credential_list(request: HttpRequest) -> Any:
-    from instances.models import Credential
-
     found = Credential.objects.filter(owner=request.user).order_by("id")
     return {"credentials": [credential_json(c) for c in found]}
 
@@ -184,14 +183,11 @@ def credential_create(request: HttpRequest, payload: schemas.CredentialIn) -> An
     summary="Delete a stored key",
 )
 def credential_delete(request: HttpRequest, credential_id: Id) -> Any:
-    from instances.models import Credential
-    from reviews import audit
-
     with transaction.atomic():
         deleted, _ = Credential.objects.filter(owner=request.user, pk=credential_id).delete()
         if not deleted:
             raise ApiError(f"credential {credential_id} not found", 404)
-        audit.record(
+        trail.record(
             user=request.user,
             action="credential.remove",
             request=request,

@@ -18,10 +18,10 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit import trail
 from budgets.pricing import UnpricedModel
 from instances import capabilities, prices, templates_loader, validation
 from instances.models import AgentTemplate, Credential, Instance
-from reviews import audit
 
 # What a copy takes from its source besides what the template gives (never the workspace).
 COPIED = tuple(sorted(templates_loader.OVERRIDABLE - {"workspace", "credential", "credential_id"}))
@@ -121,7 +121,7 @@ def instance_create(
                 instance.save(update_fields=[*fitted, "updated_at"])
             validation.check_saved(instance, name=False)
             prices.ensure_priced(instance)
-            audit.record(user=user, action="instance.create", request=request, via=via, detail=_detail(instance))
+            trail.record(user=user, action="instance.create", request=request, via=via, detail=_detail(instance))
     return instance
 
 
@@ -165,7 +165,7 @@ def instance_update(*, instance: Instance, user: Any, values: dict[str, Any], vi
             )
             prices.ensure_priced(locked)
             locked.save()
-            audit.record(
+            trail.record(
                 user=user, action="instance.update", request=request, via=via,
                 detail={"instance": locked.pk, "changed": sorted(changes)},
             )
@@ -228,7 +228,7 @@ def instance_archive(*, instance: Instance, user: Any, via: str = "api", request
             )
         locked.archived_at = timezone.now()
         locked.save(update_fields=["archived_at"])
-        audit.record(user=user, action="instance.archive", request=request, via=via, detail={"instance": locked.pk})
+        trail.record(user=user, action="instance.archive", request=request, via=via, detail={"instance": locked.pk})
     return locked
 
 
@@ -238,7 +238,7 @@ def instance_restore(*, instance: Instance, user: Any, via: str = "api", request
         raise InstanceRefused(f"instance {instance.pk} not found", 404)
     with transaction.atomic():
         Instance.objects.filter(pk=instance.pk).update(archived_at=None)
-        audit.record(user=user, action="instance.restore", request=request, via=via, detail={"instance": instance.pk})
+        trail.record(user=user, action="instance.restore", request=request, via=via, detail={"instance": instance.pk})
     instance.refresh_from_db()
     return instance
 
@@ -258,7 +258,7 @@ def credential_add(*, user: Any, label: str, secret: str, via: str = "api", requ
     try:
         with transaction.atomic():
             credential = Credential.create_for(user, label=label, secret=secret)
-            audit.record(
+            trail.record(
                 user=user, action="credential.add", request=request, via=via,
                 detail={"credential": credential.pk, "label": credential.label, "last4": credential.last4},
             )
@@ -276,7 +276,7 @@ def credential_remove(*, user: Any, credential_id: int, via: str = "api", reques
         if credential is None:
             return None
         credential.delete()
-        audit.record(user=user, action="credential.remove", request=request, via=via,
+        trail.record(user=user, action="credential.remove", request=request, via=via,
                      detail={"credential": credential_id})
     return credential
 

@@ -66,7 +66,7 @@ class Caller:
 
 @dataclass
 class _Device:
-    """What reviews.audit reads from a request: the user agent and the address."""
+    """What audit.trail reads from a request: the user agent and the address."""
 
     META: dict[str, Any] = field(default_factory=dict)
 

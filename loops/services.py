@@ -14,10 +14,10 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit import trail
 from loops import delegation, events, liveness, tasks
 from loops.memory import Memory
 from loops.models import Interjection, Run
-from reviews import audit
 from tether.limits import MAX_ITERATIONS, MAX_MINUTES, MESSAGE_MAX_CHARS
 
 
@@ -75,7 +75,7 @@ def run_start(
             deadline=deadline, via=via, next_instruction=objective,
             **({} if parent is None else {"parent": parent, "depth": parent.depth + 1, "delegation": delegation or {}}),
         )
-        audit.record(
+        trail.record(
             user=user, action="run.start", run=run, request=request, via=via,
             detail={"objective": objective[:500], "max_iterations": max_iterations, "max_cost_usd": max_cost_usd},
         )
@@ -188,7 +188,7 @@ def run_cancel(*, run: Run, user, via: str = "api", request=None) -> Run:
         if run.cancel_requested_at is None:
             Run.objects.filter(pk=run.pk).update(cancel_requested_at=now)
             events.append(run.pk, "run.stop_requested", {"by": user.get_username(), "via": via})
-            audit.record(user=user, action="run.stop", run=run, request=request, via=via, detail={"status": run.status})
+            trail.record(user=user, action="run.stop", run=run, request=request, via=via, detail={"status": run.status})
         # Its driver died (a killed worker): don't wait for the lease to expire, finish it here too.
         holder_gone = run.lease_token is not None and liveness.holder_gone(run.lease_holder)
         if run.lease_token is None or holder_gone:
@@ -250,7 +250,7 @@ def run_interject(
             Run.objects.filter(pk=run.pk).update(history=memory.answered(approve).as_json())
         interjection = Interjection.objects.create(run=run, author=user, text=text)
         action = "run.answer" if run.status == Run.Status.WAITING else "run.interject"
-        audit.record(
+        trail.record(
             user=user, action=action, run=run, request=request, via=via,
             detail={"text": text[:500], "approve": approve},
         )
@@ -300,7 +300,7 @@ def run_resume(*, run: Run, user, via: str = "api", request=None, max_cost_usd: 
                 raise Refused(str(exc)) from None
             Run.objects.filter(pk=run.pk).update(max_cost_micros=new_cap)
         Run.objects.filter(pk=run.pk).update(outcome="", outcome_detail="", verified=None, finished_at=None)
-        audit.record(user=user, action="run.resume", run=run, request=request, via=via, detail={})
+        trail.record(user=user, action="run.resume", run=run, request=request, via=via, detail={})
         _reschedule(run, "run.resumed", {"by": user.get_username(), "via": via, "reason": "budget"})
     run.refresh_from_db()
     return run
@@ -319,7 +319,7 @@ def run_close(*, run: Run, user, via: str = "api", request=None) -> Run:
         detail = f"{run.outcome_detail}\n(closed by {user.get_username()} without an answer)".strip()
         closed = finish_run(run.pk, run.lease_token, Run.Outcome.ESCALATED, detail, run.verified)
         assert closed is not None  # locked and waiting: nobody else can hold it
-        audit.record(user=user, action="run.close", run=closed, request=request, via=via, detail={})
+        trail.record(user=user, action="run.close", run=closed, request=request, via=via, detail={})
     return closed
 
 
@@ -397,7 +397,7 @@ def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline,
             events.append(
                 new.pk, "interjection.queued", {"id": note.pk, "text": message[:2000], "by": user.get_username(), "via": via}
             )
-        audit.record(
+        trail.record(
             user=user, action="run.continue", run=new, request=request, via=via,
             detail={"continued_from": old.pk, "message": message[:500], "max_iterations": max_iterations,
                     "max_cost_usd": None if cap is None else money.usd_string(cap)},

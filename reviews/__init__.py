@@ -1,4 +1,4 @@
-"""Stopping is not succeeding: graders, the review queue, receipts, the audit trail, notifications.
+"""Stopping is not succeeding: graders, the review queue, receipts, notifications.
 
 The loop's runner does not import this app: it sends `loops.signals`, and `ReviewsConfig.ready`
 connects:
@@ -12,13 +12,12 @@ connects:
 - `run_finished` → `reviews.services.on_run_finished(run_id)` — after the commit that finished a run,
   or that made it wait for a person: end snapshot, review queue, receipt, notifications. Never raises.
 
-The loop's services (and its console pages) still call this app directly:
-- `reviews.audit.record(*, user, action, run=None, pool=None, detail, request=None, via)` — inside the
-  transaction of every human action (start, interject, answer, stop, resume, close, budget changes,
-  credentials).
+Every human action (start, interject, answer, stop, resume, close, budget changes, credentials,
+verdicts) is recorded by `audit.trail.record` inside its transaction: the audit trail is its own
+app, below this one and the loop, so recording imports nothing of either.
 
 Pages: `/reviews/` (queue), `/reviews/<item>/` (diff first, verdict), `/reviews/audit.csv`; API:
 `GET /v1/instances/{id}/loop/{run}/receipt`; CLI: `python manage.py loop verify-receipt FILE`.
 For the console: `reviews.selectors.fleet_stats(user)` with `reviews/_trust.html`,
-`reviews.audit.audit_for_run(run)` with `reviews/_audit.html`, `reviews.selectors.pending_count(user)`.
+`audit.trail.audit_for_run(run)` with `reviews/_audit.html`, `reviews.selectors.pending_count(user)`.
 """

@@ -3,9 +3,8 @@ import secrets
 from django import forms
 from django.contrib import admin, messages
 
-from reviews import audit
+from audit import trail
 from reviews.models import (
-    AuditEntry,
     Delivery,
     DeliveryAttempt,
     GradeRecord,
@@ -51,16 +50,6 @@ class ReceiptAdmin(ReadOnly):
 @admin.register(WorkspaceSnapshot)
 class WorkspaceSnapshotAdmin(ReadOnly):
     list_display = ["run", "method", "start_tree", "end_tree", "taken_at", "ended_at"]
-
-
-@admin.register(AuditEntry)
-class AuditEntryAdmin(ReadOnly):
-    list_display = ["created_at", "username", "action", "run_ref", "pool_ref", "via", "user_agent"]
-    list_filter = ["action", "via"]
-    search_fields = ["username", "action", "user_agent"]
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # the trail is append-only
 
 
 class NotificationTargetForm(forms.ModelForm):
@@ -113,7 +102,7 @@ class NotificationTargetAdmin(admin.ModelAdmin):
         if generated:
             messages.warning(request, f"The webhook secret is {secret} — copy it now; it is not shown again.")
         if not change:
-            audit.record(
+            trail.record(
                 user=request.user,
                 action="notification.add",
                 detail={"target": obj.pk, "kind": obj.kind, "address": obj.address},
@@ -124,7 +113,7 @@ class NotificationTargetAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         detail = {"target": obj.pk, "kind": obj.kind, "address": obj.address}
         super().delete_model(request, obj)
-        audit.record(user=request.user, action="notification.remove", detail=detail, request=request, via="admin")
+        trail.record(user=request.user, action="notification.remove", detail=detail, request=request, via="admin")
 
 
 class DeliveryAttemptInline(admin.TabularInline):

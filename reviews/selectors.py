@@ -11,11 +11,13 @@ from typing import Any
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 
+from audit import trail
+from audit.models import AuditEntry
 from budgets import money
 from loops import event_kinds
 from loops.models import Iteration, Run
-from reviews import audit, snapshots
-from reviews.models import AuditEntry, GradeRecord, ReviewItem, WorkspaceSnapshot
+from reviews import snapshots
+from reviews.models import GradeRecord, ReviewItem, WorkspaceSnapshot
 
 NO_TEMPLATE = "(no template)"
 DIFF_LINES = 5000
@@ -136,7 +138,7 @@ def item_view(item: ReviewItem) -> ItemView:
         judge_reasons=judge_reasons,
         cost_micros=run.spent_micros,
         iterations=run.next_iteration - 1,
-        audit=list(audit.audit_for_run(run)),
+        audit=list(trail.audit_for_run(run)),
         protected_paths=list(run.protected_changed or []),
         protected_diff=snapshots.diff(run, paths=run.protected_changed) if run.protected_changed else "",
         lost_attempts=[

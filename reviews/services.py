@@ -31,10 +31,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit import trail
 from loops import event_kinds
 from loops.models import Run
 from loops.services import Refused
-from reviews import audit, graders, notify, receipts, sampling, snapshots
+from reviews import graders, notify, receipts, sampling, snapshots
 from reviews.models import GradeRecord, ReviewItem
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ def review_decide(
             Run.objects.filter(pk=item.run_id).update(verified=True, held_for_review=False)
             item.run.refresh_from_db()
             detail["verified"] = True
-        audit.record(
+        trail.record(
             user=user,
             action=f"review.{verdict}",
             run=item.run,
@@ -243,7 +244,7 @@ def notification_target_add(
         if secret:
             target.set_secret(secret)
         target.save()
-        audit.record(
+        trail.record(
             user=user,
             action="notification.add",
             detail={"target": target.pk, "kind": kind, "address": target.address, "events": events},
@@ -260,4 +261,4 @@ def notification_target_remove(*, user: Any, target: Any, request: Any = None, v
             raise Refused("no such notification target", 404)
         detail = {"target": target.pk, "kind": target.kind, "address": target.address}
         target.delete()
-        audit.record(user=user, action="notification.remove", detail=detail, request=request, via=via)
+        trail.record(user=user, action="notification.remove", detail=detail, request=request, via=via)

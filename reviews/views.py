@@ -16,8 +16,9 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from audit import trail
 from loops.services import Refused
-from reviews import audit, selectors, services
+from reviews import selectors, services
 
 QUEUE_LIMIT = 200
 AUDIT_CSV_LIMIT = 100_000
@@ -131,7 +132,7 @@ def notification_remove(request: HttpRequest, target_id: int) -> HttpResponse:
 @require_GET
 def audit_csv(request: HttpRequest) -> HttpResponse:
     """Export the audit trail the user may read as CSV; filter by ?run=ID, ?pool=ID, ?since= and ?until=."""
-    entries = audit.visible_to(request.user)
+    entries = trail.visible_to(request.user)
     for name, field in (("run", "run_ref"), ("pool", "pool_ref")):
         if value := request.GET.get(name):
             if not value.isdigit():
@@ -144,5 +145,5 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
     response = HttpResponse(content_type="text/csv; charset=utf-8")
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
     response["Content-Disposition"] = f'attachment; filename="tether-audit-{stamp}.csv"'
-    audit.write_csv(entries[:AUDIT_CSV_LIMIT].iterator(), response)
+    trail.write_csv(entries[:AUDIT_CSV_LIMIT].iterator(), response)
     return response

@@ -80,6 +80,7 @@ INSTALLED_APPS = [
     "axes",
     "instances",
     "budgets",
+    "audit",
     "loops",
     "reviews",
 ]

@@ -24,6 +24,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from audit import trail
 from budgets import spending
 from instances.models import Instance
 from loops import selectors, services
@@ -31,7 +32,6 @@ from loops.console import live
 from loops.console.display import EventView, RunView
 from loops.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
 from loops.models import Interjection, Run
-from reviews import audit as review_audit
 from reviews import selectors as review_selectors
 
 REPEAT_WINDOW = timedelta(seconds=15)
@@ -198,7 +198,7 @@ def _run_page(
         "continue_form": continue_form or ContinueRunForm(run=run),
         "notice": notice,
         "receipt_url": reverse("api:run-receipt", args=[run.instance_id, run.pk]),
-        "entries": review_audit.audit_for_run(run),
+        "entries": trail.audit_for_run(run),
         **_nav(request),
     }
     return render(request, "loops/run_detail.html", context, status=status)

@@ -137,7 +137,7 @@ def test_a_stopped_run_reads_stopped_by_its_person_not_a_failed_decision(signed_
 # --- one registry of event kinds ---------------------------------------------------------------------------
 
 
-SOURCES = ["loops", "reviews", "instances", "budgets"]
+SOURCES = ["loops", "reviews", "instances", "budgets", "audit"]
 
 
 def appended_kinds():

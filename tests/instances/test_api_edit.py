@@ -9,10 +9,10 @@ import json
 import pytest
 from django.contrib.auth.models import Permission
 
+from audit.models import AuditEntry
 from instances.models import AgentTemplate, Credential, Instance
 from loops.auth import make_token
 from loops.models import Run
-from reviews.models import AuditEntry
 
 pytestmark = pytest.mark.django_db
 

@@ -11,9 +11,9 @@ import json
 import pytest
 from django.forms.models import model_to_dict
 
+from audit.models import AuditEntry
 from loops import continuation, services
 from loops.models import Event, Interjection, Iteration, Run
-from reviews.models import AuditEntry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

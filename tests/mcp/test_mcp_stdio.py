@@ -7,10 +7,10 @@ import anyio
 import pytest
 from django.conf import settings
 
+from audit.models import AuditEntry
 from instances.services import instance_archive
 from loops import services
 from loops.models import Run
-from reviews.models import AuditEntry
 from tests.support.cluster import worker_env
 from tests.support.mcp import TOOLS, call, refused, stdio_client
 

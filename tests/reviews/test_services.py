@@ -4,10 +4,11 @@ from decimal import Decimal
 
 import pytest
 
+from audit.models import AuditEntry
 from loops.models import Run
 from loops.services import Refused
 from reviews import services, snapshots
-from reviews.models import AuditEntry, Delivery, GradeRecord, Grading, NotificationTarget, Receipt, ReviewItem
+from reviews.models import Delivery, GradeRecord, Grading, NotificationTarget, Receipt, ReviewItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,8 +6,9 @@ from decimal import Decimal
 import pytest
 from django.test import Client
 
+from audit.models import AuditEntry
 from reviews import selectors, services, snapshots
-from reviews.models import AuditEntry, GradeRecord, Grading, ReviewItem
+from reviews.models import GradeRecord, Grading, ReviewItem
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

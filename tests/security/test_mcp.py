@@ -11,10 +11,10 @@ import pytest
 from django.utils import timezone
 from mcp import MCPError
 
+from audit.models import AuditEntry
 from loops import services
 from loops.auth import make_token, revoke_token
 from loops.models import ApiToken, Interjection, Run
-from reviews.models import AuditEntry
 from tests.browser.conftest import Server, log_tail
 from tests.support.mcp import INITIALIZE, MCP_ACCEPT, call, http_client, refused
 

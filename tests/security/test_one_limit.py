@@ -29,7 +29,7 @@ from tether import limits
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("loops", "instances", "budgets", "reviews", "tether")
+APPS = ("loops", "instances", "budgets", "reviews", "audit", "tether")
 CENT = Decimal("0.01")
 
 # (field, the limit, one step past it): every run-starting surface must accept the first and refuse the second.

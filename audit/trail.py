@@ -22,7 +22,7 @@ from typing import IO, Any
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from reviews.models import AuditEntry
+from audit.models import AuditEntry
 
 CSV_COLUMNS = ("time", "user", "action", "run", "pool", "via", "device", "address", "detail")
 USER_AGENT_CHARS = 400
