@@ -12,7 +12,12 @@ from django.db.models import Prefetch
 from django.http import HttpRequest
 from ninja import Body, Query, Router, Status
 
-from budgets import money
+from budgets import metering, money
+from budgets import services as budget_services
+from budgets.selectors import headroom_for_run, pool_as_json, pools_visible_to
+from budgets.spending import run_spending
+from instances import credentials
+from instances.brains.base import BrainError, BudgetExhausted
 from instances.models import Instance
 from loops import events, schemas, services
 from loops.models import Run
@@ -138,8 +143,6 @@ def loop_start(request: HttpRequest, instance_id: Id, payload: schemas.RunIn) ->
 
 @router.get(RUN, url_name="run-detail", response={200: schemas.RunDetail, **errors()}, summary="Get a run")
 def run_detail(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
-    from budgets.selectors import headroom_for_run
-
     run = _run(request, instance_id, run_id)
     return {**run_json(run), "budget": headroom_for_run(run).as_json()}
 
@@ -235,9 +238,6 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
 
     An `llm` decider's call is metered like any other and charged to the caller's own pool.
     """
-    from budgets import metering
-    from budgets import services as budget_services
-    from instances.brains.base import BrainError, BudgetExhausted
     from loops import decision
     from loops.policy import Check
 
@@ -246,7 +246,6 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
     recent = payload.recent_instructions or []
     usage = None
     if instance.decider == instance.Decider.LLM:
-        from instances import credentials
         from instances.brains.anthropic import decide
 
         snapshot = payload.model_dump(exclude_none=True)
@@ -286,8 +285,6 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
     summary="Your budget pools: limit, spent, reserved, period",
 )
 def pools(request: HttpRequest) -> Any:
-    from budgets.selectors import pool_as_json, pools_visible_to
-
     return {"pools": [pool_as_json(p) for p in pools_visible_to(request.user)]}
 
 
@@ -309,9 +306,6 @@ def run_costs(
     ),
 ) -> Any:
     """Where the run's money went: per iteration (newest first) and per call, and its pools' headroom."""
-    from budgets.selectors import headroom_for_run
-    from budgets.spending import run_spending
-
     run = _run(request, instance_id, run_id)
     chain = headroom_for_run(run)
     found = run_spending(run.pk, before=before, chain=chain, calls=COST_CALLS)

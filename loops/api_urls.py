@@ -15,7 +15,11 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
 
+from budgets.models import Price
+from budgets.pricing import UnpricedModel
 from instances import api as instances_api
+from instances import prices
+from instances.models import AgentTemplate, Instance
 from loops import api as loops_api
 from loops import rest
 from loops.auth import error
@@ -64,9 +68,6 @@ def openapi(request: HttpRequest) -> HttpResponse:
     """Serve the document ninja generates from the routes' schemas, with today's usable templates and priced models."""
     from ninja.responses import Response
 
-    from budgets.models import Price
-    from instances.models import AgentTemplate
-
     if request.method not in ("GET", "HEAD"):
         response = error(f"method {request.method} is not allowed here; use GET", 405)
         response["Allow"] = "GET"
@@ -90,10 +91,6 @@ def openapi(request: HttpRequest) -> HttpResponse:
 
 def _usable(template: Any) -> bool:
     """Whether an instance made from `template` as it is would be kept (its model has a price)."""
-    from budgets.pricing import UnpricedModel
-    from instances import prices
-    from instances.models import Instance
-
     try:
         prices.ensure_priced(Instance(name=template.name, **template.instance_defaults()))
     except UnpricedModel:

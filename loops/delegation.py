@@ -39,11 +39,17 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from budgets import ledger, money
+from budgets import selectors as budget_selectors
+from budgets.models import Pool
 from instances import pinned, sandbox
-from instances.brains.base import DelegateRefused
+from instances.brains.base import DelegateRefused, Usage
+from instances.models import AgentTemplate, Instance
+from instances.templates_loader import TemplateError, create_instance
 from loops import events, policy, tasks
 from loops.memory import Memory
 from loops.models import Run
+from tether import dbfaults
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +101,6 @@ def _budget(arguments: Any) -> Decimal:
 
 def _resolve(run: Run, to: str, mode: str) -> tuple[Any, Any]:
     """Return what `to` names for `run`'s owner: (an instance, None) or (None, a template); create nothing."""
-    from instances.models import AgentTemplate, Instance
-
     owner = run.owner
     named = list(Instance.objects.filter(owner=owner, name=to).order_by("pk")[:2])
     if len(named) > 1:  # names are unique per owner when saved; older ones may not be: never guess
@@ -193,8 +197,6 @@ def _covers(ours: str, theirs: str) -> bool:
 
 def _target(run: Run, to: str, mode: str, number: int) -> Any:
     """Return the instance the child runs on: one the owner has, or a new one from a template."""
-    from instances.templates_loader import TemplateError, create_instance
-
     found, template = _resolve(run, to, mode)
     if found is not None:
         return found
@@ -250,9 +252,6 @@ def vet(run: Run, arguments: dict[str, Any], *, number: int, size: int, carved: 
     (and still not held: an act's calls are vetted before any child starts). The ledger has
     the last word when the child's carve is reserved (`start_children`).
     """
-    from budgets import money
-    from budgets import selectors as budget_selectors
-
     if run.depth + 1 > _limit("TETHER_DELEGATION_MAX_DEPTH", 3):
         raise Refusal(
             f"delegation is {run.depth + 1} levels deep, past the limit of "
@@ -303,8 +302,6 @@ def check_in_act(run_id: int, arguments: Any, earlier: list[dict[str, Any]]) -> 
     (through `instances.brains.base.check_delegate`) so that a refusal is the tool_result of that
     very call; the children still start when the act ends, vetted again then (`start_pending`).
     """
-    from tether import dbfaults
-
     def once() -> dict[str, Any]:
         run = Run.objects.select_related("instance", "instance__template", "owner").filter(pk=run_id).first()
         if run is None or run.status != Run.Status.RUNNING:
@@ -322,7 +319,6 @@ def start_children(run: Run, iteration: int, calls: list[dict[str, Any]]) -> lis
     transient database error is raised (the whole start is tried again: `start_pending`).
     """
     from loops import services
-    from tether import dbfaults
 
     results: list[dict[str, Any]] = []
     _, size = _tree(run)
@@ -364,9 +360,6 @@ def refund_carve(run_id: int) -> None:
     the outcome (a stop's cascade included): the finish and the refund commit together or not
     at all, and a finish retried after a cut finds the carve settled already.
     """
-    from budgets import ledger
-    from budgets.models import Pool
-
     pool = Pool.objects.filter(
         kind=Pool.Kind.RUN, run_id=run_id, run__status=Run.Status.FINISHED, carve__status="held"
     ).first()
@@ -464,8 +457,6 @@ def _lines(side: pinned.Pinned | None, name: str, kind: str | None) -> list[str]
 
 def render_results(parent: Run, children: list[Run], refused: list[dict[str, Any]]) -> str:
     """Return what the parent's next instruction says of its children (the delegate calls' results)."""
-    from budgets import money
-
     lines = ["The runs you delegated have finished. Their results (one per delegate call):"]
     for child in children:
         asked = (parent.delegation.get("placed") or {}).get(str(child.pk)) or child.delegation
@@ -558,7 +549,6 @@ class RoleCheck:
     """A composition's grade of a proposed done: verified only when its verifying role's latest run passed."""
 
     def __init__(self, passed: bool, reason: str) -> None:
-        from instances.brains.base import Usage
         from loops.policy import Assessment
 
         self.passed = passed
@@ -611,8 +601,6 @@ def on_run_finished(sender: Any, *, run_id: int, **kwargs: Any) -> None:
 
     The parent's event redraws its page's tree at once (its viewers follow its events, not the child's).
     """
-    from budgets import money
-
     child = Run.objects.select_related("instance").filter(pk=run_id, parent__isnull=False).first()
     if child is None:
         return

@@ -22,6 +22,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field, ValidationError
 
+from budgets.selectors import headroom_for_run
+from instances.models import Instance
 from loops import events, schemas, selectors, services
 from loops.models import Run
 from tether.schema import describe
@@ -120,8 +122,6 @@ def _run(user: Any, run_id: int) -> Run:
 
 
 def _instance(user: Any, ref: int | str):
-    from instances.models import Instance
-
     mine = Instance.objects.filter(owner=user)  # archived ones too: run_start says why they cannot run
     if isinstance(ref, int) or (ref.strip().isdigit() and len(ref.strip()) <= 20):
         found = mine.filter(pk=int(ref)).first() if int(ref) <= ID_MAX else None
@@ -218,8 +218,6 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         """Return one of your runs: status, outcome, iterations, spend and its budget's headroom."""
 
         def work(user, device):
-            from budgets.selectors import headroom_for_run
-
             run = _run(user, run_id)
             return {**_run_json(run), "budget": headroom_for_run(run).as_json()}
 

@@ -28,6 +28,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from budgets import money
+from budgets.models import Pool, Reservation
 from tether import dbfaults
 
 log = logging.getLogger(__name__)
@@ -165,7 +166,6 @@ def collect() -> str:
     """Return every Tether metric as Prometheus text, read from the database now."""
     from django_q.models import OrmQ
 
-    from budgets.models import Pool, Reservation
     from loops.models import Event, Iteration, Run
 
     out = Exposition()

@@ -25,6 +25,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
+from instances.models import Credential, Instance
 from loops.auth import authenticate_token, error
 from tether.schema import MAX_ID, describe
 
@@ -186,7 +187,6 @@ def _invalid(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
 
 def _absent(request: HttpRequest) -> str:
     """Return why the ids in the request's path name nothing of the user's ("" when they all exist)."""
-    from instances.models import Credential, Instance
     from loops.models import Run
 
     ids = request.resolver_match.kwargs if request.resolver_match else {}

@@ -15,6 +15,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import trail
+from budgets import ledger, money
+from budgets import services as budget_services
+from budgets.pricing import UnpricedModel
+from instances import credentials, prices, sandbox
 from loops import delegation, events, liveness, tasks
 from loops.memory import Memory
 from loops.models import Interjection, Run
@@ -32,8 +36,6 @@ class Refused(Exception):
 
 def _usd_to_micros(value: Any, field: str) -> int:
     """Return a cap typed in dollars as micro-dollars, exactly; Refused if it is not a positive amount."""
-    from budgets import money
-
     if isinstance(value, bool) or not isinstance(value, Decimal | str | int | float):
         raise Refused(f"{field} must be a number of US dollars, like 2.50; got {value!r}")
     try:
@@ -112,9 +114,6 @@ def _deadline(max_minutes: Any):
 
 def _ensure_startable(instance) -> None:
     """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox."""
-    from budgets.pricing import UnpricedModel
-    from instances import credentials, prices, sandbox
-
     # The request is fine; the instance is not ready to run (archived, no usable key, no price): 409, not 400.
     if instance.archived_at is not None:
         raise Refused(
@@ -136,9 +135,6 @@ def _ensure_startable(instance) -> None:
 
 def _open(*, instance, user, objective: str, max_iterations: int, max_cost, deadline, via: str, **fields: Any) -> Run:
     """Create the run with its pools and its `run.started` event (inside the caller's transaction)."""
-    from budgets import ledger, money
-    from budgets import services as budget_services
-
     run = Run.objects.create(
         instance=instance,
         owner=user,
@@ -287,9 +283,6 @@ def run_resume(*, run: Run, user, via: str = "api", request=None, max_cost_usd: 
         if run.next_iteration > run.max_iterations:
             raise Refused(f"run {run.pk} has used all {run.max_iterations} iterations", 409)
         if new_cap is not None:
-            from budgets import ledger, money
-            from budgets import services as budget_services
-
             if run.max_cost_micros is not None and new_cap <= run.max_cost_micros:
                 raise Refused(
                     f"max_cost_usd must be above the run's current cap of {money.format_usd(run.max_cost_micros)}"
@@ -364,7 +357,6 @@ def run_continue(
 
 def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline, message: str, via: str, request) -> Run:
     """Check, then create the continuation of `run` in one transaction (see `run_continue`)."""
-    from budgets import money
     from loops import continuation
 
     with transaction.atomic():

@@ -37,7 +37,7 @@ import jsonschema
 from django.conf import settings
 
 from instances.brains.base import Usage
-from loops import policy
+from loops import policy, tamper
 from loops.signals import FinalAct
 from reviews.judge import Verdict
 from tether.redaction import redact
@@ -336,7 +336,6 @@ def tamper_reason(run: Any) -> str:
     `atexit`, a patched `unittest`/`pytest`/`builtins`, a write into `sys.modules`. The first
     line found leads, for the reviewer.
     """
-    from loops import tamper
     from reviews import snapshots
 
     if not run.instance.checks:

@@ -47,6 +47,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from budgets import money
+from budgets.models import Pool
 from reviews.models import Delivery, DeliveryAttempt, NotificationTarget
 
 log = logging.getLogger(__name__)
@@ -142,8 +143,6 @@ def notify_run(run: Any) -> list[Delivery]:
 
 def on_threshold_crossed(sender: Any, crossing: Any, **kwargs: Any) -> None:
     """Receiver of `budgets.signals.threshold_crossed`: tell the pool's people (sent after commit)."""
-    from budgets.models import Pool
-
     pool = Pool.objects.select_related("instance", "run").filter(pk=crossing.pool_id).first()
     if pool is None:
         return

@@ -50,8 +50,6 @@ def reported_spend_allowance() -> int:
     """
     from django.conf import settings
 
-    from budgets import money
-
     return money.usd_to_micros(str(getattr(settings, "TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05")))
 
 

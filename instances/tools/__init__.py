@@ -17,6 +17,7 @@ from typing import Any
 
 from instances.pinned import Pinned
 from instances.tools import shell, workspace
+from tether.redaction import redact
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,6 @@ def definitions(names: Sequence[str]) -> list[dict[str, Any]]:
 
 def run_tool(name: str, arguments: Any, context: ToolContext) -> ToolResult:
     """Execute one tool call; every refusal or failure is an error result, never an exception."""
-    from tether.redaction import redact
-
     tool = TOOLS.get(name)
     if tool is None:
         return ToolResult(f"unknown tool {name!r}", is_error=True)

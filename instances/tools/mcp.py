@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tether.redaction import redact
+
 log = logging.getLogger(__name__)
 
 PREFIX = "mcp__"
@@ -254,8 +256,6 @@ class McpTools:
 
     def call(self, name: str, arguments: Any, *, timeout: float, output_cap: int) -> tuple[str, bool]:
         """Run one call of `name`; return (text, is_error). Never raises for the server's failures."""
-        from tether.redaction import redact
-
         text, is_error = self._call(name, arguments, timeout=timeout, output_cap=output_cap)
         # A server may answer anything: no NUL or lone surrogate reaches the events (PostgreSQL's JSON refuses them).
         text = text.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
@@ -315,8 +315,6 @@ class McpTools:
     # --- internals ---------------------------------------------------------------------------
 
     def _fail(self, name: str, why: str) -> None:
-        from tether.redaction import redact
-
         why = redact(why, self.secrets)
         connection = self._connections.get(name)
         if connection is not None:

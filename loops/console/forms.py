@@ -15,6 +15,8 @@ from typing import Any
 from django import forms
 from pydantic import ValidationError
 
+from budgets import money
+from instances.validation import invisible
 from loops import schemas
 from loops.models import Run
 from tether import limits
@@ -177,8 +179,6 @@ class ContinueRunForm(Checked):
     max_cost_usd = _cost_cap_field()
 
     def __init__(self, *args: Any, run: Run, **kwargs: Any) -> None:
-        from budgets import money
-
         initial = kwargs.setdefault("initial", {})
         initial.setdefault("max_iterations", run.max_iterations)
         if run.max_cost_micros is not None:
@@ -203,8 +203,6 @@ class ResumeRunForm(Checked):
     max_cost_usd = _cost_cap_field()
 
     def __init__(self, *args: Any, run: Run, offer: Any, **kwargs: Any) -> None:
-        from budgets import money
-
         initial = kwargs.setdefault("initial", {})
         if offer.suggested is not None:
             initial.setdefault("max_cost_usd", money.format_usd(offer.suggested).lstrip("$").replace(",", ""))
@@ -218,8 +216,6 @@ class ResumeRunForm(Checked):
         attrs["step"] = "any"  # the bounds are said in words, and checked here with what to give instead
 
     def clean(self) -> dict[str, Any]:
-        from budgets import money
-
         data = super().clean()
         if "max_cost_usd" in data and not self.has_error("max_cost_usd"):  # a cap the schema took
             value = data["max_cost_usd"]
@@ -277,8 +273,6 @@ class TokenForm(forms.Form):
         self.fields["name"].widget.attrs.pop("maxlength", None)
 
     def clean_name(self) -> str:
-        from instances.validation import invisible
-
         name = self.cleaned_data["name"]
         if why := invisible(name):
             raise forms.ValidationError(f"The name {why}.")

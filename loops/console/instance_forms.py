@@ -14,7 +14,8 @@ from typing import Any
 from django import forms
 
 from instances import capabilities
-from instances.models import Credential, Instance
+from instances.models import Credential, Instance, McpServer
+from instances.tools import TOOLS
 from tether import limits
 
 LIST_FIELDS = ("command_allow", "command_deny", "protected_paths")
@@ -40,15 +41,11 @@ _CHECK_LINE = re.compile(r"^(?P<name>[^:\[]+?)\s*(?P<flags>(\[[^\]]*\]\s*)*):\s*
 
 
 def _tools() -> list[tuple[str, str]]:
-    from instances.tools import TOOLS
-
     return [(name, name.replace("_", " ")) for name in TOOLS]
 
 
 def _mcp_servers(user: Any, current: list[str]) -> list[tuple[str, str]]:
     """Return the MCP servers `user` may enable, plus the ones already enabled, as (name, label) choices."""
-    from instances.models import McpServer
-
     names = [s.name for s in McpServer.objects.filter(enabled=True) if capabilities.may_use_mcp_server(user, s)]
     names += [n for n in current if n not in names]
     described = dict(McpServer.objects.filter(name__in=names).values_list("name", "description"))

@@ -14,6 +14,7 @@ from budgets import money
 from instances.models import Instance
 from loops import services
 from loops.models import Event, Run
+from reviews.receipts import verify_file
 
 
 class Command(BaseCommand):
@@ -100,8 +101,6 @@ class Command(BaseCommand):
         return None
 
     def do_verify_receipt(self, file, **_):
-        from reviews.receipts import verify_file
-
         ok, message = verify_file(file)
         if not ok:
             raise CommandError(message)
