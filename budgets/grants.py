@@ -19,8 +19,8 @@ class BudgetExhausted(Exception):
 
     outcome = "budget_exhausted"
 
-    def __init__(self, detail: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(detail, *args, **kwargs)
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
         self.detail = detail
 
 

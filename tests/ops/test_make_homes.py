@@ -1,7 +1,7 @@
 """`make test` keeps its data apart from `make run` in the same checkout.
 
 The Makefile is driven for real; only the programs it starts are stand-ins (a venv whose
-python, ruff and mypy print the TETHER_HOME they were given), so nothing is installed or run.
+python, ruff, mypy and lint-imports print the TETHER_HOME they were given), so nothing is installed or run.
 """
 
 import os
@@ -19,7 +19,7 @@ REPORTER = '#!/bin/sh\necho "$(basename "$0") TETHER_HOME=$TETHER_HOME"\n'
 def fake_venv(tmp_path):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    for name in ("python", "ruff", "mypy"):
+    for name in ("python", "ruff", "mypy", "lint-imports"):
         program = venv / "bin" / name
         program.write_text(REPORTER)
         program.chmod(program.stat().st_mode | stat.S_IEXEC)
@@ -54,7 +54,7 @@ def test_make_test_gets_a_home_of_its_own(fake_venv):
     root = Path(settings.BASE_DIR)
     assert run["python"] == {str(root / "var")}
     assert test["python"] == {str(root / "var" / "test")}
-    assert test["ruff"] == test["mypy"] == test["python"]  # lint too (mypy's Django plugin loads settings)
+    assert test["ruff"] == test["mypy"] == test["lint-imports"] == test["python"]  # lint too (mypy's Django plugin loads settings)
 
 
 def test_an_exported_home_still_keeps_the_suite_apart(fake_venv, tmp_path):
