@@ -32,6 +32,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from instances import evidence
+
 log = logging.getLogger(__name__)
 
 PREFIX_SEEN = "/tmp/pycache"  # where a sandboxed Python caches bytecode (brains.process.base_env)
@@ -99,7 +101,6 @@ def warm() -> Path | None:
 
 
 def _build(target: Path) -> None:
-    from instances import evidence
     from instances.brains import process
 
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from typing import Any
 from django.http import JsonResponse
 from django.utils import timezone
 
+from instances.validation import invisible
 from loops.models import ApiToken
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,6 @@ def make_token(user, *, name: str = "", days: int | None = None) -> str:
     """
     if len(name) > TOKEN_NAME_MAX:
         raise ValueError(f"a token's name can be at most {TOKEN_NAME_MAX} characters")
-    from instances.validation import invisible
 
     if why := invisible(name):
         raise ValueError(f"a token's name {why}")

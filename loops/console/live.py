@@ -18,6 +18,7 @@ from django.utils.safestring import mark_safe
 
 from budgets import spending as spending_mod
 from budgets.selectors import ChainHeadroom, chain_headroom, headroom_for_run, run_chain
+from instances.brains import iteration_reserve
 from loops import charts, selectors
 from loops.console.display import EventView, RunView, tree_view, usd
 from loops.models import Event, Run
@@ -329,7 +330,6 @@ def resume_offer(run: Run, form: Any = None) -> ResumeOffer | None:
     """Return what resuming budget_exhausted `run` may ask for (None for any other run)."""
     if run.status != Run.Status.FINISHED or run.outcome != Run.Outcome.BUDGET_EXHAUSTED or run.parent_id:
         return None  # a delegated run is not resumed: its parent decides (the service says so)
-    from instances.brains import iteration_reserve
     from loops.console.forms import ResumeRunForm
 
     pools = run_chain(run)
