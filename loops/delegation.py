@@ -46,6 +46,7 @@ from instances import pinned, sandbox
 from instances.brains.base import DelegateRefused, Usage
 from instances.models import AgentTemplate, Instance
 from instances.templates_loader import TemplateError, create_instance
+from instances.tools import mcp
 from loops import events, policy, tasks
 from loops.memory import Memory
 from loops.models import Run
@@ -138,8 +139,6 @@ def _within_grants(parent: Any, child: Any, name: str) -> None:
     not get it by handing the work to an instance or template that has it. (A role the parent's
     own template declares was composed so by the operator: `_resolve` does not ask.)
     """
-    from instances.tools import mcp
-
     refused = f": a delegate cannot reach more than you can ({name} is not a role of your template)"
     if getattr(child, "network", False) and not parent.network:
         raise Refusal(f"{name} has network egress and you do not" + refused)
@@ -179,8 +178,6 @@ def _tool_names(config: Any) -> set[str]:
 
 
 def _server_of(name: str) -> str | None:
-    from instances.tools import mcp
-
     try:
         return mcp.split(name)[0]
     except ValueError:

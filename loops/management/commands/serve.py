@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, transaction
 
+from instances import sandbox
 from loops import accounts
 from tether import addresses
 
@@ -74,7 +75,6 @@ class Command(BaseCommand):
         if not no_migrate:
             call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
-        from instances import sandbox
 
         if warning := sandbox.warning():
             self.stderr.write(f"WARNING: {warning}")
