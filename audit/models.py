@@ -28,7 +28,9 @@ class AuditEntry(models.Model):
     pool = models.ForeignKey(
         "budgets.Pool", null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
     )
-    run_ref = models.PositiveBigIntegerField(null=True, blank=True, help_text="the run's id, kept after deletion")
+    run_ref = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="the run's id, kept after deletion"
+    )
     pool_ref = models.PositiveBigIntegerField(null=True, blank=True)
     detail = models.JSONField(default=dict, blank=True)
     via = models.CharField(max_length=10, choices=Via.choices)

@@ -28,7 +28,11 @@ def test_the_apps_keep_their_layers():
 
 # One import each of the cycles the layers removed, and one of the engine reaching a surface.
 PLANTED = [
-    ("budgets/metering.py", "from instances.brains.base import Usage", "budgets is not allowed to import instances"),
+    (
+        "budgets/metering.py",
+        "from instances.brains.base import Usage",
+        "budgets is not allowed to import instances",
+    ),
     ("budgets/apps.py", "from loops.models import Run", "budgets is not allowed to import loops"),
     ("tether/jsonlog.py", "from instances import credentials", "tether is not allowed to import instances"),
     ("instances/services.py", "from reviews import selectors", "instances is not allowed to import reviews"),

@@ -15,7 +15,9 @@ def test_entries_written_while_reviews_owned_the_trail_are_the_audit_apps_after_
     executor = MigrationExecutor(connection)
     executor.migrate(BEFORE)  # as an install was before the move: reviews 0003, no audit app
     old = executor.loader.project_state(BEFORE[0]).apps.get_model("reviews", "AuditEntry")
-    old.objects.create(username="ada", action="run.start", via="cli", detail={"n": 1}, created_at=timezone.now())
+    old.objects.create(
+        username="ada", action="run.start", via="cli", detail={"n": 1}, created_at=timezone.now()
+    )
 
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes())
