@@ -48,14 +48,12 @@ from instances import pinned, sandbox
 from loops import checks as checks_mod
 from loops import events
 from loops.models import Run
+from loops.schemas import ROLLBACK_POINT, ROLLBACK_POINT_HELP
 from loops.services import Refused
 from reviews import audit, snapshots
 from reviews.models import WorkspaceSnapshot
 
-POINT = re.compile(r"start|verified|iteration-[1-9][0-9]{0,5}|rollback-[1-9][0-9]{0,5}")
-POINT_HELP = (
-    "one of start, verified, iteration-N (as iteration N left it) or rollback-K (as rollback K found it)"
-)
+POINT = re.compile(ROLLBACK_POINT)
 NAMED = 200  # paths an answer names; the rest are counted
 EARLIER_RUNS = 50  # runs on the same workspace searched for the last verified state
 # Outcomes that end a run by a bound or a stop: its page offers the last verified state first.
@@ -235,10 +233,30 @@ def points(run: Run) -> list[Point]:
     return found
 
 
+def offer(run: Run, found: list[Point] | None = None) -> Point | None:
+    """The last verified state, when the run ended by a bound or a stop and one is kept; else None."""
+    if run.status != Run.Status.FINISHED or run.outcome not in BOUND_OR_STOP:
+        return None
+    return next((p for p in (points(run) if found is None else found) if p.to == "verified"), None)
+
+
+def listing(run: Run) -> dict[str, Any]:
+    """The run's rollback points as the API and MCP answer them."""
+    found = points(run)
+    live = live_run(run)
+    offered = offer(run, found)
+    return {
+        "run": run.pk,
+        "points": [p.as_json() for p in found],
+        "live_run": live.pk if live is not None else None,
+        "offer": offered.to if offered is not None else None,
+    }
+
+
 def resolve(run: Run, to: Any) -> Point:
     """The point named `to`; Refused (400) for a name that is none, (409) for one this run does not have."""
     if not isinstance(to, str) or not POINT.fullmatch(to):
-        raise Refused(f"to must be {POINT_HELP}; got {to!r}")
+        raise Refused(f"to must be {ROLLBACK_POINT_HELP}; got {to!r}")
     for point in points(run):
         if point.to == to:
             return point

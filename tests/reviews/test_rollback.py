@@ -85,11 +85,13 @@ def test_a_broken_run_rolls_back_to_the_last_verified_state_and_the_rollback_rol
 
     audited = list(AuditEntry.objects.filter(run_ref=bad.pk, action="workspace.rollback").order_by("pk"))
     assert [(a.via, a.detail["to"], a.detail["undo"]) for a in audited] == [
-        ("api", "verified", "rollback-1"), ("cli", "rollback-1", "rollback-2"),
+        ("api", "verified", "rollback-1"),
+        ("cli", "rollback-1", "rollback-2"),
     ]
     kinds = list(Event.objects.filter(run=bad, kind="workspace.rolled_back").values_list("data", flat=True))
     assert [(d["to"], d["by"], d["undo"]) for d in kinds] == [
-        ("verified", user.get_username(), "rollback-1"), ("rollback-1", user.get_username(), "rollback-2"),
+        ("verified", user.get_username(), "rollback-1"),
+        ("rollback-1", user.get_username(), "rollback-2"),
     ]
     seqs = list(Event.objects.filter(run=bad).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, len(seqs) + 1))  # still gap-free
@@ -109,7 +111,9 @@ def test_every_iteration_and_the_start_can_be_gone_back_to(coder, start, drive, 
     assert "a + b" in (workspace / "calc.py").read_text()
 
 
-def test_a_rollback_is_refused_while_a_run_on_the_workspace_is_live_and_names_it(coder, start, drive, user, make_instance):
+def test_a_rollback_is_refused_while_a_run_on_the_workspace_is_live_and_names_it(
+    coder, start, drive, user, make_instance
+):
     _, bad = broken_after_verified(coder, start, drive)
     live = start(coder, objective="fix it again")  # queued: live until it finishes
     before = (coder.workspace_path() / "calc.py").read_text()
@@ -154,11 +158,23 @@ def test_no_verified_state_is_said_plainly(coder, start, drive, user):
 
 
 def git(workspace, *args):
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(workspace.parent), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-    done = subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=workspace, env=env,
-                          capture_output=True, text=True, check=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(workspace.parent),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    done = subprocess.run(
+        ["git", "-c", "safe.directory=*", *args],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout
 
 
