@@ -110,10 +110,15 @@ class Outcome:
 
 
 def _repo(run_id: int) -> pygit2.Repository | None:
-    gitdir = snapshots.git_dir(run_id)
-    if not (gitdir / "HEAD").exists():
-        return None
-    return snapshots._repository(gitdir)
+    return snapshots.repository(run_id)
+
+
+def _stored(run_id: int) -> pygit2.Repository:
+    """The shadow directory of run `run_id`; Refused (409) when it is gone."""
+    found = snapshots.repository(run_id)
+    if found is None:
+        raise Refused(f"the snapshots of run {run_id} are gone", 409)
+    return found
 
 
 def _ref(repo: pygit2.Repository, name: str) -> str:
@@ -321,7 +326,7 @@ def _kept(ws: pinned.Pinned, current: Entries, left_out: list[str]) -> list[str]
 @contextmanager
 def _exclusive(workspace: Path) -> Iterator[None]:
     """One rollback of a workspace at a time (this machine's processes); Refused (409) while another runs."""
-    root = snapshots._root()
+    root = snapshots.git_dir(0).parent  # beside the shadow directories
     root.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(os.fsencode(os.path.realpath(workspace))).hexdigest()[:32]
     fd = os.open(root / f"rollback-{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -359,7 +364,7 @@ def _pin(run: Run) -> pinned.Pinned:
 
 def _current(run: Run) -> str:
     """Snapshot the workspace as it is now into the run's shadow directory; Refused (409) when it cannot be."""
-    tree, note = snapshots._capture(run.pk, Path(run.instance.workspace_path()))
+    tree, note = snapshots.capture(run)
     if not tree:
         raise Refused(
             f"the workspace as it is now could not be snapshot ({note}); a rollback could not be undone, "
@@ -370,10 +375,8 @@ def _current(run: Run) -> str:
 
 
 def _compare(point: Point, current_tree: str, run: Run) -> tuple[Entries, Entries, Outcome]:
-    ours = snapshots._repository(snapshots.git_dir(run.pk))
-    theirs = ours if point.run_id == run.pk else _repo(point.run_id)
-    if theirs is None:
-        raise Refused(f"the snapshots of run {point.run_id} are gone", 409)
+    ours = _stored(run.pk)
+    theirs = ours if point.run_id == run.pk else _stored(point.run_id)
     current, target = _flatten(ours, current_tree), _flatten(theirs, point.tree)
     outcome = Outcome(point)
     for path, entry in target.items():
@@ -391,7 +394,7 @@ def plan(*, run: Run, to: Any) -> Outcome:
     point = resolve(run, to)
     current_tree = _current(run)
     current, _, outcome = _compare(point, current_tree, run)
-    left_out = snapshots._left_out(snapshots.git_dir(run.pk), current_tree).get("paths") or []
+    left_out = snapshots.left_out_paths(run.pk, current_tree)
     with _pin(run) as ws:
         outcome.kept = _kept(ws, current, left_out)
     return outcome
@@ -404,20 +407,19 @@ def rollback(*, run: Run, user: Any, to: Any, via: str = "api", request: Any = N
         _refuse_if_live(run)
         current_tree = _current(run)
         current, target, outcome = _compare(point, current_tree, run)
-        ours = snapshots._repository(snapshots.git_dir(run.pk))
+        ours = _stored(run.pk)
         number = max(_numbered(ours, "rollback"), default=0) + 1
         outcome.undo = f"rollback-{number}"
         ours.references.create(f"refs/tether/{outcome.undo}", pygit2.Oid(hex=current_tree), force=True)
-        theirs = ours if point.run_id == run.pk else _repo(point.run_id)
-        assert theirs is not None
-        left_out = snapshots._left_out(snapshots.git_dir(run.pk), current_tree).get("paths") or []
+        theirs = ours if point.run_id == run.pk else _stored(point.run_id)
+        left_out = snapshots.left_out_paths(run.pk, current_tree)
         with _pin(run) as ws:
             outcome.kept = _kept(ws, current, left_out)
             _apply(ws, theirs, current, target, outcome)
             uid = os.fstat(ws.fd).st_uid
             if os.geteuid() == 0 and uid != 0:
                 pinned.chown_tree(ws.fd, uid)  # directories the restore made
-        after, _ = snapshots._capture(run.pk, Path(run.instance.workspace_path()))
+        after, _ = snapshots.capture(run)
         outcome.exact = after == point.tree  # a tree's id is its content's, in any run's shadow directory
         outcome.done = True
         _record(run, user, outcome, via, request)
