@@ -7,7 +7,8 @@ the end of a verified done), and the state each earlier rollback replaced (`roll
 rollback can itself be undone). All of them are trees in the runs' shadow git directories
 (`reviews.snapshots`).
 
-`rollback(run=, user=, to=)` refuses while any run on that workspace is not finished (naming it),
+`rollback(run=, user=, to=)` refuses while any run on that workspace is not finished (naming it;
+a run made live while the restore writes waits for it before it acts: `wait_for_rollback`),
 snapshots the workspace as it is first (kept as `rollback-K` in the run's shadow directory; a
 workspace that cannot be snapshot is not rolled back, since that could not be undone), then makes
 the workspace hold what the chosen tree holds. Only what the snapshot of the current state holds
@@ -32,8 +33,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 import os
 import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,8 +56,13 @@ from loops.services import Refused
 from reviews import audit, snapshots
 from reviews.models import WorkspaceSnapshot
 
+log = logging.getLogger(__name__)
+
 POINT = re.compile(ROLLBACK_POINT)
 NAMED = 200  # paths an answer names; the rest are counted
+ROLLBACK_LOCK_SECONDS = 10  # a rollback waits this long for an iteration beginning (or another rollback)
+ITERATION_WAIT_SECONDS = 600  # an iteration waits at most this long for a rollback to finish writing
+LOCK_POLL_SECONDS = 0.05
 EARLIER_RUNS = 50  # runs on the same workspace searched for the last verified state
 # Outcomes that end a run by a bound or a stop: its page offers the last verified state first.
 BOUND_OR_STOP = frozenset({"cancelled", "max_iterations", "budget_exhausted", "timed_out", "no_progress"})
@@ -323,23 +331,52 @@ def _kept(ws: pinned.Pinned, current: Entries, left_out: list[str]) -> list[str]
     return kept
 
 
-@contextmanager
-def _exclusive(workspace: Path) -> Iterator[None]:
-    """One rollback of a workspace at a time (this machine's processes); Refused (409) while another runs."""
-    root = snapshots.git_dir(0).parent  # beside the shadow directories
+def _lock(workspace: Path, kind: int, seconds: float) -> int | None:
+    """Take the workspace's rollback lock (`fcntl.LOCK_EX` or `LOCK_SH`) within `seconds`; its fd, or None.
+
+    One lock file per workspace (its real path), beside the shadow directories: a rollback holds
+    it exclusively while it checks that no run is live and writes; an iteration about to act takes
+    it shared for a moment (`wait_for_rollback`), so a run made live meanwhile waits for the restore.
+    """
+    root = snapshots.git_dir(0).parent
     root.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha256(os.fsencode(os.path.realpath(workspace))).hexdigest()[:32]
     fd = os.open(root / f"rollback-{key}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
+    ends = time.monotonic() + seconds
+    while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return fd
         except BlockingIOError:
-            raise Refused(
-                "another rollback of this workspace is under way; try again when it has finished", 409
-            ) from None
+            if time.monotonic() >= ends:
+                os.close(fd)
+                return None
+            time.sleep(LOCK_POLL_SECONDS)
+
+
+@contextmanager
+def _exclusive(workspace: Path) -> Iterator[None]:
+    """One rollback of a workspace at a time (this machine's processes); Refused (409) while another runs."""
+    fd = _lock(workspace, fcntl.LOCK_EX, ROLLBACK_LOCK_SECONDS)
+    if fd is None:
+        raise Refused("another rollback of this workspace is under way; try again when it has finished", 409)
+    try:
         yield
     finally:
         os.close(fd)
+
+
+def wait_for_rollback(run: Run) -> None:
+    """Return once no rollback of the run's workspace is writing (bounded): called before an iteration acts."""
+    fd = _lock(Path(run.instance.workspace_path()), fcntl.LOCK_SH, ITERATION_WAIT_SECONDS)
+    if fd is None:
+        log.warning(
+            "run %s: a rollback of its workspace held it for %s s; the iteration goes on",
+            run.pk,
+            ITERATION_WAIT_SECONDS,
+        )
+        return
+    os.close(fd)
 
 
 def _refuse_if_live(run: Run) -> None:

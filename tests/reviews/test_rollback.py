@@ -9,6 +9,7 @@ verified state makes the check pass again; rolling back the rollback brings the 
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -16,6 +17,7 @@ from loops import services
 from loops.models import Event
 from reviews import rollback
 from reviews.models import AuditEntry
+from tests.loops.conftest import Background
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -236,3 +238,25 @@ def test_what_the_snapshot_does_not_keep_is_named_and_left_as_it_is(coder, start
     assert (workspace / "pipe").exists() and not (workspace / ".gitignore").exists()
     event = Event.objects.get(run=bad, kind="workspace.rolled_back").data
     assert {"node_modules/", "build/", "pipe"} <= set(event["kept"])
+
+
+def test_a_run_made_live_while_a_rollback_writes_waits_for_it_before_it_acts(coder, start):
+    """A run that starts after the rollback checked for live ones must not act on a half-restored workspace."""
+    run = start(coder, objective="fix calc.py")
+
+    def has(kind):
+        return Event.objects.filter(run=run, kind=kind).exists()
+
+    with rollback._exclusive(coder.workspace_path()):  # what a rollback holds while it checks and writes
+        driver = Background(run).start()
+        deadline = time.monotonic() + 30
+        while not has("act.started"):
+            assert time.monotonic() < deadline, "the run did not begin its iteration"
+            time.sleep(0.02)
+        waited_until = time.monotonic() + 1.5
+        while time.monotonic() < waited_until:
+            assert not has("act.finished"), "the run acted while a rollback held its workspace"
+            time.sleep(0.05)
+    driver.join(60)
+    run.refresh_from_db()
+    assert run.outcome == "done" and has("act.finished")
