@@ -277,3 +277,15 @@ def test_the_management_command_help_names_rollback():
         check=False,
     )
     assert done.returncode == 0 and "--to" in done.stdout and "--dry-run" in done.stdout
+
+
+def test_a_workspace_too_large_to_snapshot_now_is_not_rolled_back_and_says_why(client, user, mine, settings):
+    run = ended(mine)
+    for n in range(5):
+        (mine.workspace_path() / f"big{n}.bin").write_bytes(b"x" * 1024)
+    settings.TETHER_SNAPSHOT_MAX_FILES = 4  # the workspace as it is now is over the limit
+    answer = api(client, "post", url_of(run), make_token(user), {"to": "start"})
+    assert answer.status_code == 409
+    assert "could not be snapshot" in answer.json()["error"] and "more than 4 files" in answer.json()["error"]
+    assert (mine.workspace_path() / "junk.txt").exists() and (mine.workspace_path() / "big0.bin").exists()
+    assert not AuditEntry.objects.filter(action="workspace.rollback").exists()
