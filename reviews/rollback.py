@@ -314,15 +314,17 @@ def _skipped(name: str) -> bool:
 
 def _kept(ws: pinned.Pinned, current: Entries, left_out: list[str]) -> list[str]:
     """What the workspace holds that its snapshot does not: the rollback leaves these as they are."""
-    groups = [g.rstrip("/") for g in left_out]
+    groups = {g.rstrip("/") for g in left_out}
     kept: list[str] = []
     skip = frozenset(name for name in os.listdir(ws.fd) if _skipped(name)) | checks_mod.SKIP_DIRS
     for entry in ws.walk(skip=skip):
-        if any(_skipped(part) for part in entry.path.split("/")[:-1]):
+        parts = entry.path.split("/")
+        if any(_skipped(part) for part in parts[:-1]):
             continue  # inside a directory named already
-        if any(entry.path == g or entry.path.startswith(f"{g}/") for g in groups):
-            if entry.path in groups:
-                kept.append(f"{entry.path}/" if entry.kind == "dir" else entry.path)
+        if any("/".join(parts[:n]) in groups for n in range(1, len(parts))):
+            continue  # inside a left-out group, named already
+        if entry.path in groups:
+            kept.append(f"{entry.path}/" if entry.kind == "dir" else entry.path)
             continue
         if _skipped(entry.name):
             kept.append(f"{entry.path}/" if entry.kind == "dir" else entry.path)
