@@ -354,7 +354,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         ctx: Context,
         run_id: RunId,
         to: Annotated[schemas.RollbackPoint, Field(description=schemas.ROLLBACK_POINT_HELP)],
-        dry_run: Annotated[bool, Field(description="say what it would change and leave; change nothing")] = False,
+        dry_run: schemas.DryRun = False,  # type: ignore[valid-type]
     ) -> dict[str, Any]:
         """Roll a finished run's workspace back (refused while a run on it is live). The workspace is snapshot
         first: `undo` names the point that returns to it. What snapshots do not keep is left and named in `kept`."""

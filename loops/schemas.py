@@ -236,9 +236,12 @@ class Pools(Schema):
     pools: list[dict[str, Any]]
 
 
+DryRun = flag(description="say what the rollback would change and leave, and change nothing")
+
+
 class RollbackIn(Body):
     to: RollbackPoint
-    dry_run: flag(description="say what the rollback would change and leave, and change nothing") = False  # type: ignore[valid-type]
+    dry_run: DryRun = False  # type: ignore[valid-type]
 
 
 class Named(Schema):

@@ -253,15 +253,17 @@ def test_mcp_rolls_back_for_the_owner_and_not_for_another_user(
             preview = await call(client, "rollback", run_id=run.pk, to="start", dry_run=True)
             hidden = await refused(client, "rollback", run_id=theirs.pk, to="start")
             bad = await refused(client, "rollback", run_id=run.pk, to="latest")
+            loose = await refused(client, "rollback", run_id=run.pk, to="start", dry_run="yes")
             done = await call(client, "rollback", run_id=run.pk, to="start")
-            return names, points, preview, hidden, bad, done
+            return names, points, preview, hidden, bad, loose, done
 
-    names, points, preview, hidden, bad, done = anyio.run(session)
+    names, points, preview, hidden, bad, loose, done = anyio.run(session)
     assert {"rollback", "rollback_points"} <= names
     assert "start" in [p["to"] for p in points["points"]]
     assert preview["rolled_back"] is False and preview["deleted"]["paths"] == ["junk.txt"]
     assert f"run {theirs.pk} not found" in hidden and (theirs_inst.workspace_path() / "junk.txt").exists()
     assert "iteration-N" in bad
+    assert "must be true or false" in loose  # REST's words for REST's refusal
     assert done["rolled_back"] and done["undo"] == "rollback-1"
     assert not (mine.workspace_path() / "junk.txt").exists()
     entry = AuditEntry.objects.get(action="workspace.rollback")
