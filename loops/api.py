@@ -341,3 +341,40 @@ def run_events(
     found = events.after(run, after, limit=PAGE)
     last = found[-1].seq if found else after
     return {"events": [e.as_json() for e in found], "last_seq": last, "more": last < run.last_seq}
+
+
+@router.get(
+    RUN + "/rollback",
+    url_name="run-rollback",
+    response={200: schemas.RollbackPoints, **errors()},
+    summary=(
+        "The states the run's workspace can be rolled back to: the last verified state, before the run, as each "
+        "iteration left it, and as each earlier rollback found it"
+    ),
+)
+def run_rollback_points(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
+    from reviews import rollback
+
+    return rollback.listing(_run(request, instance_id, run_id))
+
+
+@router.post(
+    RUN + "/rollback",
+    url_name="run-rollback",
+    response={200: schemas.RolledBack, **errors()},
+    summary=(
+        "Roll the run's workspace back to one of its points (refused with 409 while a run on that workspace is "
+        "live). The workspace as it is is snapshot first: `undo` names the point that returns to it. What the "
+        "snapshots do not keep is left as it is and named in `kept`; `dry_run` changes nothing"
+    ),
+)
+def run_rollback(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.RollbackIn) -> Any:
+    from reviews import rollback
+
+    run = _run(request, instance_id, run_id)
+    try:
+        if payload.dry_run:
+            return rollback.plan(run=run, to=payload.to).as_json()
+        return rollback.rollback(run=run, user=request.user, to=payload.to, via="api", request=request).as_json()
+    except services.Refused as exc:
+        raise _refused(exc) from None

@@ -26,6 +26,7 @@ urlpatterns = [
     path("runs/<int:run_id>/close", views.run_close, name="run-close"),
     path("runs/<int:run_id>/resume", views.run_resume, name="run-resume"),
     path("runs/<int:run_id>/continue", views.run_continue, name="run-continue"),
+    path("runs/<int:run_id>/rollback", views.run_rollback, name="run-rollback"),
     path("runs/<int:run_id>/timeline", views.run_timeline, name="run-timeline"),
     path("runs/<int:run_id>/costs", views.run_costs, name="run-costs"),
     path("runs/<int:run_id>/receipt", receipt_views.receipt_page, name="run-receipt"),

@@ -269,6 +269,18 @@ def _role(d: Mapping[str, Any], ctx: Context) -> Title:
     return Title("Graded by its checking role: not passed", tone="bad")
 
 
+def _rolled_back(d: Mapping[str, Any], ctx: Context) -> Title:
+    kept = len(d.get("kept") or []) + (_int(d.get("kept_more")) or 0)
+    missed = len(d.get("not_restored") or [])
+    notes = [f"by {d.get('by') or 'a person'}", f"undo: {d.get('undo') or '?'}"]
+    if kept:
+        notes.append(f"{_plural(kept, 'path')} the snapshot does not keep left as they were")
+    if missed:
+        notes.append(f"{_plural(missed, 'path')} not restored")
+    return Title(f"Workspace rolled back to {d.get('label') or d.get('to') or '?'}", "; ".join(notes),
+                 "warn" if missed else "")
+
+
 def _simple(text: str, tone: str = "") -> Callable[[Mapping[str, Any], Context], Title]:
     return lambda d, ctx: Title(text.format(**{k: v for k, v in d.items() if isinstance(v, (str, int))}), tone=tone)
 
@@ -317,6 +329,8 @@ KINDS: dict[str, Kind] = {
         Kind("run.released", "the run's worker stopped cleanly and handed the run back to the queue at once",
              _simple("Its worker stopped; the run was handed back to the queue", "quiet")),
         Kind("run.finished", "the run ended with an outcome", _finished, body="finished"),
+        Kind("workspace.rolled_back", "a person rolled the run's workspace back to one of its snapshots",
+             _rolled_back, body="rollback"),
     ]
 }
 ITERATION_KINDS = frozenset(name for name, kind in KINDS.items() if kind.iteration)

@@ -4,7 +4,8 @@ The loop's runner does not import this app: it sends `loops.signals`, and `Revie
 connects:
 
 - `run_starting` → `reviews.snapshots.take(run)` — in the worker before the first act, outside any
-  transaction: snapshot the workspace (a tree in a shadow git directory, and a fingerprint).
+  transaction: snapshot the workspace (a tree in a shadow git directory, and a fingerprint), once no
+  rollback is writing it (`reviews.rollback.wait_for_rollback`; `iteration_starting` waits the same way).
 - `done_proposed` → `reviews.graders.on_done_proposed` — in the worker when the policy would say
   `done`: returns a `Grade`, whose `assessment` the loop feeds to `loops.policy.verdict` (the one
   place "done / verified" is decided) and whose `usage` (the judge's model call) it adds to the
@@ -16,6 +17,8 @@ The loop's services (and its console pages) still call this app directly:
 - `reviews.audit.record(*, user, action, run=None, pool=None, detail, request=None, via)` — inside the
   transaction of every human action (start, interject, answer, stop, resume, close, budget changes,
   credentials).
+- `reviews.rollback.points(run)`, `plan(run=, to=)`, `rollback(run=, user=, to=, via=, request=)` — a
+  person rolling a run's workspace back to one of its snapshots (REST, console, MCP, CLI).
 
 Pages: `/reviews/` (queue), `/reviews/<item>/` (diff first, verdict), `/reviews/audit.csv`; API:
 `GET /v1/instances/{id}/loop/{run}/receipt`; CLI: `python manage.py loop verify-receipt FILE`.

@@ -132,6 +132,7 @@ def test_every_console_page_is_clean_under_axe(browser, server, console, device)
         ("budget and pools", f"/instances/{instance.pk}/budget"),
         ("finished run", f"/runs/{finished.pk}/"),
         ("receipt", f"/runs/{finished.pk}/receipt"),
+        ("rollback confirmation", f"/runs/{finished.pk}/rollback?to=start"),
         ("history", "/history/"),
         ("keys", "/credentials/"),
         ("tokens", "/tokens/"),
@@ -144,6 +145,8 @@ def test_every_console_page_is_clean_under_axe(browser, server, console, device)
     ]:
         page.goto(server.url + path)
         check(label)
+        if label == "rollback confirmation":
+            assert page.locator("button", has_text="Yes, roll it back").count() == 1
         if label == "run out of budget":
             assert page.locator("form.resume").count() == 1  # "Resume with a cap of $…"
     # Each destructive action asks first: its confirm, open.
