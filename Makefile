@@ -58,8 +58,9 @@ chaos-ci: $(STAMP)
 chaos-cuts: $(STAMP)
 	$(PY) -m bench.chaos --cuts
 
+# `make load LOAD_ARGS=--burst`: every start and every viewer at the same instant (see bench/load.py).
 load: $(STAMP)
-	$(PY) -m bench.load
+	$(PY) -m bench.load $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) var
