@@ -24,16 +24,14 @@ before (tether.origin.SameOriginValidator in asgi.py).
 
 A herd (every tab reconnecting in the same second after a restart) shares its work: the sockets
 of one sign-in opening together cost one session check (`HerdAuthMiddlewareStack`), and the
-sockets of one person's run one ownership check and one replay read per batch (`herd`): the first
-socket's read serves every socket that asks the same within HERD_SECONDS.
+sockets of one person's run one ownership check and one replay read per batch (`herd`): a socket
+that asks what another's read in flight is asking gets that read's answer. Nothing is kept after.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-import weakref
 from collections.abc import Awaitable, Callable
 from importlib import import_module
 from typing import Any
@@ -44,7 +42,6 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
-from django.contrib.auth.signals import user_logged_out
 from django.db import OperationalError
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware, get_token
@@ -59,9 +56,6 @@ log = logging.getLogger(__name__)
 CLOSE_SIGNED_OUT = 4403
 CLOSE_NOT_FOUND = 4404
 BATCH = 200
-# How long one socket's answer (a session check, a run's ownership, a replay read) serves the
-# sockets that ask the same after it: a herd of reconnecting tabs arrives within a second or two.
-HERD_SECONDS = 1.0
 REPLAY_TRIES = 3  # a replay read that meets a transient database error is tried this often
 LAYER_CALLS_AT_ONCE = 32
 
@@ -302,44 +296,37 @@ def after_seq(query_string: bytes) -> int:
 
 
 class Herd:
-    """Single flight with a short memory, for one event loop: the first socket to ask for `key` starts
-    the read; every socket asking the same while it runs, or within HERD_SECONDS after, gets its answer.
+    """Single flight for one event loop: the first socket to ask for `key` starts the read, and every
+    socket asking the same while that read runs waits for it and gets its answer (or its error).
 
-    A failed read is not remembered (the next socket asks again), but the sockets waiting on it share
-    its error. A socket closing while it waits leaves the answer to the rest.
+    Nothing is remembered once the read is done: the next socket reads afresh, so an answer is never
+    older than a read the socket would have made itself. The read runs as a task of its own
+    (shielded), so a socket that closes while it waits leaves the answer to the rest.
     """
 
     def __init__(self) -> None:
-        self.answers: dict[Any, tuple[float, asyncio.Future[Any]]] = {}
+        self.reading: dict[Any, asyncio.Future[Any]] = {}
         self.reads = 0  # reads started (a test or a benchmark reads it)
         # Joins and leaves of channel-layer groups at once: a Redis layer has 100 connections per
         # pool (redis-py's default) and refuses the 101st ("Too many connections": a 1011).
         self.layer_calls = asyncio.Semaphore(LAYER_CALLS_AT_ONCE)
 
     async def share(self, key: Any, ask: Callable[[], Awaitable[Any]]) -> Any:
-        now = time.monotonic()
-        known = self.answers.get(key)
-        if known is not None:
-            started, future = known
-            failed = future.done() and (future.cancelled() or future.exception() is not None)
-            if failed or (future.done() and now - started > HERD_SECONDS):
-                known = None
-        if known is None:
-            if len(self.answers) > 1000:  # forget what no socket asked for lately
-                self.answers = {
-                    k: v
-                    for k, v in list(self.answers.items())
-                    if not v[1].done() or now - v[0] <= HERD_SECONDS
-                }
+        running = self.reading.get(key)
+        if running is None:
             self.reads += 1
-            known = self.answers[key] = (now, asyncio.ensure_future(ask()))
-        return await asyncio.shield(known[1])
+            running = self.reading[key] = asyncio.ensure_future(ask())
+            running.add_done_callback(lambda done, key=key: self._done(key, done))
+        return await asyncio.shield(running)
 
-    def forget(self, key: Any) -> None:
-        self.answers.pop(key, None)
+    def _done(self, key: Any, done: asyncio.Future[Any]) -> None:
+        if self.reading.get(key) is done:
+            del self.reading[key]
+        if not done.cancelled():
+            done.exception()  # every waiter got it; a read no socket waits for any more is not "never retrieved"
 
 
-_herds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Herd] = weakref.WeakKeyDictionary()
+_herds: dict[asyncio.AbstractEventLoop, Herd] = {}
 
 
 def herd() -> Herd:
@@ -347,6 +334,8 @@ def herd() -> Herd:
     loop = asyncio.get_running_loop()
     found = _herds.get(loop)
     if found is None:
+        for gone in [other for other in _herds if other.is_closed()]:  # a test's loop, ended
+            del _herds[gone]
         found = _herds[loop] = Herd()
     return found
 
@@ -365,14 +354,3 @@ class HerdAuthMiddleware(AuthMiddleware):
 def HerdAuthMiddlewareStack(inner: Any) -> Any:  # noqa: N802 (named like channels' AuthMiddlewareStack)
     """Cookies, the session, and the user, as channels' AuthMiddlewareStack, with one check per herd."""
     return CookieMiddleware(SessionMiddleware(HerdAuthMiddleware(inner)))
-
-
-def _signed_out(sender: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
-    """A sign-out is never answered from memory: the next socket of that session checks afresh."""
-    key = getattr(getattr(request, "session", None), "session_key", None)
-    if key:
-        for found in list(_herds.values()):
-            found.forget(("user", key))
-
-
-user_logged_out.connect(_signed_out, dispatch_uid="loops.consumers.signed_out")

@@ -264,5 +264,5 @@ def check(found: Budget, conn: Any = None) -> tuple[bool, str]:
     return False, (
         f"Tether's database connections do not fit the server: {found.describe()} > {room} ({how}). "
         f"Lower {found.settings_named()}, raise max_connections, or put PgBouncer in front of the "
-        "server (README: Many loops, many machines)."
+        "server (docs/operations.md: Connection budget)."
     )

@@ -124,7 +124,7 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
-# Behind PgBouncer in transaction pooling mode (README: the connection budget).
+# Behind PgBouncer in transaction pooling mode (docs/operations.md: Connection budget).
 TETHER_DB_PGBOUNCER = os.environ.get("TETHER_DB_PGBOUNCER", "") == "1"
 if DATABASE_URL:
     import dj_database_url
@@ -137,9 +137,11 @@ if DATABASE_URL:
     )
     if _db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL (postgres://...), got {_db['ENGINE']}")
-    # Behind PgBouncer a cursor may not outlive its transaction: `.iterator()` reads in chunks instead.
+    # Behind PgBouncer (transaction pooling) neither a cursor nor a prepared statement outlives its
+    # transaction: `.iterator()` reads in chunks instead, and psycopg prepares nothing.
     if TETHER_DB_PGBOUNCER:
         _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+        _db.setdefault("OPTIONS", {})["prepare_threshold"] = None
     _db.setdefault("TEST", {})
     if name := os.environ.get("TETHER_TEST_DB_NAME"):
         _db["TEST"]["NAME"] = name
@@ -161,7 +163,7 @@ else:
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# PostgreSQL connections, one budget (tether/dbpool.py; README: Many loops, many machines). A web
+# PostgreSQL connections, one budget (tether/dbpool.py; docs/operations.md: Connection budget). A web
 # process borrows every connection from a pool of TETHER_WEB_DB_POOL; a request that finds them all in
 # use queues for one up to TETHER_WEB_DB_WAIT_SECONDS, then answers 503 "busy" with Retry-After.
 # TETHER_DB_RESERVE connections are kept free for an operator's commands (`manage.py loginlink`).

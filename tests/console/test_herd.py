@@ -129,6 +129,7 @@ class Serve:
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a herd takes the machine: beside other tests, it measures them, not the server
 def test_five_hundred_handshakes_at_once_all_open_and_get_their_replay(user, run, tmp_path):
     """Behaviour, not speed: every socket of the herd opens and gets its replay's first event, none is
     closed 1011. Each waits for its open and then its first message, each bounded by a minute so a

@@ -234,15 +234,16 @@ def backends_now(admin, dbname: str) -> tuple[int, int]:
 
 @postgresql_only
 @pytest.mark.slow
+@pytest.mark.alone  # its serve's budget is 84 of PostgreSQL's 100 connections: not beside other workers' servers
 @pytest.mark.django_db(transaction=True)
-def test_two_hundred_starts_from_sixty_four_threads_are_served_within_the_budget(
+def test_two_hundred_starts_from_sixty_four_threads_all_start_within_the_budget(
     user, make_instance, tmp_path, settings
 ):
-    """On the default settings (2 worker processes, as in the issue), 200 starts from 64 threads at once:
-    every one is answered, started or (having queued its bound) 503 "busy" with Retry-After, never the
-    outage message, and the serve's PostgreSQL connections (pg_stat_activity, sampled through the burst)
-    never pass its budget, which fits the server's max_connections. Behaviour only: how fast the starts
-    are answered, and how many start, is measured by `make load LOAD_ARGS=--burst`."""
+    """On the default settings but two worker processes, 200 starts from 64 threads at once: every one
+    starts (a start queues for a connection, it is not refused), and the serve's PostgreSQL connections
+    (pg_stat_activity, sampled through the burst) never pass its budget, which fits the server's
+    max_connections, and the server's never reach max_connections. Behaviour only: how fast the starts
+    are answered is measured by `make load LOAD_ARGS=--burst`."""
     import http.client
 
     import psycopg
@@ -265,7 +266,7 @@ def test_two_hundred_starts_from_sixty_four_threads_are_served_within_the_budget
             mine, everyone = backends_now(admin, db["NAME"])
             peak[0], server_peak[0] = max(peak[0], mine), max(server_peak[0], everyone)
 
-    sampler = threading.Thread(target=sample)
+    sampler = threading.Thread(target=sample, daemon=True)  # never keeps pytest alive at its exit
     sampler.start()
     gate = threading.Barrier(64)
 
@@ -296,13 +297,12 @@ def test_two_hundred_starts_from_sixty_four_threads_are_served_within_the_budget
     print(f"200 starts from 64 threads: {len(started)} started, {len(busy)} busy; peak {peak[0]} connections"
           f" of the serve's budget {held} ({server_peak[0]} on the server, of max_connections {most})")  # fmt: skip
     assert len(answers) == 200
-    other = [a for a in answers if a not in started and a not in busy]
-    assert not other, other[:5]  # never the outage's message (the database answers), nor any other error
-    assert all(retry_after and int(retry_after) > 0 for _, retry_after, _ in busy), busy[:5]
-    assert started, "none started"
+    other = [a for a in answers if a not in started]
+    assert not other, (len(busy), other[:5])  # none refused: not busy, not the outage's message, nothing else
     assert 0 < peak[0] <= held, f"{peak[0]} connections at the peak, of a budget of {held}"
-    # ... and the budget, its reserve with it, fits the server (serve checked it before it started). The
-    # whole server's count is printed, not held to: other programs on this machine share its limit.
+    # ... and the budget, its reserve with it, fits the server (serve checked it before it started), and
+    # the server never ran out (a full server would also have refused the sampler's own count).
     assert dbpool.budget().total <= most, (dbpool.budget().describe(), most)
+    assert server_peak[0] < most, f"{server_peak[0]} client connections on the server, of {most}"
     said = f"database connections: {dbpool.budget().describe()}"  # serve said its budget as it started
     assert said in printed, printed[:2000]
