@@ -246,7 +246,11 @@ def start_burst(port: int, token: str, instance_ids: list[int], threads: int) ->
 
     def client(share: list[int]) -> None:
         body = json.dumps({"objective": "count"})
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"}
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
         gate.wait()
         for instance_id in share:
             began = time.monotonic()
@@ -345,14 +349,20 @@ async def burst_viewer(
     writer = None
     try:
         try:
-            reader, writer = await asyncio.wait_for(ws_open(port, f"/ws/runs/{run_id}/?after=0", cookie), open_within)
+            reader, writer = await asyncio.wait_for(
+                ws_open(port, f"/ws/runs/{run_id}/?after=0", cookie), open_within
+            )
         except TimeoutError:
             seen["error"] = f"not open within {open_within:g} s"
             return seen
         seen["opened"], seen["opened_at"], seen["connects"] = time.monotonic() - t0, time.time(), 1
         opened = time.monotonic()
         while seen["first"] is None or time.monotonic() < until:  # the first message has its own bound
-            wait = first_within - (time.monotonic() - opened) if seen["first"] is None else until - time.monotonic()
+            wait = (
+                first_within - (time.monotonic() - opened)
+                if seen["first"] is None
+                else until - time.monotonic()
+            )
             try:
                 opcode, payload = await asyncio.wait_for(ws_message(reader), max(0.01, wait))
             except TimeoutError:
@@ -363,7 +373,9 @@ async def burst_viewer(
                 code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
                 seen["closes"].append(code)
                 if seen["first"] is None or code != 1000:
-                    seen["error"] = f"closed {code}" + (" before the first message" if seen["first"] is None else "")
+                    seen["error"] = f"closed {code}" + (
+                        " before the first message" if seen["first"] is None else ""
+                    )
                 return seen
             if seen["first"] is None:
                 seen["first"] = time.monotonic() - t0
@@ -430,7 +442,11 @@ def burst_report(answers: list[dict[str, Any]], seen: list[dict[str, Any]]) -> d
         "starts": len(answers),
         "started": sum(1 for a in answers if a["status"] == 201),
         "refused": refused,
-        "start_s": {"p50": h.pct(latencies, 50), "p99": h.pct(latencies, 99), "max": max(latencies, default=0.0)},
+        "start_s": {
+            "p50": h.pct(latencies, 50),
+            "p99": h.pct(latencies, 99),
+            "max": max(latencies, default=0.0),
+        },
         "viewers": len(seen),
         "opened": len(opened),
         "first_message": len(first),
@@ -456,7 +472,9 @@ class Sampler:
 
     def _sample(self) -> None:
         while not self.stopping.wait(0.1):
-            row = self.conn.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'").fetchone()
+            row = self.conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            ).fetchone()
             self.peak = max(self.peak, int(row[0]) if row else 0)
 
     def stop(self) -> dict[str, int]:
@@ -606,13 +624,19 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
         else:
             # A fleet is started by many clients at once: the starters share the runs out.
             with ThreadPoolExecutor(args.starters) as pool:
-                shares = list(pool.map(
-                    lambda part: h.role(
-                        "bench.load", env("load-start"), "start", str(home / "instances.json"), str(part),
-                        str(args.starters),
-                    ),
-                    range(args.starters),
-                ))
+                shares = list(
+                    pool.map(
+                        lambda part: h.role(
+                            "bench.load",
+                            env("load-start"),
+                            "start",
+                            str(home / "instances.json"),
+                            str(part),
+                            str(args.starters),
+                        ),
+                        range(args.starters),
+                    )
+                )
             started = {
                 "runs": [run for share in shares for run in share["runs"]],
                 "began": min(share["began"] for share in shares),
@@ -886,7 +910,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
             )
             if "pg_burst_connections" in r:
                 c = r["pg_burst_connections"]
-                print(f"  burst: connections       peak {c['peak']} of max_connections {c['max_connections']} (whole server)")
+                print(
+                    f"  burst: connections       peak {c['peak']} of max_connections {c['max_connections']} (whole server)"
+                )
         print(f"  logs                     {r['logs']}")
 
 
@@ -912,7 +938,7 @@ def main() -> None:
         "--db-pool",
         type=int,
         default=None,
-        help="TETHER_DB_POOL: PostgreSQL connections each worker process pools (0, the default: no pool)",
+        help="TETHER_DB_POOL: PostgreSQL connections each worker process pools (0: no pool; default: the setting's, 32)",
     )
     parser.add_argument("--brain", default="command", help="command, sleep or both (comma-separated)")
     parser.add_argument("--backend", default="postgres", help="postgres, sqlite or both (comma-separated)")

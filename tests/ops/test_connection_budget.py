@@ -219,6 +219,27 @@ def test_serve_refuses_to_start_when_the_budget_does_not_fit_max_connections_nam
         assert name in said, (name, said[-2000:])
 
 
+def test_serve_says_so_when_it_cannot_reach_the_database_to_check_the_budget(tmp_path):
+    """A database that does not answer yet is a warning naming the budget left unchecked, not a traceback
+    from the check (what follows is as before: here `migrate` fails, as it did without the check)."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {
+        **os.environ,
+        "TETHER_HOME": str(tmp_path),
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:{port}/tether",
+    }
+    env.pop("REDIS_URL", None)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "serve", "--port", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    said = done.stderr + done.stdout
+    assert "could not reach its database to check its connection budget" in said, said[-2000:]
+    assert "TETHER_WEB_DB_POOL" in said and "dbpool.py" not in said, said[-2000:]
+
+
 APP_NAME = "tether-burst-under-test"  # the serve's own connections, told from every other on the server
 
 

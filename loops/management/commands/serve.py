@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 
 from loops import accounts
 from tether import addresses, dbpool
@@ -103,7 +103,14 @@ class Command(BaseCommand):
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         children: list[tuple[str, subprocess.Popen]] = []
         if not workers_only:
-            web = [sys.executable, "-m", "daphne", "-e", listen_endpoint(host, port_number), "tether.asgi:application"]
+            web = [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-e",
+                listen_endpoint(host, port_number),
+                "tether.asgi:application",
+            ]
             children.append(("web", subprocess.Popen(web, cwd=settings.BASE_DIR)))
             self.stdout.write(f"Tether web on http://{host}:{port_number}/")
             record_address(host, port_number)
@@ -146,8 +153,15 @@ class Command(BaseCommand):
         """Print the PostgreSQL connections these roles may hold; refuse to start when they do not fit."""
         if connection.vendor != "postgresql":
             return
+        found = dbpool.budget(web=web, workers=workers)
         try:
-            fits, said = dbpool.check(dbpool.budget(web=web, workers=workers))
+            fits, said = dbpool.check(found)
+        except OperationalError as exc:  # not reachable now: say what was not checked, start as before
+            self.stderr.write(
+                f"WARNING: Tether could not reach its database to check its connection budget"
+                f" ({found.describe()}) against max_connections: {str(exc).strip()[:300]}"
+            )
+            return
         finally:
             connections.close_all()
         if not fits:
