@@ -61,6 +61,44 @@ def test_a_herd_of_one_persons_sockets_costs_one_session_check_and_one_replay_re
     assert len([r for r in replays if r == (run.pk, 0)]) <= 3, replays
 
 
+def test_a_herd_shares_only_a_read_in_flight_and_its_error_and_outlives_a_socket_that_leaves():
+    """Single flight, no memory: sockets asking while a read runs share it (its answer or its error);
+    once it is done, the next socket reads afresh; a socket that closes while it waits leaves the read
+    to the others."""
+    from loops.consumers import Herd
+
+    async def go():
+        herd, asked, release = Herd(), [], asyncio.Event()
+
+        async def read():
+            asked.append(1)
+            await release.wait()
+            if len(asked) == 3:
+                raise RuntimeError("the database said no")
+            return len(asked)
+
+        first = asyncio.create_task(herd.share("k", read))
+        second = asyncio.create_task(herd.share("k", read))
+        await asyncio.sleep(0)
+        first.cancel()  # its socket closed while it waited
+        await asyncio.sleep(0)
+        release.set()
+        shared = await second
+        after = await herd.share("k", read)  # done: read again, nothing kept
+        release.clear()
+        failing = [asyncio.create_task(herd.share("k", read)) for _ in range(2)]
+        await asyncio.sleep(0)
+        release.set()
+        errors = await asyncio.gather(*failing, return_exceptions=True)
+        again = await herd.share("k", read)  # an error is not kept either
+        return first.cancelled(), shared, after, errors, again, len(asked)
+
+    cancelled, shared, after, errors, again, reads = asyncio.run(go())
+    assert cancelled and shared == 1 and after == 2
+    assert [str(e) for e in errors] == ["the database said no"] * 2
+    assert again == 4 and reads == 4
+
+
 # --- a real server, a real herd ------------------------------------------------------------------
 
 

@@ -139,7 +139,9 @@ def test_a_start_that_cannot_get_a_connection_within_the_bound_answers_503_busy(
         release.wait(30)
         connection.close()  # back to the pool
 
-    holders = [threading.Thread(target=hold) for _ in range(2)]
+    holders = [
+        threading.Thread(target=hold, daemon=True) for _ in range(2)
+    ]  # never keep pytest alive at exit
     for holder in holders:
         holder.start()
     try:
