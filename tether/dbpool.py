@@ -107,7 +107,9 @@ def _define_pool() -> type:
                 return super().getconn(timeout)
             except PoolTimeout:
                 if self.tether_failed_at:  # not a crowd: the server stopped answering meanwhile
-                    raise psycopg.OperationalError(f"the database does not answer: {self.tether_error}") from None
+                    raise psycopg.OperationalError(
+                        f"the database does not answer: {self.tether_error}"
+                    ) from None
                 raise
 
         def _probe(self, timeout: float) -> None:
@@ -150,8 +152,12 @@ def _install(size: int, wait: float, name: str, min_size: int) -> bool:
     configured["OPTIONS"] = {
         **configured.get("OPTIONS", {}),
         "pool": {
-            "min_size": min(min_size, size), "max_size": size, "max_idle": 60.0, "timeout": wait,
-            "reconnect_timeout": 1.0, "name": name,
+            "min_size": min(min_size, size),
+            "max_size": size,
+            "max_idle": 60.0,
+            "timeout": wait,
+            "reconnect_timeout": 1.0,
+            "name": name,
         },
     }
     wrapper = connections[DEFAULT_DB_ALIAS]
@@ -209,7 +215,9 @@ class Budget:
         return f"{said} + {self.reserve} kept free (TETHER_DB_RESERVE) = {self.total}"
 
     def settings_named(self) -> str:
-        names = [name for _, _, names in self.parts for name in names.split(" × ") if name.startswith("TETHER_")]
+        names = [
+            name for _, _, names in self.parts for name in names.split(" × ") if name.startswith("TETHER_")
+        ]
         return ", ".join(dict.fromkeys([*names, "TETHER_DB_RESERVE"]))
 
 
