@@ -52,6 +52,12 @@ def test_the_budget_adds_every_pool_in_one_place(settings):
     assert not dbpool.budget().bounded
 
 
+def test_behind_pgbouncer_the_budget_is_pgbouncers_to_allow_not_the_servers(settings):
+    settings.TETHER_DB_PGBOUNCER, settings.TETHER_WEB_DB_POOL = True, 100_000  # far past any max_connections
+    fits, said = dbpool.check(dbpool.budget())
+    assert fits and "through PgBouncer" in said and "max_client_conn" in said and "100000" in said
+
+
 def test_a_worker_process_pools_by_default(settings):
     from tether import settings as tether_settings
 
