@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-MAX_PATH_PARTS = 32  # JSON bodies nest at most 32 levels (loops.rest.MAX_DEPTH)
 _SEGMENT = re.compile(r"[A-Za-z0-9_-]+")
 
 
@@ -84,8 +83,6 @@ def _field(inside: str, at: int) -> Field:
     if ":" in inside:
         raise TemplateError(f"{shown}: format specifications (after ':') are not allowed; name a path only")
     parts = tuple(inside.split("."))
-    if len(parts) > MAX_PATH_PARTS:
-        raise TemplateError(f"{shown}: a path has at most {MAX_PATH_PARTS} parts")
     for part in parts:
         if part.startswith("__"):
             raise TemplateError(f"{shown}: names starting with '__' are not looked up")

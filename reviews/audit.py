@@ -7,7 +7,8 @@ address are kept). Reads: `audit_for_run`, `audit_for_pool`, `visible_to`; `writ
 
 Actions used by Tether (a dotted noun.verb): run.start, run.interject, run.stop, run.answer,
 run.resume, run.close, review.accept, review.reject, pool.limit, pool.cap, pool.create,
-credential.add, credential.remove, notification.add, notification.remove.
+credential.add, credential.remove, notification.add, notification.remove, trigger.create,
+trigger.change, trigger.pause, trigger.resume, trigger.rotate, trigger.delete.
 """
 
 from __future__ import annotations
