@@ -85,7 +85,7 @@ def run_start(
     `origin`: how it started, when not a person or a client through `via` (a schedule, a trigger).
     """
     origin = origin or Origin.of(via, parent)
-    _ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
+    ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
     objective = _checked_objective(instance, objective)
     if max_iterations is None:
         max_iterations = instance.max_iterations
@@ -134,8 +134,12 @@ def _deadline(max_minutes: Any):
     return timezone.now() + timedelta(minutes=max_minutes)
 
 
-def _ensure_startable(instance) -> None:
-    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox."""
+def ensure_startable(instance) -> None:
+    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox.
+
+    `run_start` asks this first; a caller about to open a transaction around `run_start` asks it
+    before, so the sandbox's first probe (a subprocess) never runs inside a transaction.
+    """
     from budgets.pricing import UnpricedModel
     from instances import credentials, prices, sandbox
 
@@ -380,7 +384,7 @@ def run_continue(
     max_iterations = _checked_iterations(run.max_iterations if max_iterations is None else max_iterations)
     new_cap = None if max_cost_usd in (None, "") else _usd_to_micros(max_cost_usd, "max_cost_usd")
     deadline = _deadline(max_minutes)
-    _ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
+    ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
     try:
         new = _continue(
             run=run, user=user, max_iterations=max_iterations, cap=new_cap, deadline=deadline, message=message,

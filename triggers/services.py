@@ -361,6 +361,10 @@ def _start(asked: _Request, objective: str) -> Answer:
     from budgets import money
 
     trigger = asked.trigger
+    try:
+        services.ensure_startable(trigger.instance)  # outside the transaction: it may probe the sandbox
+    except services.Refused as exc:
+        return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
     origin = services.Origin(Run.Origin.TRIGGER, {"trigger": trigger.pk, "delivery": asked.delivery_id})
     try:
         with transaction.atomic():

@@ -254,3 +254,47 @@ def test_an_unsigned_flood_is_kept_to_the_latest_deliveries(made, deliver, setti
     for _ in range(5):
         deliver(trigger, delivery=str(uuid.uuid4()))
     assert Delivery.objects.filter(trigger=trigger).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_delivery_sent_twice_at_once_starts_one_run(made):
+    """Two requests with one delivery id, side by side: the checks and the unique key leave one run."""
+    import threading
+
+    from django.db import connection
+
+    from triggers import services
+
+    trigger, secret = made
+    body = json.dumps(ISSUE_OPENED).encode()
+    headers = {
+        "X-Hub-Signature-256": sign(secret, body),
+        "X-GitHub-Delivery": "twice",
+        "X-GitHub-Event": "issues",
+    }
+    gate = threading.Barrier(2)
+    answers = []
+
+    def send():
+        try:
+            gate.wait(timeout=30)
+            answers.append(
+                services.receive(
+                    trigger_id=trigger.pk,
+                    headers=headers,
+                    body=body,
+                    body_bytes=len(body),
+                    content_type="application/json",
+                )
+            )
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(a.status for a in answers) == [200, 201]
+    assert Run.objects.count() == 1
+    assert {a.body["run"]["id"] for a in answers} == {Run.objects.get().pk}
