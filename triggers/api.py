@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import Body, Router, Status
 
@@ -109,8 +109,11 @@ def trigger_list(request: HttpRequest, instance_id: Id) -> Any:
     response={201: schemas.TriggerWithSecret, **errors()},
     summary="Create a webhook trigger; the answer holds its secret, shown this once",
 )
-def trigger_create(request: HttpRequest, instance_id: Id, payload: schemas.TriggerIn) -> Any:
+def trigger_create(
+    request: HttpRequest, response: HttpResponse, instance_id: Id, payload: schemas.TriggerIn
+) -> Any:
     instance = _instance(request, instance_id)
+    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
     try:
         trigger, secret = services.trigger_create(
             user=request.user, instance=instance, request=request, **payload.model_dump()
@@ -164,8 +167,11 @@ def trigger_delete(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any
     response={200: schemas.TriggerWithSecret, **errors()},
     summary="Give a trigger a new secret (the old one stops working at once); the answer holds it, shown this once",
 )
-def trigger_rotate(request: HttpRequest, instance_id: Id, trigger_id: Id, payload: Empty = NO_BODY) -> Any:
+def trigger_rotate(
+    request: HttpRequest, response: HttpResponse, instance_id: Id, trigger_id: Id, payload: Empty = NO_BODY
+) -> Any:
     trigger = _trigger(request, instance_id, trigger_id)
+    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
     secret = services.trigger_rotate(user=request.user, trigger=trigger, request=request)
     return {**trigger_json(request, trigger), "secret": secret}
 

@@ -69,6 +69,7 @@ def test_a_trigger_origin_names_the_trigger_and_delivery_everywhere(client, user
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert 'data-run-origin="trigger"' in page
     assert "by webhook trigger 7 (delivery 72d3162e)" in page
+    assert f'href="/instances/{instance.pk}/triggers/#trigger-7"' in page
 
 
 def test_an_unknown_origin_is_refused_by_the_service(user, instance):

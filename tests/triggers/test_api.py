@@ -32,6 +32,7 @@ def test_create_shows_the_secret_once_then_never(api, user, instance, deliver):
     assert made.status_code == 201, made.content
     body = made.json()
     secret = body["secret"]
+    assert made["Cache-Control"] == "no-store"
     assert body["url"].endswith(f"/v1/hooks/{body['id']}") and body["url"].startswith("http")
     listed = api(user, "get", f"/v1/instances/{instance.pk}/triggers")
     one = api(user, "get", f"/v1/instances/{instance.pk}/triggers/{body['id']}")
@@ -52,6 +53,7 @@ def test_rotate_change_and_delete_are_audited(api, user, instance):
     made = api(user, "post", base, {"name": "t", "objective_template": "#{n}"}).json()
     rotated = api(user, "post", f"{base}/{made['id']}/rotate")
     assert rotated.status_code == 200 and rotated.json()["secret"] != made["secret"]
+    assert rotated["Cache-Control"] == "no-store"
     paused = api(user, "patch", f"{base}/{made['id']}", {"active": False})
     assert paused.status_code == 200 and paused.json()["active"] is False
     changed = api(
