@@ -71,30 +71,47 @@ def decrypt(token: str) -> str:
         ) from None
 
 
-def rotate(secret: str | None = None, fallbacks: Sequence[str] | None = None) -> int:
-    """Re-encrypt every stored credential (and MCP server secret) under `secret` (default: SECRET_KEY); return how many.
+# Every encrypted column, as (model label, field, whether it holds one secret to redact): the apps that
+# store a secret register theirs here (`register_encrypted`), so one rotation re-encrypts them all and
+# `instances.redaction` keeps each plain secret out of every text.
+_ENCRYPTED: list[tuple[str, str, bool]] = [
+    ("instances.Credential", "secret_encrypted", True),
+    ("instances.McpServer", "secrets_encrypted", False),  # a JSON object of values, redacted by its tools
+]
 
-    A credential is opened with `secret` or any of `fallbacks` (default: SECRET_KEY_FALLBACKS);
+
+def register_encrypted(model: str, field: str, *, redact: bool = True) -> None:
+    """Have `rotate` re-encrypt `model`'s `field` (a label like "triggers.Trigger") too, and redaction
+    keep its plain value out of texts when `redact`."""
+    if not any(known[:2] == (model, field) for known in _ENCRYPTED):
+        _ENCRYPTED.append((model, field, redact))
+
+
+def redacted_columns() -> list[tuple[str, str]]:
+    """Return the (model label, field) of every encrypted column holding one secret to redact."""
+    return [(model, field) for model, field, redact in _ENCRYPTED if redact]
+
+
+def rotate(secret: str | None = None, fallbacks: Sequence[str] | None = None) -> int:
+    """Re-encrypt every stored secret (credentials, MCP server secrets, trigger secrets…) under `secret`
+    (default: SECRET_KEY); return how many.
+
+    A secret is opened with `secret` or any of `fallbacks` (default: SECRET_KEY_FALLBACKS);
     one that none of them opens is left as it is (and stays unusable until re-entered).
     """
-    from instances.models import Credential, McpServer
+    from django.apps import apps
 
     fernet = _fernet(secret, fallbacks)
     count = 0
-    for credential in Credential.objects.all():
-        try:
-            rotated = fernet.rotate(credential.secret_encrypted.encode()).decode()
-        except InvalidToken:
-            continue
-        Credential.objects.filter(pk=credential.pk).update(secret_encrypted=rotated)
-        count += 1
-    for server in McpServer.objects.exclude(secrets_encrypted=""):
-        try:
-            rotated = fernet.rotate(server.secrets_encrypted.encode()).decode()
-        except InvalidToken:
-            continue
-        McpServer.objects.filter(pk=server.pk).update(secrets_encrypted=rotated)
-        count += 1
+    for label, field, _ in _ENCRYPTED:
+        model = apps.get_model(label)
+        for pk, token in model.objects.exclude(**{field: ""}).values_list("pk", field):
+            try:
+                rotated = fernet.rotate(token.encode()).decode()
+            except InvalidToken:
+                continue
+            model.objects.filter(pk=pk).update(**{field: rotated})
+            count += 1
     return count
 
 

@@ -294,18 +294,27 @@ class _Stored:
 
         if not apps.ready:
             return
-        from instances.credentials import CredentialUnreadable, decrypt
+        from instances.credentials import CredentialUnreadable, decrypt, redacted_columns
         from instances.models import Credential
 
         connection = connections[Credential.objects.db]
         if connection.connection is None:
             return  # never open a connection for this (an act may have handed its own back)
+
+        def stored() -> tuple[tuple[str, int, str], ...]:
+            # Every stored secret: the credentials, and what other apps registered (a trigger's secret).
+            found: list[tuple[str, int, str]] = []
+            for label, field in redacted_columns():
+                model = apps.get_model(label)
+                found += [(label, pk, token) for pk, token in model.objects.order_by("pk").values_list("pk", field)]
+            return tuple(found)
+
         try:
             if connection.in_atomic_block:
                 with transaction.atomic(using=connection.alias):  # a savepoint: a failure spoils nothing
-                    rows = tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
+                    rows = stored()
             else:
-                rows = tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
+                rows = stored()
         except Exception:  # noqa: BLE001 - async code, no table yet: keep what is known
             return
         with self.lock:
@@ -313,7 +322,7 @@ class _Stored:
             if rows == self.rows:
                 return
             keys = []
-            for _, token in rows:
+            for _, _, token in rows:
                 try:
                     keys.append(decrypt(token))
                 except CredentialUnreadable:

@@ -6,7 +6,7 @@ their part of /v1/openapi.json; a refusal from a service keeps its status (`Refu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from django.db.models import Prefetch
 from django.http import HttpRequest
@@ -33,6 +33,7 @@ def run_json(run: Run) -> dict[str, Any]:
         "id": run.pk,
         "instance": run.instance_id,
         "objective": run.objective,
+        "origin": origin_json(run),
         "status": run.status,
         "outcome": run.outcome or None,
         "outcome_detail": run.outcome_detail or None,
@@ -51,6 +52,15 @@ def run_json(run: Run) -> dict[str, Any]:
         "parent": run.parent_id,
         "children": child_ids(run),
     }
+
+
+def origin_json(run: Run) -> dict[str, Any]:
+    """Return how the run started: its kind, and which schedule and firing or trigger and delivery."""
+    ref = run.origin_ref if isinstance(run.origin_ref, dict) else {}
+    return {"kind": run.origin, **{key: ref[key] for key in ORIGIN_KEYS if key in ref}}
+
+
+ORIGIN_KEYS = ("schedule", "firing", "trigger", "delivery", "parent")
 
 
 def child_ids(run: Run) -> list[int]:
@@ -105,10 +115,19 @@ def _usd(value: Any) -> str | None:
     response={200: schemas.Runs, **errors()},
     summary="List the instance's runs (newest first, at most 200)",
 )
-def loop_list(request: HttpRequest, instance_id: Id) -> Any:
+def loop_list(
+    request: HttpRequest,
+    instance_id: Id,
+    origin: Literal[tuple(Run.Origin.values)] | None = Query(  # type: ignore[valid-type]
+        None, description="only the runs that started this way"
+    ),
+) -> Any:
     instance = _instance(request, instance_id)
+    runs = Run.objects.filter(instance=instance, owner=request.user)
+    if origin:
+        runs = runs.filter(origin=origin)
     runs = (
-        Run.objects.filter(instance=instance, owner=request.user)
+        runs
         .select_related("continuation")
         .prefetch_related(Prefetch("children", queryset=Run.objects.only("pk", "parent_id")))
         .order_by("-id")[:200]

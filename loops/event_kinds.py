@@ -31,6 +31,30 @@ OUTCOME_LABELS = {
 }
 
 
+# How a run started, after "Started" (the keys are `loops.models.Run.Origin`'s values).
+ORIGIN_WORDS = {
+    "console": "in the console",
+    "api": "through the REST API",
+    "mcp": "through MCP",
+    "cli": "from the command line",
+    "delegation": "by another run's delegate call",
+    "schedule": "by a schedule",
+    "trigger": "by a webhook trigger",
+}
+
+
+def describe_origin(origin: Mapping[str, Any]) -> str:
+    """Return how a run started, for a person: "by webhook trigger 3 (delivery 72d3…)" (`origin`: kind + ref)."""
+    kind = str(origin.get("kind") or "")
+    if kind == "schedule" and origin.get("schedule") is not None:
+        return f"by schedule {origin['schedule']} (firing {origin.get('firing', '?')})"
+    if kind == "trigger" and origin.get("trigger") is not None:
+        return f"by webhook trigger {origin['trigger']} (delivery {origin.get('delivery', '?')})"
+    if kind == "delegation" and origin.get("parent") is not None:
+        return f"by run {origin['parent']}'s delegate call"
+    return ORIGIN_WORDS.get(kind, kind or "in a way not recorded")
+
+
 @dataclass(frozen=True)
 class Context:
     """What a title may need beyond the event's own data."""
@@ -104,6 +128,9 @@ def stopper(ctx: Context) -> str:
 
 def _started(d: Mapping[str, Any], ctx: Context) -> Title:
     links = _runs([d.get("continued_from")], "continuing") + _runs([d.get("parent")], "delegated by")
+    origin = d.get("origin")
+    if isinstance(origin, Mapping) and origin.get("kind") in ("schedule", "trigger"):
+        return Title(f"Started {describe_origin(origin)}", f"for {d.get('by') or 'someone'}", links=links)
     return Title(f"Started by {d.get('by') or 'someone'}", f"via {d['via']}" if d.get("via") else "", links=links)
 
 

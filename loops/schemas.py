@@ -174,10 +174,22 @@ class Decision(Schema):
     usage: dict[str, Any] | None
 
 
+class RunOrigin(Schema):
+    """How the run started; a schedule's firing or a trigger's delivery is named."""
+
+    kind: str = Field(json_schema_extra={"enum": list(RunModel.Origin.values)})
+    schedule: int | None = None
+    firing: str | None = None
+    trigger: int | None = None
+    delivery: str | None = None
+    parent: int | None = None
+
+
 class Run(Schema):
     id: int
     instance: int
     objective: str
+    origin: RunOrigin
     status: str = Field(json_schema_extra={"enum": list(RunModel.Status.values)})
     outcome: str | None = Field(json_schema_extra={"enum": [*RunModel.Outcome.values, None]})
     outcome_detail: str | None

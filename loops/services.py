@@ -7,6 +7,7 @@ are woken after it commits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -45,6 +46,25 @@ def _usd_to_micros(value: Any, field: str) -> int:
     return micros
 
 
+@dataclass(frozen=True)
+class Origin:
+    """How a run started (`Run.Origin`), and which schedule and firing or trigger and delivery."""
+
+    kind: str
+    ref: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in Run.Origin.values:
+            raise ValueError(f"unknown run origin {self.kind!r}; one of {', '.join(Run.Origin.values)}")
+
+    @classmethod
+    def of(cls, via: str, parent: Run | None = None) -> Origin:
+        """Return the origin of a run a person or a client asked for through `via` (or a parent delegated)."""
+        if parent is not None:
+            return cls(Run.Origin.DELEGATION, {"parent": parent.pk})
+        return cls(via)
+
+
 def run_start(
     *,
     instance,
@@ -57,12 +77,15 @@ def run_start(
     request=None,
     parent: Run | None = None,
     delegation: dict[str, Any] | None = None,
+    origin: Origin | None = None,
 ) -> Run:
     """Create a run of `instance` toward `objective` and schedule its first iteration.
 
     `parent` and `delegation`: a child run started by a run's `delegate` call (loops.delegation).
+    `origin`: how it started, when not a person or a client through `via` (a schedule, a trigger).
     """
-    _ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
+    origin = origin or Origin.of(via, parent)
+    ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
     objective = _checked_objective(instance, objective)
     if max_iterations is None:
         max_iterations = instance.max_iterations
@@ -72,12 +95,13 @@ def run_start(
     with transaction.atomic():
         run = _open(
             instance=instance, user=user, objective=objective, max_iterations=max_iterations, max_cost=max_cost,
-            deadline=deadline, via=via, next_instruction=objective,
+            deadline=deadline, via=via, origin=origin, next_instruction=objective,
             **({} if parent is None else {"parent": parent, "depth": parent.depth + 1, "delegation": delegation or {}}),
         )
         audit.record(
             user=user, action="run.start", run=run, request=request, via=via,
-            detail={"objective": objective[:500], "max_iterations": max_iterations, "max_cost_usd": max_cost_usd},
+            detail={"objective": objective[:500], "max_iterations": max_iterations, "max_cost_usd": max_cost_usd,
+                    "origin": origin.kind, **origin.ref},
         )
         tasks.schedule(run.pk, run.next_iteration)
     return run
@@ -110,8 +134,12 @@ def _deadline(max_minutes: Any):
     return timezone.now() + timedelta(minutes=max_minutes)
 
 
-def _ensure_startable(instance) -> None:
-    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox."""
+def ensure_startable(instance) -> None:
+    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox.
+
+    `run_start` asks this first; a caller about to open a transaction around `run_start` asks it
+    before, so the sandbox's first probe (a subprocess) never runs inside a transaction.
+    """
     from budgets.pricing import UnpricedModel
     from instances import credentials, prices, sandbox
 
@@ -134,7 +162,9 @@ def _ensure_startable(instance) -> None:
         raise Refused(f"Instance {instance.name!r} runs programs and the sandbox is unavailable: {problem}.")
 
 
-def _open(*, instance, user, objective: str, max_iterations: int, max_cost, deadline, via: str, **fields: Any) -> Run:
+def _open(
+    *, instance, user, objective: str, max_iterations: int, max_cost, deadline, via: str, origin: Origin, **fields: Any
+) -> Run:
     """Create the run with its pools and its `run.started` event (inside the caller's transaction)."""
     from budgets import ledger, money
     from budgets import services as budget_services
@@ -147,6 +177,8 @@ def _open(*, instance, user, objective: str, max_iterations: int, max_cost, dead
         max_cost_micros=max_cost,
         deadline=deadline,
         lease_expires_at=tasks.pickup_deadline(),
+        origin=origin.kind,
+        origin_ref=origin.ref,
         **fields,
     )
     try:
@@ -160,6 +192,7 @@ def _open(*, instance, user, objective: str, max_iterations: int, max_cost, dead
         "max_cost_usd": None if max_cost is None else money.usd_string(max_cost),
         "by": user.get_username(),
         "via": via,
+        "origin": {"kind": origin.kind, **origin.ref},
     }
     if run.continued_from_id is not None:
         started["continued_from"] = run.continued_from_id
@@ -351,7 +384,7 @@ def run_continue(
     max_iterations = _checked_iterations(run.max_iterations if max_iterations is None else max_iterations)
     new_cap = None if max_cost_usd in (None, "") else _usd_to_micros(max_cost_usd, "max_cost_usd")
     deadline = _deadline(max_minutes)
-    _ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
+    ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
     try:
         new = _continue(
             run=run, user=user, max_iterations=max_iterations, cap=new_cap, deadline=deadline, message=message,
@@ -388,7 +421,7 @@ def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline,
         cap = old.max_cost_micros if cap is None else cap
         new = _open(
             instance=old.instance, user=user, objective=old.objective, max_iterations=max_iterations,
-            max_cost=cap, deadline=deadline, via=via,
+            max_cost=cap, deadline=deadline, via=via, origin=Origin.of(via),
             continued_from=old, next_instruction=first, history=history,
             protected_baseline=old.protected_baseline, protected_changed=list(old.protected_changed or []),
         )

@@ -6,8 +6,9 @@ entry). Call it from the service that carries the action out, with the interface
 address are kept). Reads: `audit_for_run`, `audit_for_pool`, `visible_to`; `write_csv` exports.
 
 Actions used by Tether (a dotted noun.verb): run.start, run.interject, run.stop, run.answer,
-run.resume, run.close, workspace.rollback, review.accept, review.reject, pool.limit, pool.cap, pool.create,
-credential.add, credential.remove, notification.add, notification.remove.
+run.resume, run.close, workspace.rollback, review.accept, review.reject, pool.limit, pool.cap,
+pool.create, credential.add, credential.remove, notification.add, notification.remove, trigger.create,
+trigger.change, trigger.pause, trigger.resume, trigger.rotate, trigger.delete.
 """
 
 from __future__ import annotations

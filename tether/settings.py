@@ -82,6 +82,7 @@ INSTALLED_APPS = [
     "budgets",
     "loops",
     "reviews",
+    "triggers",
 ]
 
 MIDDLEWARE = [

@@ -418,7 +418,8 @@ def history(request: HttpRequest) -> HttpResponse:
     if form.is_bound and form.is_valid():
         data: dict[str, Any] = form.cleaned_data
         chosen = selectors.HistoryFilter(
-            instance=data["instance"], outcome=data["outcome"], since=data["since"], until=data["until"]
+            instance=data["instance"], outcome=data["outcome"], origin=data["origin"], since=data["since"],
+            until=data["until"],
         )
     runs = selectors.history(request.user, chosen)
     page = Paginator(runs, HISTORY_PAGE).get_page(request.GET.get("page"))

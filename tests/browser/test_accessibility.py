@@ -87,6 +87,12 @@ def console(ada, make_instance, script):  # noqa: F811
 
     Credential.create_for(ada, label="work key", secret="sk-ant-api03-" + "a" * 40)
     make_token(ada, name="laptop")
+    from triggers import services as trigger_services
+
+    trigger, _ = trigger_services.trigger_create(
+        user=ada, instance=instance, name="issues", objective_template="Triage #{issue.number}"
+    )
+    trigger_services.receive(trigger_id=trigger.pk, headers={}, body=b"{}", body_bytes=2, content_type="application/json")
     NotificationTarget.objects.create(owner=ada, kind="email", address="ada@example.com")
     return {
         "instance": instance,
@@ -130,6 +136,7 @@ def test_every_console_page_is_clean_under_axe(browser, server, console, device)
         ("create form", "/instances/new/program/"),
         ("edit form", f"/instances/{instance.pk}/edit"),
         ("budget and pools", f"/instances/{instance.pk}/budget"),
+        ("webhook triggers", f"/instances/{instance.pk}/triggers/"),
         ("finished run", f"/runs/{finished.pk}/"),
         ("receipt", f"/runs/{finished.pk}/receipt"),
         ("rollback confirmation", f"/runs/{finished.pk}/rollback?to=start"),
