@@ -89,10 +89,19 @@ def lockout_response(request, original_response=None, credentials=None) -> HttpR
 
 
 def on_locked_out(sender, request=None, username=None, ip_address=None, **kwargs) -> None:
-    """Record a sign-in lockout (axes' `user_locked_out`) in the audit trail; never the password tried."""
+    """Record a sign-in lockout (axes' `user_locked_out`) in the audit trail; never the password tried.
+
+    Once per lockout: axes says so again at every refused try, and those are not new lockouts
+    (a username and address already recorded within the cool-off are not recorded again).
+    """
     from reviews import audit
+    from reviews.models import AuditEntry
 
     name = str(username or "")[:150]
+    since = timezone.now() - login_cool_off(request)
+    recent = AuditEntry.objects.filter(action="signin.locked_out", created_at__gte=since, ip_address=ip_address)
+    if recent.filter(detail__username=name).exists():
+        return
     account = get_user_model().objects.filter(username=name).first() if name else None
     path = getattr(request, "path", "") or ""
     audit.record(

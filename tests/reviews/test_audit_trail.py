@@ -356,8 +356,9 @@ def test_tokens_issued_and_revoked_on_the_console_and_the_cli_are_recorded_witho
 
 def test_a_sign_in_lockout_is_recorded_on_the_account_it_names(client, user, settings):
     settings.TETHER_LOGIN_FAILURE_LIMIT = 3
-    for n in range(3):
+    for n in range(8):  # three wrong passwords lock the account; five more tries are refused
         client.post("/login/", {"username": "ada", "password": f"guess-{n}"}, REMOTE_ADDR="192.0.2.9")
+    assert AuditEntry.objects.filter(action="signin.locked_out").count() == 1  # one lockout, one entry
     locked = entry("signin.locked_out")
     assert (locked.owner, locked.user, locked.via) == (user, None, "console")
     assert locked.detail["username"] == "ada" and locked.ip_address == "192.0.2.9"
