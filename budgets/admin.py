@@ -22,6 +22,7 @@ from django.utils.html import format_html, format_html_join
 from budgets import ledger, selectors, services, spending
 from budgets.models import LedgerEntry, Pool, Price, Reservation
 from budgets.money import format_usd, micros_to_decimal, usd_to_micros
+from reviews import audit
 from reviews.audit import AuditedAdmin
 
 LEDGER_ROWS = 50
@@ -97,6 +98,7 @@ class PoolAdmin(admin.ModelAdmin):
         "threshold_flagged_at",
         "children_links",
         "recent_ledger",
+        "recent_audit",
     ]
     actions = ["reset_period"]
 
@@ -153,6 +155,30 @@ class PoolAdmin(admin.ModelAdmin):
             '<th>run</th><th>by</th></tr>{}</table><p><a href="{}">all entries</a></p>',
             rows,
             link,
+        )
+
+    @admin.display(description=f"changes (latest {audit.PAGE_ENTRIES})")
+    def recent_audit(self, pool: Pool) -> str:
+        if pool.pk is None:
+            return "—"
+        entries = audit.audit_for_pool(pool).order_by("-created_at", "-id")[: audit.PAGE_ENTRIES]
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    e.username or "—",
+                    e.action,
+                    e.via,
+                    "; ".join(f"{field}: {before} → {after}" for field, before, after in e.changes()),
+                )
+                for e in entries
+            ),
+        )
+        return format_html(
+            "<table><tr><th>at</th><th>by</th><th>action</th><th>via</th><th>before → after</th></tr>{}</table>",
+            rows,
         )
 
     def save_model(self, request: HttpRequest, obj: Pool, form: PoolForm, change: bool) -> None:

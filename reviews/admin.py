@@ -56,7 +56,7 @@ class WorkspaceSnapshotAdmin(ReadOnly):
 
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnly):
-    list_display = ["created_at", "username", "action", "run_ref", "pool_ref", "via", "user_agent"]
+    list_display = ["created_at", "username", "action", "run_ref", "pool_ref", "instance_ref", "owner", "via", "user_agent"]
     list_filter = ["action", "via"]
     search_fields = ["username", "action", "user_agent"]
 

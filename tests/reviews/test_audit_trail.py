@@ -110,6 +110,10 @@ def test_pool_changes_made_in_the_admin_are_recorded_with_before_and_after(admin
     assert reset.status_code == 302
     assert entry("pool.period_reset", pool=team).detail["after"] == {"spent": "0"}
 
+    # The operator's pool page in the admin lists the changes too.
+    page = admin_client.get(change).content.decode()
+    assert "pool.limit" in page and "pool.top_up" in page and "5.000000 → 7.500000" in page
+
 
 def test_a_cap_raised_to_resume_a_run_is_recorded_through_the_api(client, user, make_instance):
     instance = make_instance(user)
