@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.http import HttpRequest
 from ninja import Router, Status
 
@@ -185,18 +184,7 @@ def credential_create(request: HttpRequest, payload: schemas.CredentialIn) -> An
     summary="Delete a stored key",
 )
 def credential_delete(request: HttpRequest, credential_id: Id) -> Any:
-    from instances.models import Credential
-    from reviews import audit
-
-    with transaction.atomic():
-        deleted, _ = Credential.objects.filter(owner=request.user, pk=credential_id).delete()
-        if not deleted:
-            raise ApiError(f"credential {credential_id} not found", 404)
-        audit.record(
-            user=request.user,
-            action="credential.remove",
-            request=request,
-            via="api",
-            detail={"credential": credential_id},
-        )
+    removed = services.credential_remove(user=request.user, credential_id=credential_id, via="api", request=request)
+    if removed is None:
+        raise ApiError(f"credential {credential_id} not found", 404)
     return {"deleted": credential_id}

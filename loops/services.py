@@ -328,7 +328,7 @@ def run_resume(*, run: Run, user, via: str = "api", request=None, max_cost_usd: 
                     f"max_cost_usd must be above the run's current cap of {money.format_usd(run.max_cost_micros)}"
                 )
             try:
-                budget_services.run_set_cap(run, new_cap, user)
+                budget_services.run_set_cap(run, new_cap, user, via=via, request=request)
             except ledger.InvalidBudget as exc:
                 raise Refused(str(exc)) from None
             Run.objects.filter(pk=run.pk).update(max_cost_micros=new_cap)

@@ -14,14 +14,15 @@ connects:
   or that made it wait for a person: end snapshot, review queue, receipt, notifications. Never raises.
 
 The loop's services (and its console pages) still call this app directly:
-- `reviews.audit.record(*, user, action, run=None, pool=None, detail, request=None, via)` — inside the
-  transaction of every human action (start, interject, answer, stop, resume, close, budget changes,
-  credentials).
+- `reviews.audit.record(*, user, action, run=None, pool=None, instance=None, owner=None, detail,
+  request=None, via)` — inside the transaction of every person's action that changes what agents may
+  do or spend (`reviews.audit.ACTIONS`); `budgets`, `instances` and `loops.auth` call it too, and
+  admins mix in `reviews.audit.AuditedAdmin`.
 - `reviews.rollback.points(run)`, `plan(run=, to=)`, `rollback(run=, user=, to=, via=, request=)` — a
   person rolling a run's workspace back to one of its snapshots (REST, console, MCP, CLI).
 
 Pages: `/reviews/` (queue), `/reviews/<item>/` (diff first, verdict), `/reviews/audit.csv`; API:
 `GET /v1/instances/{id}/loop/{run}/receipt`; CLI: `python manage.py loop verify-receipt FILE`.
 For the console: `reviews.selectors.fleet_stats(user)` with `reviews/_trust.html`,
-`reviews.audit.audit_for_run(run)` with `reviews/_audit.html`, `reviews.selectors.pending_count(user)`.
+`reviews.audit.audit_for_run(run)` / `for_page(...)` with `reviews/_audit.html`, `reviews.selectors.pending_count(user)`.
 """

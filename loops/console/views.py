@@ -113,6 +113,8 @@ def _instance_page(
         "form": form,
         "runs": runs,
         "env_names": sorted((instance.env or {}).keys()),
+        "entries": review_audit.for_page(review_audit.audit_for_instance(instance), request.user),
+        "audit_title": "Changes to this agent",
         **_nav(request),
     }
     return render(request, "loops/instance_detail.html", context, status=status)

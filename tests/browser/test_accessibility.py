@@ -1,7 +1,8 @@
 """axe-core finds nothing on any console page a person reaches, on a phone and on a laptop (issue #26).
 
 One test per device signs in once and visits, in headless Chromium against daphne: the sign-in
-page, the fleet, an instance (page, new, create form, edit, budget and pools), a run page while its
+page, the fleet, an instance (page, new, create form, edit, budget and pools), a pool's page and the
+person's account page (each with its audit trail), a run page while its
 socket is live and events arrive (its stop confirm open), a run waiting for an answer (its confirm
 open), a run out of budget (its resume form), a finished run and its receipt, history, keys, tokens
 (and the page that shows a new one once), notifications (with a Remove button), the review queue
@@ -85,6 +86,10 @@ def console(ada, make_instance, script):  # noqa: F811
         status=Run.Status.FINISHED, outcome=Run.Outcome.BUDGET_EXHAUSTED, finished_at=timezone.now()
     )
 
+    from budgets import services as budget_services
+
+    pool = budget_services.instance_pool(instance)
+    budget_services.pool_set_limit(pool, 50_000_000, user=ada, via="admin")  # the pool page's audit has a change
     Credential.create_for(ada, label="work key", secret="sk-ant-api03-" + "a" * 40)
     make_token(ada, name="laptop")
     from triggers import services as trigger_services
@@ -101,6 +106,7 @@ def console(ada, make_instance, script):  # noqa: F811
         "item": item,
         "waiting": waiting,
         "exhausted": exhausted,
+        "pool": pool,
     }
 
 
@@ -137,6 +143,8 @@ def test_every_console_page_is_clean_under_axe(browser, server, console, device)
         ("edit form", f"/instances/{instance.pk}/edit"),
         ("budget and pools", f"/instances/{instance.pk}/budget"),
         ("webhook triggers", f"/instances/{instance.pk}/triggers/"),
+        ("pool page", f"/pools/{console['pool'].pk}/"),
+        ("account", "/account/"),
         ("finished run", f"/runs/{finished.pk}/"),
         ("receipt", f"/runs/{finished.pk}/receipt"),
         ("rollback confirmation", f"/runs/{finished.pk}/rollback?to=start"),
