@@ -18,7 +18,9 @@ class DeliveryInline(admin.TabularInline):
 
 
 @admin.register(Trigger)
-class TriggerAdmin(admin.ModelAdmin):
+class TriggerAdmin(audit.AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "trigger"  # the one admin hook: a change (pausing, resuming) or a delete, before and after
+    audit_verbs = ("create", "change", "delete")
     list_display = ("id", "name", "instance", "owner", "active", "max_per_minute", "secret_set_at")
     list_filter = ("active",)
     search_fields = ("name", "instance__name", "owner__username")
@@ -42,26 +44,6 @@ class TriggerAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):  # made where its secret can be shown once: the console or the API
         return False
-
-    def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        if "active" in form.changed_data:
-            audit.record(
-                user=request.user,
-                action="trigger.resume" if obj.active else "trigger.pause",
-                request=request,
-                via="admin",
-                detail={"trigger": obj.pk, "instance": obj.instance_id, "name": obj.name},
-            )
-
-    def delete_model(self, request, obj):
-        detail = {"trigger": obj.pk, "instance": obj.instance_id, "name": obj.name}
-        super().delete_model(request, obj)
-        audit.record(user=request.user, action="trigger.delete", request=request, via="admin", detail=detail)
-
-    def delete_queryset(self, request, queryset):
-        for trigger in queryset:
-            self.delete_model(request, trigger)
 
 
 @admin.register(Delivery)

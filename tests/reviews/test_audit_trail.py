@@ -522,6 +522,7 @@ def test_every_admin_that_shapes_agents_or_spend_records_through_the_hook():
         "AuditedGroupAdmin",
         "GradingAdmin",
         "NotificationTargetAdmin",
+        "TriggerAdmin",
     } <= hooked
     assert _hook_actions() <= set(audit.ACTIONS)  # record() refuses any other: a new admin must be listed
 

@@ -117,3 +117,18 @@ def test_the_admin_never_shows_the_secret(client, django_user_model, made):
         page = client.get(path)
         assert page.status_code == 200, path
         assert secret not in page.content.decode() and trigger.secret_encrypted not in page.content.decode()
+
+
+def test_pausing_a_trigger_in_the_admin_is_audited_without_its_secret(client, django_user_model, made):
+    from reviews.models import AuditEntry
+
+    trigger, secret = made
+    root = django_user_model.objects.create_superuser("root", email="")
+    client.force_login(root)
+    inline = {"deliveries-TOTAL_FORMS": "0", "deliveries-INITIAL_FORMS": "0", "deliveries-MAX_NUM_FORMS": "0"}
+    page = client.post(f"/admin/triggers/trigger/{trigger.pk}/change/", inline)  # `active` unticked
+    assert page.status_code == 302, page.content.decode()[-2000:]
+    entry = AuditEntry.objects.get(action="trigger.change", via="admin")
+    assert entry.user == root and entry.detail["before"] == {"active": True}
+    assert entry.detail["after"] == {"active": False}
+    assert secret not in str(entry.detail) and trigger.secret_encrypted not in str(entry.detail)
