@@ -35,17 +35,27 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache
 
-# The whole suite on the embedded default (SQLite + the ORM broker).
+# Which tests a lane runs, as a pytest marker expression (e.g. TEST_MARKS="not browser"); empty: all.
+# Give it here, not as `-m` in PYTEST_ARGS: pytest heeds only the last `-m`, and the lanes add their own.
+TEST_MARKS ?=
+ALONE_OUT  := $(if $(strip $(TEST_MARKS)),not alone and ($(TEST_MARKS)),not alone)
+ALONE_ONLY := $(if $(strip $(TEST_MARKS)),alone and ($(TEST_MARKS)),alone)
+# The `alone` tests (a burst that takes most of PostgreSQL's connections, a herd of sockets that
+# takes the machine) run after the side-by-side run, one at a time. Exit 5: none was selected.
+RUN_ALONE   = $(PY) -m pytest -p no:xdist -m "$(ALONE_ONLY)" $(PYTEST_ARGS) || test $$? -eq 5
+
+# The whole suite on the embedded default (SQLite + the ORM broker): side by side, then the `alone` tests.
 test: export TETHER_HOME := $(TETHER_TEST_HOME)
 test: lint
 	@scripts/system-packages.sh chromium
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "$(ALONE_OUT)" $(PYTEST_ARGS)
+	$(RUN_ALONE)
 
 # The fast lane while changing code: lint, then every test that starts no browser, no server or
-# worker process and waits on nothing slow (`-m "not slow and not browser"`).
+# worker process and waits on nothing slow (`-m "not slow and not browser"`; the `alone` tests are slow).
 check: export TETHER_HOME := $(TETHER_TEST_HOME)
 check: lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow and not browser" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow and not browser and not alone$(if $(strip $(TEST_MARKS)), and ($(TEST_MARKS)))" $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m bench
@@ -59,8 +69,9 @@ chaos-ci: $(STAMP)
 chaos-cuts: $(STAMP)
 	$(PY) -m bench.chaos --cuts
 
+# `make load LOAD_ARGS=--burst`: every start and every viewer at the same instant (see bench/load.py).
 load: $(STAMP)
-	$(PY) -m bench.load
+	$(PY) -m bench.load $(LOAD_ARGS)
 
 clean:
 	rm -rf $(VENV) var

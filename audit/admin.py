@@ -5,7 +5,7 @@ from audit.models import AuditEntry
 
 @admin.register(AuditEntry)
 class AuditEntryAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "username", "action", "run_ref", "pool_ref", "via", "user_agent"]
+    list_display = ["created_at", "username", "action", "run_ref", "pool_ref", "instance_ref", "owner", "via", "user_agent"]
     list_filter = ["action", "via"]
     search_fields = ["username", "action", "user_agent"]
 

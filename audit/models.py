@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 
@@ -28,10 +30,18 @@ class AuditEntry(models.Model):
     pool = models.ForeignKey(
         "budgets.Pool", null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
     )
+    instance = models.ForeignKey(
+        "instances.Instance", null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_entries"
+    )
+    # Whose agent, key, token, pool or account the action was on (a person's page shows these).
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     run_ref = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="the run's id, kept after deletion"
     )
     pool_ref = models.PositiveBigIntegerField(null=True, blank=True)
+    instance_ref = models.PositiveBigIntegerField(null=True, blank=True, db_index=True)
     detail = models.JSONField(default=dict, blank=True)
     via = models.CharField(max_length=10, choices=Via.choices)
     user_agent = models.CharField(max_length=400, blank=True)
@@ -45,3 +55,10 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.username or 'someone'} {self.action} at {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+    def changes(self) -> list[tuple[str, Any, Any]]:
+        """Return (field, before, after) for each field the action changed (from `detail`), as pages show them."""
+        before, after = self.detail.get("before"), self.detail.get("after")
+        if not isinstance(before, dict) or not isinstance(after, dict):
+            return []
+        return [(name, before.get(name, "—"), after.get(name, "—")) for name in sorted({*before, *after})]

@@ -20,14 +20,26 @@ process(es), and a viewer process holding websocket viewers on the runs:
 
 Bounded: every wait has a deadline; everything started is stopped. Loopback only.
 
+With --burst, a fleet arrives the way it does from outside, all at once, not paced: every start is a
+request to the API (`POST /v1/instances/<id>/loop`), sent from --start-threads client threads (64)
+released at the same instant; as soon as they have all answered, every viewer connects at the same
+instant (a herd of tabs, as after a web restart), once each, no retry. It reports refused starts
+(and why: busy, outage, other) with their latency, viewers that failed to open within 10 s or got
+no first message within 10 s, by error class, and (PostgreSQL) the peak of connections against
+`max_connections`, sampled every 0.1 s through both bursts. The web process is `manage.py serve
+--web-only`, as deployed (its connection budget, its listen backlog).
+
 Run: python -m bench.load [--runs 200] [--iterations 5] [--act 2] [--viewers 500]
                           [--workers 2] [--clusters 1] [--web 1] [--starters 4] [--db-pool 40]
-                          [--brain command,sleep] [--backend postgres]
+                          [--brain command,sleep] [--backend postgres] [--burst [--start-threads 64]]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import base64
+import http.client
 import json
 import os
 import shutil
@@ -35,6 +47,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -110,7 +123,10 @@ def prepare(runs: int, iterations: int, act: float, brain: str, home: str) -> di
     client = Client()
     client.force_login(user)
     ids = list(Instance.objects.filter(owner=user).order_by("pk").values_list("pk", flat=True))
-    return {"cookie": f"sessionid={client.cookies['sessionid'].value}", "instances": ids}
+    from loops.auth import make_token
+
+    token = make_token(user, name="load")
+    return {"cookie": f"sessionid={client.cookies['sessionid'].value}", "instances": ids, "token": token}
 
 
 def start(instances_file: str, part: int = 0, parts: int = 1) -> dict[str, Any]:
@@ -216,6 +232,258 @@ def analyze(runs_file: str) -> dict[str, Any]:
     }
 
 
+# --- a burst: every start and every viewer at the same instant ---------------------------------------------
+
+OPEN_WITHIN = 10.0  # seconds a viewer's socket has to open
+FIRST_WITHIN = 10.0  # ... and then to bring its first message
+
+
+def start_burst(port: int, token: str, instance_ids: list[int], threads: int) -> list[dict[str, Any]]:
+    """POST one start per instance from `threads` client threads released at the same instant."""
+    shares = [instance_ids[i::threads] for i in range(threads)]
+    answers: list[dict[str, Any]] = []
+    lock = threading.Lock()
+
+    def client(share: list[int]) -> None:
+        body = json.dumps({"objective": "count"})
+        headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+        }
+        gate.wait()
+        for instance_id in share:
+            began = time.monotonic()
+            answer: dict[str, Any] = {"instance": instance_id}
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+                conn.request("POST", f"/v1/instances/{instance_id}/loop", body=body, headers=headers)
+                response = conn.getresponse()
+                raw = response.read()
+                conn.close()
+                answer["status"] = response.status
+                said = json.loads(raw or b"{}")
+                answer["run"] = said.get("id") if response.status == 201 else None
+                answer["error"] = "" if response.status == 201 else start_error_class(response.status, said)
+            except Exception as exc:  # a refused or dropped connection: its class is the finding
+                answer["status"], answer["run"], answer["error"] = 0, None, type(exc).__name__
+            answer["seconds"] = time.monotonic() - began
+            with lock:
+                answers.append(answer)
+
+    workers = [threading.Thread(target=client, args=(share,)) for share in shares if share]
+    gate = threading.Barrier(len(workers))
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(300)
+    return answers
+
+
+def start_error_class(status: int, said: dict[str, Any]) -> str:
+    error = str(said.get("error", "")) if isinstance(said, dict) else ""
+    if status == 503:
+        return "503 busy" if "busy" in error else "503 outage" if "database" in error else "503"
+    return f"{status}"
+
+
+async def ws_open(port: int, path: str, cookie: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a websocket as a browser of http://127.0.0.1:port would; raise `Refused` unless it is accepted."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nOrigin: http://127.0.0.1:{port}\r\n"
+            f"Cookie: {cookie}\r\n\r\n"
+        ).encode()
+    )
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1].decode(errors="replace")
+    if status != "101":
+        writer.close()
+        raise Refused(f"HTTP {status}")
+    return reader, writer
+
+
+class Refused(Exception):
+    pass
+
+
+async def ws_message(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """Read one whole message from the server (opcode, payload): a close is (8, its code and reason)."""
+    opcode, payload = 0, b""
+    while True:
+        b0, b1 = await reader.readexactly(2)
+        size = b1 & 0x7F
+        if size == 126:
+            size = int.from_bytes(await reader.readexactly(2), "big")
+        elif size == 127:
+            size = int.from_bytes(await reader.readexactly(8), "big")
+        if b1 & 0x80:
+            await reader.readexactly(4)  # a server never masks; tolerated
+        chunk = await reader.readexactly(size)
+        kind = b0 & 0x0F
+        if kind >= 8:  # a control frame (close, ping, pong) stands alone
+            if kind == 8:
+                return 8, chunk
+            continue
+        opcode = opcode or kind
+        payload += chunk
+        if b0 & 0x80:
+            return opcode, payload
+
+
+async def burst_viewer(
+    port: int, run_id: int, cookie: str, t0: float, until: float,
+    open_within: float = OPEN_WITHIN, first_within: float = FIRST_WITHIN,
+) -> dict[str, Any]:  # fmt: skip
+    """One viewer of `run_id`, once: when it opened and got its first message (seconds after `t0`, monotonic),
+    or why not (not open within `open_within`, no first message within `first_within` of its open); then it
+    follows the run until it finishes or `until` (`until` in the past: it stops at its first message). In
+    the shape `summarize` reads."""
+    seen: dict[str, Any] = {
+        "run_id": run_id, "seqs": [], "arrived": [], "opened_at": 0.0, "connects": 0, "closes": [],
+        "duplicates": [], "gaps": [], "finished_seq": 0, "opened": None, "first": None, "error": "",
+    }  # fmt: skip
+    writer = None
+    try:
+        try:
+            reader, writer = await asyncio.wait_for(
+                ws_open(port, f"/ws/runs/{run_id}/?after=0", cookie), open_within
+            )
+        except TimeoutError:
+            seen["error"] = f"not open within {open_within:g} s"
+            return seen
+        seen["opened"], seen["opened_at"], seen["connects"] = time.monotonic() - t0, time.time(), 1
+        opened = time.monotonic()
+        while seen["first"] is None or time.monotonic() < until:  # the first message has its own bound
+            wait = (
+                first_within - (time.monotonic() - opened)
+                if seen["first"] is None
+                else until - time.monotonic()
+            )
+            try:
+                opcode, payload = await asyncio.wait_for(ws_message(reader), max(0.01, wait))
+            except TimeoutError:
+                if seen["first"] is None:
+                    seen["error"] = f"no first message within {first_within:g} s"
+                return seen
+            if opcode == 8:
+                code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
+                seen["closes"].append(code)
+                if seen["first"] is None or code != 1000:
+                    seen["error"] = f"closed {code}" + (
+                        " before the first message" if seen["first"] is None else ""
+                    )
+                return seen
+            if seen["first"] is None:
+                seen["first"] = time.monotonic() - t0
+            match = h.EVENT_SEQ.match(payload[:160])
+            if not match:
+                continue
+            seq, last = int(match.group(1)), (seen["seqs"][-1] if seen["seqs"] else 0)
+            if seq <= last:
+                seen["duplicates"].append(seq)
+                continue
+            if seq != last + 1:
+                seen["gaps"].append((last, seq))
+            seen["seqs"].append(seq)
+            seen["arrived"].append(time.time())
+            if h.FINISHED in payload[:1000]:
+                seen["finished_seq"] = seq
+                return seen
+        return seen
+    except Refused as exc:
+        seen["error"] = str(exc)
+        return seen
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        seen["error"] = type(exc).__name__
+        return seen
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+async def viewer_burst(
+    port: int, runs: list[int], cookie: str, seconds: float,
+    open_within: float = OPEN_WITHIN, first_within: float = FIRST_WITHIN,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Every viewer at the same instant (one herd); each follows its run for at most `seconds`."""
+    t0 = time.monotonic()
+    return list(
+        await asyncio.gather(
+            *(burst_viewer(port, run, cookie, t0, t0 + seconds, open_within, first_within) for run in runs)
+        )
+    )
+
+
+def run_burst_viewers(spec_file: str, out_file: str) -> dict[str, Any]:
+    spec = json.loads(Path(spec_file).read_text())
+    seen = asyncio.run(viewer_burst(spec["ports"][0], spec["runs"], spec["cookie"], spec["seconds"]))
+    Path(out_file).write_text(json.dumps(seen))
+    return {"viewers": len(seen), "opened": sum(1 for v in seen if v["opened"] is not None)}
+
+
+def burst_report(answers: list[dict[str, Any]], seen: list[dict[str, Any]]) -> dict[str, Any]:
+    """Refused starts and failed viewers, by class, with the starts' latency and the viewers' times."""
+    refused: dict[str, int] = {}
+    for answer in answers:
+        if answer["status"] != 201:
+            refused[answer["error"]] = refused.get(answer["error"], 0) + 1
+    failed: dict[str, int] = {}
+    for viewer in seen:
+        if viewer["error"]:
+            failed[viewer["error"]] = failed.get(viewer["error"], 0) + 1
+    latencies = [a["seconds"] for a in answers]
+    opened = [v["opened"] for v in seen if v["opened"] is not None]
+    first = [v["first"] for v in seen if v["first"] is not None]
+    return {
+        "starts": len(answers),
+        "started": sum(1 for a in answers if a["status"] == 201),
+        "refused": refused,
+        "start_s": {
+            "p50": h.pct(latencies, 50),
+            "p99": h.pct(latencies, 99),
+            "max": max(latencies, default=0.0),
+        },
+        "viewers": len(seen),
+        "opened": len(opened),
+        "first_message": len(first),
+        "opened_s": {"p50": h.pct(opened, 50), "p99": h.pct(opened, 99), "max": max(opened, default=0.0)},
+        "first_s": {"p50": h.pct(first, 50), "p99": h.pct(first, 99), "max": max(first, default=0.0)},
+        "failed": failed,
+    }
+
+
+class Sampler:
+    """Peak connections to the server (all databases) and its max_connections, every 0.1 s in a thread."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(f"{h.PG_URL}/postgres?application_name=load-sampler", autocommit=True)
+        row = self.conn.execute("SELECT current_setting('max_connections')::int").fetchone()
+        self.max_connections = int(row[0]) if row else 0
+        self.peak = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while not self.stopping.wait(0.1):
+            row = self.conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
+            ).fetchone()
+            self.peak = max(self.peak, int(row[0]) if row else 0)
+
+    def stop(self) -> dict[str, int]:
+        self.stopping.set()
+        self.thread.join(5)
+        self.conn.close()
+        return {"peak": self.peak, "max_connections": self.max_connections}
+
+
 # --- orchestration ----------------------------------------------------------------------------------------
 
 
@@ -307,6 +575,7 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
     result: dict[str, Any] = {"backend": backend + (" + Redis" if redis else ""), "brain": brain}
     pg: PgStats | None = None
     watch: h.MemoryWatch | None = None
+    sampler: Sampler | None = None
     try:
         made = h.role(
             "bench.load", env("load-prepare"), "prepare", str(args.runs), str(args.iterations), str(args.act),
@@ -315,7 +584,10 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
         (home / "instances.json").write_text(json.dumps(made["instances"]))
         ports = [h.free_port() for _ in range(args.web)]
         for i, port in enumerate(ports):
-            procs.append(h.daphne(f"web{i}", port, env("tether-web"), logs))
+            if args.burst:  # as deployed: `serve --web-only` (its budget, its listen backlog)
+                procs.append(h.serve_web(f"web{i}", port, env("tether-web"), logs))
+            else:
+                procs.append(h.daphne(f"web{i}", port, env("tether-web"), logs))
         knobs = {"TETHER_WORKERS": str(args.workers)}
         if args.connections_per_worker is not None:
             knobs["TETHER_CONNECTIONS_PER_WORKER"] = str(args.connections_per_worker)
@@ -343,19 +615,33 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
             pg = PgStats(PG_DB)
             before = pg.counters()
 
-        # A fleet is started by many clients at once: the starters share the runs out.
-        with ThreadPoolExecutor(args.starters) as pool:
-            shares = list(pool.map(
-                lambda part: h.role(
-                    "bench.load", env("load-start"), "start", str(home / "instances.json"), str(part), str(args.starters)
-                ),
-                range(args.starters),
-            ))
-        started = {
-            "runs": [run for share in shares for run in share["runs"]],
-            "began": min(share["began"] for share in shares),
-            "ended": max(share["ended"] for share in shares),
-        }
+        sampler = Sampler() if args.burst and backend == "postgres" else None
+        answers: list[dict[str, Any]] = []
+        if args.burst:  # every start at the same instant, through the API, from many client threads
+            began = time.time()
+            answers = start_burst(ports[0], made["token"], made["instances"], args.start_threads)
+            started = {"runs": [a["run"] for a in answers if a["run"]], "began": began, "ended": time.time()}
+        else:
+            # A fleet is started by many clients at once: the starters share the runs out.
+            with ThreadPoolExecutor(args.starters) as pool:
+                shares = list(
+                    pool.map(
+                        lambda part: h.role(
+                            "bench.load",
+                            env("load-start"),
+                            "start",
+                            str(home / "instances.json"),
+                            str(part),
+                            str(args.starters),
+                        ),
+                        range(args.starters),
+                    )
+                )
+            started = {
+                "runs": [run for share in shares for run in share["runs"]],
+                "began": min(share["began"] for share in shares),
+                "ended": max(share["ended"] for share in shares),
+            }
         run_ids: list[int] = started["runs"]
         (home / "runs.json").write_text(json.dumps(run_ids))
         spec = {
@@ -366,15 +652,19 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
         }
         (home / "viewers.json").write_text(json.dumps(spec))
         viewer_proc = None
-        if args.viewers:
+        if args.viewers and run_ids:
             viewer_proc = h.Proc(
                 "viewers",
-                [sys.executable, "-m", "bench.load", "--role", "viewers", str(home / "viewers.json"),
-                 str(home / "seen.json")],
+                [sys.executable, "-m", "bench.load", "--role", "burst_viewers" if args.burst else "viewers",
+                 str(home / "viewers.json"), str(home / "seen.json")],
                 env("load-viewers"),
                 logs,
             )  # fmt: skip
             helpers.append(viewer_proc)
+        if sampler is not None:  # through both bursts: until every viewer opened or gave up
+            time.sleep(OPEN_WITHIN + FIRST_WITHIN if args.viewers else 0)
+            result["pg_burst_connections"] = sampler.stop()
+            sampler = None
 
         deadline = time.monotonic() + args.iterations * args.act * 8 + 60
         done = 0
@@ -431,6 +721,8 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
             str(home),
         )  # fmt: skip
         result.update(summarize(args, facts, seen, started))
+        if args.burst:
+            result["burst"] = burst_report(answers, seen)
         result["queries"] = counted
         result["memory"] = {
             "tether_mib": watch.peak.tether_kib / 1024,
@@ -440,6 +732,8 @@ def measure(args: argparse.Namespace, backend: str, brain: str) -> dict[str, Any
         }
         result["logs"] = {p.name: errors_in(p.tail(200_000)) for p in procs}
     finally:
+        if sampler is not None:
+            sampler.stop()
         if watch is not None:
             watch.stop()
         for proc in procs + helpers:
@@ -601,6 +895,24 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
             f" load average {c['load_before']:.1f} -> {c['load_after']:.1f}"
         )
         print(f"  reaper                   {r['reaped']} run(s) re-scheduled; {r['claims']} claims")
+        if "burst" in r:
+            b = r["burst"]
+            print(
+                f"  burst: starts            {b['started']}/{b['starts']} started, refused {b['refused'] or 0}"
+                f" (from {args.start_threads} threads at once; latency p50 {b['start_s']['p50']:.2f} s,"
+                f" p99 {b['start_s']['p99']:.2f} s, max {b['start_s']['max']:.2f} s)"
+            )
+            print(
+                f"  burst: viewers           {b['opened']}/{b['viewers']} opened within {OPEN_WITHIN:g} s"
+                f" (p99 {b['opened_s']['p99']:.2f} s, max {b['opened_s']['max']:.2f} s), {b['first_message']}/{b['viewers']}"
+                f" got their first message (p99 {b['first_s']['p99']:.2f} s, max {b['first_s']['max']:.2f} s);"
+                f" failed: {b['failed'] or 0}"
+            )
+            if "pg_burst_connections" in r:
+                c = r["pg_burst_connections"]
+                print(
+                    f"  burst: connections       peak {c['peak']} of max_connections {c['max_connections']} (whole server)"
+                )
         print(f"  logs                     {r['logs']}")
 
 
@@ -626,16 +938,22 @@ def main() -> None:
         "--db-pool",
         type=int,
         default=None,
-        help="TETHER_DB_POOL: PostgreSQL connections each worker process pools (0, the default: no pool)",
+        help="TETHER_DB_POOL: PostgreSQL connections each worker process pools (0: no pool; default: the setting's, 32)",
     )
     parser.add_argument("--brain", default="command", help="command, sleep or both (comma-separated)")
     parser.add_argument("--backend", default="postgres", help="postgres, sqlite or both (comma-separated)")
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="every start (API requests) and then every viewer at the same instant, once each; report what was refused",
+    )
+    parser.add_argument("--start-threads", type=int, default=64, help="client threads of --burst's starts")
     parser.add_argument("--keep", action="store_true", help="keep the throwaway database and the logs")
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args()
-    for flag in ("runs", "iterations", "workers", "clusters", "web", "starters"):
+    for flag in ("runs", "iterations", "workers", "clusters", "web", "starters", "start_threads"):
         if getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be 1 or more, got {getattr(args, flag)}")
+            parser.error(f"--{flag.replace('_', '-')} must be 1 or more, got {getattr(args, flag)}")
     if args.db_pool is not None and args.db_pool < 0:
         parser.error(f"--db-pool must be 0 (no pool) or more, got {args.db_pool}")
     if args.viewers < 0 or args.act <= 0:
@@ -665,6 +983,7 @@ ROLES = {
     "prepare": lambda a: prepare(int(a[0]), int(a[1]), float(a[2]), a[3], a[4]),
     "start": lambda a: start(a[0], int(a[1]), int(a[2])),
     "viewers": lambda a: h.run_viewers(a[0], a[1]),
+    "burst_viewers": lambda a: run_burst_viewers(a[0], a[1]),
     "queries": lambda a: queries(int(a[0]), float(a[1]), a[2], a[3]),
     "analyze": lambda a: analyze(a[0]),
 }

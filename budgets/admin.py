@@ -1,8 +1,10 @@
 """Admin for pools, the ledger, reservations and prices.
 
-Money never changes through a plain model save here: a new limit goes through
-`ledger.set_limit`, a top-up through `ledger.top_up`, a period reset through
-`ledger.reset_period`, so every change is a ledger entry naming the person.
+Money never changes through a plain model save here: a new pool, a new limit, a top-up, a period
+reset, a new name or threshold go through `budgets.services` (`pool_create`, `pool_set_limit`,
+`pool_top_up`, `pool_reset_period`, `pool_update`), so every change is a ledger entry naming the
+person and an audit entry (via admin) with its before and after. Prices are recorded by the
+audit trail's admin hook (`audit.trail.AuditedAdmin`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from audit import trail
+from audit.trail import AuditedAdmin
 from budgets import ledger, selectors, services, spending
 from budgets.models import LedgerEntry, Pool, Price, Reservation
 from budgets.money import format_usd, micros_to_decimal, usd_to_micros
@@ -94,6 +98,7 @@ class PoolAdmin(admin.ModelAdmin):
         "threshold_flagged_at",
         "children_links",
         "recent_ledger",
+        "recent_audit",
     ]
     actions = ["reset_period"]
 
@@ -152,6 +157,30 @@ class PoolAdmin(admin.ModelAdmin):
             link,
         )
 
+    @admin.display(description=f"changes (latest {trail.PAGE_ENTRIES})")
+    def recent_audit(self, pool: Pool) -> str:
+        if pool.pk is None:
+            return "—"
+        entries = trail.audit_for_pool(pool).order_by("-created_at", "-id")[: trail.PAGE_ENTRIES]
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    e.username or "—",
+                    e.action,
+                    e.via,
+                    "; ".join(f"{field}: {before} → {after}" for field, before, after in e.changes()),
+                )
+                for e in entries
+            ),
+        )
+        return format_html(
+            "<table><tr><th>at</th><th>by</th><th>action</th><th>via</th><th>before → after</th></tr>{}</table>",
+            rows,
+        )
+
     def save_model(self, request: HttpRequest, obj: Pool, form: PoolForm, change: bool) -> None:
         data = form.cleaned_data
         if not change:
@@ -166,22 +195,27 @@ class PoolAdmin(admin.ModelAdmin):
                 period=data["period"],
                 threshold_percent=data.get("threshold_percent"),
                 actor=request.user,
+                via="admin",
+                request=request,
             )
             obj.pk = created.pk
             return
-        Pool.objects.filter(pk=obj.pk).update(
-            name=data["name"], threshold_percent=data.get("threshold_percent")
+        services.pool_update(
+            obj.pk, name=data["name"], threshold_percent=data.get("threshold_percent"), user=request.user,
+            via="admin", request=request,
         )
         if data["limit"] != Pool.objects.values_list("limit", flat=True).get(pk=obj.pk):
-            ledger.set_limit(obj.pk, data["limit"], request.user)
+            services.pool_set_limit(obj.pk, data["limit"], user=request.user, via="admin", request=request)
         if data.get("top_up_usd"):
-            ledger.top_up(obj.pk, usd_to_micros(data["top_up_usd"]), request.user)
+            services.pool_top_up(
+                obj.pk, usd_to_micros(data["top_up_usd"]), user=request.user, via="admin", request=request
+            )
 
     @admin.action(description="Reset the period of the selected pools (spent starts again from zero)")
     def reset_period(self, request: HttpRequest, queryset: QuerySet[Pool]) -> None:
         for pool in queryset:
             try:
-                ledger.reset_period(pool, request.user)
+                services.pool_reset_period(pool, user=request.user, via="admin", request=request)
             except ledger.InvalidBudget as error:
                 self.message_user(request, str(error), messages.ERROR)
             else:
@@ -333,7 +367,8 @@ class ReservationAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
+class PriceAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "price"
     list_display = [
         "model",
         "effective_from",

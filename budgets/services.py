@@ -1,8 +1,12 @@
-"""Writes that shape the pool tree: open a run's chain, create pools, cap a run.
+"""Writes that shape the pool tree: open a run's chain, create pools, cap a run, and a person's pool changes.
 
 Every function runs in the caller's transaction (inside a savepoint, so an
 `InvalidBudget` leaves nothing behind). Money inside pools moves only through
-`budgets.ledger`.
+`budgets.ledger`. What a person does to a pool — create one (`pool_create` with `via`), set its
+limit (`pool_set_limit`), top it up (`pool_top_up`), reset its period (`pool_reset_period`),
+rename it or move its threshold (`pool_update`), change a run's cap (`run_set_cap` with `via`) —
+goes through here and is recorded in the audit trail (`audit.trail`) with its before and
+after, whatever the surface (the admin, the console, the API).
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from audit import trail
 from budgets import ledger
 from budgets.ledger import InvalidBudget
 from budgets.models import Pool
-from budgets.money import format_usd
+from budgets.money import format_usd, usd_string
 
 ROOT_NAME = "organisation"
 
@@ -36,8 +41,12 @@ def pool_create(
     actor: ledger.Actor = None,
     own_chain: bool = False,
     leased: bool = False,
+    via: str | None = None,
+    request: Any = None,
 ) -> Pool:
     """Create a pool under `parent`; a limit given here is logged as the pool's first limit change.
+
+    `via`: a person (`actor`) created it through that surface: the audit trail records it.
 
     `own_chain`: a carved pool, whose chain starts at itself (see `open_run_pools`).
     `leased`: a run pool that leases its headroom from its ancestors (see `budgets.ledger`).
@@ -69,7 +78,73 @@ def pool_create(
         Pool.objects.filter(pk=pool.pk).update(path=pool.path)
         if limit is not None:
             pool = ledger.set_limit(pool, limit, actor)
+        if via is not None:
+            _audit(actor, "pool.create", pool, via, request, None, _shown(pool))
     return pool
+
+
+def _shown(pool: Pool) -> dict[str, Any]:
+    """Return what an audit entry says of a pool: its limit in dollars, its period, name and threshold."""
+    return {
+        "name": pool.name,
+        "limit": None if pool.limit is None else usd_string(pool.limit),
+        "period": pool.period,
+        "threshold_percent": pool.threshold_percent,
+    }
+
+
+def _audit(
+    user: Any, action: str, pool: Pool, via: str, request: Any,
+    before: dict[str, Any] | None, after: dict[str, Any] | None, **extra: Any,
+) -> None:
+    trail.record(
+        user=user if not isinstance(user, str) else None, action=action, pool=pool, run=pool.run, via=via,
+        request=request, detail={"pool": pool.pk, **extra, **trail.changes(before, after)},
+    )
+
+
+def pool_set_limit(pool: Pool | int, limit: int | None, *, user: Any, via: str, request: Any = None) -> Pool:
+    """Set a pool's limit (None = unlimited) as `user` did through `via`; return the pool."""
+    with transaction.atomic():
+        before = _shown(Pool.objects.get(pk=getattr(pool, "pk", pool)))
+        changed = ledger.set_limit(pool, limit, user)
+        if before != _shown(changed):
+            _audit(user, "pool.limit", changed, via, request, before, _shown(changed))
+    return changed
+
+
+def pool_top_up(pool: Pool | int, amount: int, *, user: Any, via: str, request: Any = None) -> Pool:
+    """Raise a limited pool's limit by `amount` micro-dollars as `user` did through `via`; return the pool."""
+    with transaction.atomic():
+        before = _shown(Pool.objects.get(pk=getattr(pool, "pk", pool)))
+        changed = ledger.top_up(pool, amount, user)
+        _audit(user, "pool.top_up", changed, via, request, before, _shown(changed), amount=usd_string(amount))
+    return changed
+
+
+def pool_reset_period(pool: Pool | int, *, user: Any, via: str, request: Any = None) -> Pool:
+    """Start a periodic pool's spend again from zero as `user` did through `via`; return the pool."""
+    with transaction.atomic():
+        spent = Pool.objects.get(pk=getattr(pool, "pk", pool)).spent
+        changed = ledger.reset_period(pool, user)
+        _audit(user, "pool.period_reset", changed, via, request, {"spent": usd_string(spent)}, {"spent": "0"})
+    return changed
+
+
+def pool_update(
+    pool: Pool | int, *, name: str, threshold_percent: int | None, user: Any, via: str, request: Any = None
+) -> Pool:
+    """Rename a pool or move its soft threshold as `user` did through `via`; return the pool."""
+    if threshold_percent is not None and not 0 <= threshold_percent <= 100:
+        raise InvalidBudget(f"a threshold is a percentage, got {threshold_percent!r}")
+    with transaction.atomic():
+        locked: Pool = Pool.objects.select_for_update().get(pk=getattr(pool, "pk", pool))
+        before = _shown(locked)
+        locked.name, locked.threshold_percent = name[:200], threshold_percent
+        Pool.objects.filter(pk=locked.pk).update(name=locked.name, threshold_percent=threshold_percent)
+        if before != _shown(locked):
+            _audit(user, "pool.update", locked, via, request, before, _shown(locked))
+    return locked
 
 
 def root_pool() -> Pool:
@@ -177,12 +252,25 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
         return pool
 
 
-def run_set_cap(run: Any, cap: int | None, actor: ledger.Actor) -> Pool:
+def run_set_cap(
+    run: Any, cap: int | None, actor: ledger.Actor, *, via: str | None = None, request: Any = None
+) -> Pool:
     """Give `run` a cost cap (or remove it with None), e.g. "raise the cap and resume"; return its pool.
 
     The caller stores `run.max_cost_micros` itself. The new cap, net of what the run has
-    spent and holds, must fit in the instance chain's remaining headroom.
+    spent and holds, must fit in the instance chain's remaining headroom. With `via`, a person
+    (`actor`) changed it through that surface: the audit trail records `pool.cap`.
     """
+    before = {"cap": None if run.max_cost_micros is None else usd_string(run.max_cost_micros)}
+    with transaction.atomic():
+        pool = _set_cap(run, cap, actor)
+        if via is not None:
+            _audit(actor, "pool.cap", pool, via, request, before, {"cap": None if cap is None else usd_string(cap)},
+                   run=run.pk)
+    return pool
+
+
+def _set_cap(run: Any, cap: int | None, actor: ledger.Actor) -> Pool:
     with transaction.atomic():
         pool: Pool | None = Pool.objects.filter(kind=Pool.Kind.RUN, run=run).first()
         if pool is None:

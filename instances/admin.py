@@ -1,6 +1,9 @@
 from django import forms
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 
+from audit.trail import AuditedAdmin
 from budgets.pricing import UnpricedModel
 from instances import capabilities, prices, validation
 from instances.models import AgentConfig, AgentTemplate, Credential, Instance, McpServer
@@ -52,7 +55,9 @@ class CredentialForm(forms.ModelForm):
 
 
 @admin.register(Credential)
-class CredentialAdmin(admin.ModelAdmin):
+class CredentialAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "credential"
+    audit_verbs = ("add", "update", "remove")
     form = CredentialForm
     list_display = ["label", "owner", "masked", "created_at"]
     list_filter = ["owner"]
@@ -65,7 +70,8 @@ class CredentialAdmin(admin.ModelAdmin):
 
 
 @admin.register(AgentTemplate)
-class AgentTemplateAdmin(admin.ModelAdmin):
+class AgentTemplateAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "template"
     list_display = ["name", "brain", "model", "decider", "max_iterations", "source", "updated_at"]
     search_fields = ["name", "description"]
     readonly_fields = ["source", "updated_at"]
@@ -143,7 +149,8 @@ class InstanceForm(forms.ModelForm):
 
 
 @admin.register(Instance)
-class InstanceAdmin(admin.ModelAdmin):
+class InstanceAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "instance"
     form = InstanceForm
     list_display = ["name", "owner", "brain", "template", "model", "decider", "max_iterations", "created_at"]
     list_filter = ["brain", "decider", "template"]
@@ -293,7 +300,8 @@ class McpServerForm(forms.ModelForm):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "mcp_server"
     """The MCP servers agents may be given: registered by an operator, enabled per instance by its owner."""
 
     form = McpServerForm
@@ -315,3 +323,19 @@ class McpServerAdmin(admin.ModelAdmin):
     @admin.display(description="stored secrets")
     def stored_secrets(self, obj: McpServer) -> str:
         return ", ".join(obj.secret_names) if obj.secret_names else "—"
+
+
+# Capabilities are permissions held by users and groups (`capabilities.PERMISSION`): granting or
+# taking one back in the admin is recorded like every other change that shapes what agents may do.
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class AuditedUserAdmin(AuditedAdmin, UserAdmin):
+    audit_noun = "user"
+
+
+@admin.register(Group)
+class AuditedGroupAdmin(AuditedAdmin, GroupAdmin):
+    audit_noun = "group"

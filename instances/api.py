@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from audit import trail
 from instances import protected, schemas, services
 from instances.models import Credential, Instance
 from loops.rest import ApiError, Id, errors
@@ -183,15 +181,7 @@ def credential_create(request: HttpRequest, payload: schemas.CredentialIn) -> An
     summary="Delete a stored key",
 )
 def credential_delete(request: HttpRequest, credential_id: Id) -> Any:
-    with transaction.atomic():
-        deleted, _ = Credential.objects.filter(owner=request.user, pk=credential_id).delete()
-        if not deleted:
-            raise ApiError(f"credential {credential_id} not found", 404)
-        trail.record(
-            user=request.user,
-            action="credential.remove",
-            request=request,
-            via="api",
-            detail={"credential": credential_id},
-        )
+    removed = services.credential_remove(user=request.user, credential_id=credential_id, via="api", request=request)
+    if removed is None:
+        raise ApiError(f"credential {credential_id} not found", 404)
     return {"deleted": credential_id}

@@ -71,30 +71,47 @@ def decrypt(token: str) -> str:
         ) from None
 
 
-def rotate(secret: str | None = None, fallbacks: Sequence[str] | None = None) -> int:
-    """Re-encrypt every stored credential (and MCP server secret) under `secret` (default: SECRET_KEY); return how many.
+# Every encrypted column, as (model label, field, whether it holds one secret to redact): the apps that
+# store a secret register theirs here (`register_encrypted`), so one rotation re-encrypts them all and
+# `tether.redaction` keeps each plain secret out of every text (`stored_rows`, `stored_keys`).
+_ENCRYPTED: list[tuple[str, str, bool]] = [
+    ("instances.Credential", "secret_encrypted", True),
+    ("instances.McpServer", "secrets_encrypted", False),  # a JSON object of values, redacted by its tools
+]
 
-    A credential is opened with `secret` or any of `fallbacks` (default: SECRET_KEY_FALLBACKS);
+
+def register_encrypted(model: str, field: str, *, redact: bool = True) -> None:
+    """Have `rotate` re-encrypt `model`'s `field` (a label like "triggers.Trigger") too, and redaction
+    keep its plain value out of texts when `redact`."""
+    if not any(known[:2] == (model, field) for known in _ENCRYPTED):
+        _ENCRYPTED.append((model, field, redact))
+
+
+def redacted_columns() -> list[tuple[str, str]]:
+    """Return the (model label, field) of every encrypted column holding one secret to redact."""
+    return [(model, field) for model, field, redact in _ENCRYPTED if redact]
+
+
+def rotate(secret: str | None = None, fallbacks: Sequence[str] | None = None) -> int:
+    """Re-encrypt every stored secret (credentials, MCP server secrets, trigger secrets…) under `secret`
+    (default: SECRET_KEY); return how many.
+
+    A secret is opened with `secret` or any of `fallbacks` (default: SECRET_KEY_FALLBACKS);
     one that none of them opens is left as it is (and stays unusable until re-entered).
     """
-    from instances.models import Credential, McpServer
+    from django.apps import apps
 
     fernet = _fernet(secret, fallbacks)
     count = 0
-    for credential in Credential.objects.all():
-        try:
-            rotated = fernet.rotate(credential.secret_encrypted.encode()).decode()
-        except InvalidToken:
-            continue
-        Credential.objects.filter(pk=credential.pk).update(secret_encrypted=rotated)
-        count += 1
-    for server in McpServer.objects.exclude(secrets_encrypted=""):
-        try:
-            rotated = fernet.rotate(server.secrets_encrypted.encode()).decode()
-        except InvalidToken:
-            continue
-        McpServer.objects.filter(pk=server.pk).update(secrets_encrypted=rotated)
-        count += 1
+    for label, field, _ in _ENCRYPTED:
+        model = apps.get_model(label)
+        for pk, token in model.objects.exclude(**{field: ""}).values_list("pk", field):
+            try:
+                rotated = fernet.rotate(token.encode()).decode()
+            except InvalidToken:
+                continue
+            model.objects.filter(pk=pk).update(**{field: rotated})
+            count += 1
     return count
 
 
@@ -191,12 +208,15 @@ def secrets_for(instance: Instance) -> tuple[str, ...]:
 
 
 
-def stored_rows() -> tuple[tuple[int, str], ...] | None:
-    """The stored credentials' encrypted keys, for `tether.redaction`; None when not to be read now.
+def stored_rows() -> tuple[tuple[str, int, str], ...] | None:
+    """Every stored secret to redact, encrypted, as (model label, pk, token), for `tether.redaction`:
+    the credentials and what other apps registered (`register_encrypted`: a trigger's secret).
+    None when not to be read now.
 
     Only over a database connection this thread already has open, never opening one (acts give
     theirs back), and in a savepoint inside a transaction, so a failure spoils nothing.
     """
+    from django.apps import apps
     from django.db import connections, transaction
 
     from instances.models import Credential
@@ -204,19 +224,27 @@ def stored_rows() -> tuple[tuple[int, str], ...] | None:
     connection = connections[Credential.objects.db]
     if connection.connection is None:
         return None
+
+    def stored() -> tuple[tuple[str, int, str], ...]:
+        found: list[tuple[str, int, str]] = []
+        for label, field in redacted_columns():
+            model = apps.get_model(label)
+            found += [(label, pk, token) for pk, token in model.objects.order_by("pk").values_list("pk", field)]
+        return tuple(found)
+
     try:
         if connection.in_atomic_block:
             with transaction.atomic(using=connection.alias):
-                return tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
-        return tuple(Credential.objects.order_by("pk").values_list("pk", "secret_encrypted"))
+                return stored()
+        return stored()
     except Exception:  # noqa: BLE001 - async code, no table yet: keep what is known
         return None
 
 
-def stored_keys(rows: Sequence[tuple[int, str]]) -> list[str]:
+def stored_keys(rows: Sequence[tuple[str, int, str]]) -> list[str]:
     """The keys of `stored_rows()` that decrypt (an unreadable one is skipped)."""
     keys = []
-    for _, token in rows:
+    for _, _, token in rows:
         try:
             keys.append(decrypt(token))
         except CredentialUnreadable:

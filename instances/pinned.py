@@ -2,8 +2,8 @@
 
 An agent's programs can rename, swap and symlink anything in its workspace while the server
 works on it, and the server may run as root. So every host-side operation on a workspace
-(the file tools, the fingerprint, the snapshot, the delegation copy and its patch, ownership
-changes, the usage file, the sandbox's bind mount) starts from the workspace's directory opened
+(the file tools, the fingerprint, the snapshot, the delegation copy and its patch, a rollback's
+restore, ownership changes, the usage file, the sandbox's bind mount) starts from the workspace's directory opened
 once (`Pinned`), and reaches everything under it one component at a time with `O_NOFOLLOW`:
 
 - a symlink is reported as a link and never followed, wherever it is on the path;
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import shutil
 import stat
 from collections.abc import Iterator
@@ -210,6 +211,80 @@ class Pinned:
                 view = view[os.write(fd, view):]
         finally:
             os.close(fd)
+
+    # --- replacing and removing entries (a rollback) ----------------------------------
+
+    def replace(
+        self, relative: str, *, data: bytes | None = None, link: str | None = None, mode: int = 0o644
+    ) -> None:
+        """Put a new regular file (`data`) or symlink (`link`) at `relative`, in place of whatever entry is there.
+
+        Written under a fresh name in the parent directory (opened without following a link,
+        created when missing) and renamed over the old entry: a symlink there is replaced, not
+        followed; a hardlink's other names keep their content; a directory there is refused.
+        Made as root, the new entry belongs to the workspace's owner.
+        """
+        parts = _parts(relative)
+        if not parts:
+            raise Refused(f"{relative!r} is the workspace itself, not a file")
+        parent = self.dir("/".join(parts[:-1]) or ".", create=True)
+        name, temporary = parts[-1], f".tether-restore-{secrets.token_hex(8)}"
+        try:
+            owner = os.fstat(self.fd)
+            if link is not None:
+                os.symlink(link, temporary, dir_fd=parent)
+            else:
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _FILE, mode, dir_fd=parent)
+                try:
+                    view = memoryview(data or b"")
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+            if os.geteuid() == 0 and owner.st_uid != 0:
+                os.chown(temporary, owner.st_uid, owner.st_gid, dir_fd=parent, follow_symlinks=False)
+            try:
+                if stat.S_ISDIR(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+                    raise Refused(f"{relative!r} is a directory now; it is not replaced")
+            except FileNotFoundError:
+                pass
+            os.rename(temporary, name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException:
+            try:
+                os.unlink(temporary, dir_fd=parent)
+            except OSError:
+                pass
+            raise
+        finally:
+            os.close(parent)
+
+    def remove(self, relative: str) -> None:
+        """Remove the file, symlink or other non-directory entry `relative` (a link itself, never its target)."""
+        parts = _parts(relative)
+        if not parts:
+            raise Refused(f"{relative!r} is the workspace itself")
+        parent = self.dir("/".join(parts[:-1]) or ".")
+        try:
+            if stat.S_ISDIR(os.stat(parts[-1], dir_fd=parent, follow_symlinks=False).st_mode):
+                raise Refused(f"{relative!r} is a directory now; it is not removed")
+            os.unlink(parts[-1], dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def remove_empty_dir(self, relative: str) -> bool:
+        """Remove the directory `relative` if it is empty; return whether it was removed."""
+        parts = _parts(relative)
+        if not parts:
+            return False
+        parent = self.dir("/".join(parts[:-1]) or ".")
+        try:
+            os.rmdir(parts[-1], dir_fd=parent)  # a link or a file there: ENOTDIR, never followed
+        except OSError:
+            return False
+        finally:
+            os.close(parent)
+        return True
 
     # --- walking ----------------------------------------------------------------------
 

@@ -121,7 +121,10 @@ def instance_create(
                 instance.save(update_fields=[*fitted, "updated_at"])
             validation.check_saved(instance, name=False)
             prices.ensure_priced(instance)
-            trail.record(user=user, action="instance.create", request=request, via=via, detail=_detail(instance))
+            trail.record(
+                user=user, action="instance.create", instance=instance, request=request, via=via,
+                detail={**_detail(instance), **trail.changes(None, trail.snapshot(instance))},
+            )
     return instance
 
 
@@ -155,6 +158,7 @@ def instance_update(*, instance: Instance, user: Any, values: dict[str, Any], vi
             validation.validate({**merged, **changes})
         with transaction.atomic():
             locked = Instance.objects.select_for_update().get(pk=instance.pk)
+            before = trail.snapshot(locked)
             for field, value in changes.items():
                 setattr(locked, field, value)
             if "workspace" in changes:
@@ -166,8 +170,8 @@ def instance_update(*, instance: Instance, user: Any, values: dict[str, Any], vi
             prices.ensure_priced(locked)
             locked.save()
             trail.record(
-                user=user, action="instance.update", request=request, via=via,
-                detail={"instance": locked.pk, "changed": sorted(changes)},
+                user=user, action="instance.update", instance=locked, request=request, via=via,
+                detail={"instance": locked.pk, "changed": sorted(changes), **trail.changes(before, trail.snapshot(locked))},
             )
     return locked
 
@@ -228,7 +232,10 @@ def instance_archive(*, instance: Instance, user: Any, via: str = "api", request
             )
         locked.archived_at = timezone.now()
         locked.save(update_fields=["archived_at"])
-        trail.record(user=user, action="instance.archive", request=request, via=via, detail={"instance": locked.pk})
+        trail.record(
+            user=user, action="instance.archive", instance=locked, request=request, via=via,
+            detail={"instance": locked.pk, "before": {"archived_at": None}, "after": {"archived_at": str(locked.archived_at)}},
+        )
     return locked
 
 
@@ -237,8 +244,14 @@ def instance_restore(*, instance: Instance, user: Any, via: str = "api", request
     if instance.owner_id != user.pk:
         raise InstanceRefused(f"instance {instance.pk} not found", 404)
     with transaction.atomic():
+        locked = Instance.objects.select_for_update().get(pk=instance.pk)
+        if locked.archived_at is None:
+            return locked
         Instance.objects.filter(pk=instance.pk).update(archived_at=None)
-        trail.record(user=user, action="instance.restore", request=request, via=via, detail={"instance": instance.pk})
+        trail.record(
+            user=user, action="instance.restore", instance=locked, request=request, via=via,
+            detail={"instance": instance.pk, "before": {"archived_at": str(locked.archived_at)}, "after": {"archived_at": None}},
+        )
     instance.refresh_from_db()
     return instance
 
@@ -260,7 +273,8 @@ def credential_add(*, user: Any, label: str, secret: str, via: str = "api", requ
             credential = Credential.create_for(user, label=label, secret=secret)
             trail.record(
                 user=user, action="credential.add", request=request, via=via,
-                detail={"credential": credential.pk, "label": credential.label, "last4": credential.last4},
+                owner=user, detail={"credential": credential.pk, "label": credential.label, "last4": credential.last4,
+                                    **trail.changes(None, trail.snapshot(credential))},
             )
     except IntegrityError:
         raise InstanceRefused(f"you already have a credential labelled {label!r}; choose another label", 409, "label") from None
@@ -276,8 +290,8 @@ def credential_remove(*, user: Any, credential_id: int, via: str = "api", reques
         if credential is None:
             return None
         credential.delete()
-        trail.record(user=user, action="credential.remove", request=request, via=via,
-                     detail={"credential": credential_id})
+        trail.record(user=user, action="credential.remove", owner=user, request=request, via=via,
+                     detail={"credential": credential_id, **trail.changes(trail.snapshot(credential), None)})
     return credential
 
 

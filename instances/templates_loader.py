@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+from django.db import transaction
 
+from audit import trail
 from instances.models import AgentConfig, AgentTemplate, Credential, Instance
 from tether import limits
 
@@ -143,12 +145,18 @@ def _read_validated(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def load_templates(
-    directory: Path = TEMPLATES_DIR, *, model: Any = None, overwrite: bool = True, using: str = "default"
+    directory: Path = TEMPLATES_DIR,
+    *,
+    model: Any = None,
+    overwrite: bool = True,
+    using: str = "default",
+    via: str | None = None,
 ) -> list[tuple[str, bool]]:
     """Upsert every template file into `model` (AgentTemplate by default); return (name, created) pairs.
 
     With `overwrite=False` only missing templates are created, so edits made in admin stay.
-    `model` may be a migration's historical model: only fields it has are written.
+    `model` may be a migration's historical model: only fields it has are written. With `via`
+    (a person ran `loadtemplates`), each template created or changed is in the audit trail.
     """
     if model is None:
         model = AgentTemplate
@@ -163,9 +171,20 @@ def load_templates(
         return [(t["name"], t["name"] not in present) for t in templates]
     results = []
     for data in templates:
-        _, created = rows.update_or_create(name=data["name"], defaults=_known(data, known))
+        with transaction.atomic(using=using):
+            old = rows.filter(name=data["name"]).first() if via else None
+            row, created = rows.update_or_create(name=data["name"], defaults=_known(data, known))
+            if via:
+                _audit(old, row, via)
         results.append((data["name"], created))
     return results
+
+
+def _audit(old: Any, row: Any, via: str) -> None:
+    found = trail.changes(trail.snapshot(old) if old else None, trail.snapshot(row))
+    if old is None or found["after"]:
+        action = "template.update" if old else "template.create"
+        trail.record(user=None, action=action, via=via, detail={"agenttemplate": row.pk, "name": row.name, **found})
 
 
 def _known(data: dict[str, Any], known: set[str]) -> dict[str, Any]:

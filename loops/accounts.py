@@ -2,7 +2,9 @@
 
 Password sign-in is throttled by django-axes (settings: AXES_*). Its failure limit,
 cool-off and lockout page come from here, read from TETHER_LOGIN_FAILURE_LIMIT and
-TETHER_LOGIN_COOLOFF_SECONDS at each attempt, so an operator changes one setting.
+TETHER_LOGIN_COOLOFF_SECONDS at each attempt, so an operator changes one setting. Each lockout
+is recorded in the audit trail (`signin.locked_out`, on the account it names, via console or
+admin by the sign-in page used, with the address and device it came from).
 """
 
 import hashlib
@@ -84,3 +86,26 @@ def lockout_response(request, original_response=None, credentials=None) -> HttpR
     wait = f"{math.ceil(seconds)} seconds" if seconds < 120 else f"{math.ceil(seconds / 60)} minutes"
     context = {"failure_limit": login_failure_limit(request, credentials), "wait": wait}
     return render(request, "registration/locked_out.html", context, status=429)
+
+
+def on_locked_out(sender, request=None, username=None, ip_address=None, **kwargs) -> None:
+    """Record a sign-in lockout (axes' `user_locked_out`) in the audit trail; never the password tried.
+
+    Once per lockout: axes says so again at every refused try, and those are not new lockouts
+    (a username and address already recorded within the cool-off are not recorded again).
+    """
+    from audit import trail
+    from audit.models import AuditEntry
+
+    name = str(username or "")[:150]
+    since = timezone.now() - login_cool_off(request)
+    recent = AuditEntry.objects.filter(action="signin.locked_out", created_at__gte=since, ip_address=ip_address)
+    if recent.filter(detail__username=name).exists():
+        return
+    account = get_user_model().objects.filter(username=name).first() if name else None
+    path = getattr(request, "path", "") or ""
+    trail.record(
+        user=None, action="signin.locked_out", owner=account, request=request,
+        via="admin" if path.startswith("/admin/") else "console",
+        detail={"username": name, "address": ip_address, "failure_limit": login_failure_limit(request, None)},
+    )

@@ -6,7 +6,7 @@ their part of /v1/openapi.json; a refusal from a service keeps its status (`Refu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from django.db.models import Prefetch
 from django.http import HttpRequest
@@ -22,6 +22,7 @@ from instances.models import Instance
 from loops import events, schemas, services
 from loops.models import Run
 from loops.rest import ApiError, Id, errors
+from reviews import rollback
 
 PAGE = 1000
 COST_CALLS = 2500  # a page of 10 iterations: every call of each, at 200 tool turns per act and then some
@@ -38,6 +39,7 @@ def run_json(run: Run) -> dict[str, Any]:
         "id": run.pk,
         "instance": run.instance_id,
         "objective": run.objective,
+        "origin": origin_json(run),
         "status": run.status,
         "outcome": run.outcome or None,
         "outcome_detail": run.outcome_detail or None,
@@ -56,6 +58,15 @@ def run_json(run: Run) -> dict[str, Any]:
         "parent": run.parent_id,
         "children": child_ids(run),
     }
+
+
+def origin_json(run: Run) -> dict[str, Any]:
+    """Return how the run started: its kind, and which schedule and firing or trigger and delivery."""
+    ref = run.origin_ref if isinstance(run.origin_ref, dict) else {}
+    return {"kind": run.origin, **{key: ref[key] for key in ORIGIN_KEYS if key in ref}}
+
+
+ORIGIN_KEYS = ("schedule", "firing", "trigger", "delivery", "parent")
 
 
 def child_ids(run: Run) -> list[int]:
@@ -110,10 +121,19 @@ def _usd(value: Any) -> str | None:
     response={200: schemas.Runs, **errors()},
     summary="List the instance's runs (newest first, at most 200)",
 )
-def loop_list(request: HttpRequest, instance_id: Id) -> Any:
+def loop_list(
+    request: HttpRequest,
+    instance_id: Id,
+    origin: Literal[tuple(Run.Origin.values)] | None = Query(  # type: ignore[valid-type]
+        None, description="only the runs that started this way"
+    ),
+) -> Any:
     instance = _instance(request, instance_id)
+    runs = Run.objects.filter(instance=instance, owner=request.user)
+    if origin:
+        runs = runs.filter(origin=origin)
     runs = (
-        Run.objects.filter(instance=instance, owner=request.user)
+        runs
         .select_related("continuation")
         .prefetch_related(Prefetch("children", queryset=Run.objects.only("pk", "parent_id")))
         .order_by("-id")[:200]
@@ -335,3 +355,36 @@ def run_events(
     found = events.after(run, after, limit=PAGE)
     last = found[-1].seq if found else after
     return {"events": [e.as_json() for e in found], "last_seq": last, "more": last < run.last_seq}
+
+
+@router.get(
+    RUN + "/rollback",
+    url_name="run-rollback",
+    response={200: schemas.RollbackPoints, **errors()},
+    summary=(
+        "The states the run's workspace can be rolled back to: the last verified state, before the run, as each "
+        "iteration left it, and as each earlier rollback found it"
+    ),
+)
+def run_rollback_points(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
+    return rollback.listing(_run(request, instance_id, run_id))
+
+
+@router.post(
+    RUN + "/rollback",
+    url_name="run-rollback",
+    response={200: schemas.RolledBack, **errors()},
+    summary=(
+        "Roll the run's workspace back to one of its points (refused with 409 while a run on that workspace is "
+        "live). The workspace as it is is snapshot first: `undo` names the point that returns to it. What the "
+        "snapshots do not keep is left as it is and named in `kept`; `dry_run` changes nothing"
+    ),
+)
+def run_rollback(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.RollbackIn) -> Any:
+    run = _run(request, instance_id, run_id)
+    try:
+        if payload.dry_run:
+            return rollback.plan(run=run, to=payload.to).as_json()
+        return rollback.rollback(run=run, user=request.user, to=payload.to, via="api", request=request).as_json()
+    except services.Refused as exc:
+        raise _refused(exc) from None

@@ -24,6 +24,7 @@ from loops import api as loops_api
 from loops import rest
 from loops.auth import error
 from reviews import api as reviews_api
+from triggers import api as triggers_api
 
 
 class IdConverter:
@@ -43,6 +44,7 @@ register_converter(IdConverter, "id")
 rest.api.add_router("", instances_api.router)
 rest.api.add_router("", loops_api.router)
 rest.api.add_router("", reviews_api.router)
+rest.api.add_router("", triggers_api.router)
 
 
 def _json_405(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

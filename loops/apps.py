@@ -19,12 +19,13 @@ class LoopsConfig(AppConfig):
     name = "loops"
 
     def ready(self) -> None:
+        from axes.signals import user_locked_out
         from django.db.models.signals import pre_delete
         from django_q.signals import post_spawn
 
         from instances import gateway
         from instances.brains import base
-        from loops import delegation, driver, signals
+        from loops import accounts, delegation, driver, signals
         from loops.models import Run
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
@@ -42,3 +43,5 @@ class LoopsConfig(AppConfig):
         gateway.route("/mcp", _act_mcp)
         # A brain's `delegate` call is vetted at once, so a refusal is that call's own tool result.
         base.on_delegate(delegation.check_in_act)
+        # A sign-in lockout is in the audit trail, on the locked-out person's page.
+        user_locked_out.connect(accounts.on_locked_out, dispatch_uid="tether-locked-out")

@@ -17,9 +17,11 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
+from django.db import transaction
 from django.http import JsonResponse
 from django.utils import timezone
 
+from audit import trail
 from instances.validation import invisible
 from loops.models import ApiToken
 
@@ -34,10 +36,12 @@ NOT_VALID = (
 )
 
 
-def make_token(user, *, name: str = "", days: int | None = None) -> str:
+def make_token(user, *, name: str = "", days: int | None = None, by=None, via: str = "cli", request=None) -> str:
     """Create an API token for `user`, valid for `days` (None: until revoked); return the plain token.
 
-    Only its digest is stored: the plain token cannot be shown again.
+    Only its digest is stored: the plain token cannot be shown again. The audit trail records
+    `token.issue` by `by` (default: `user`, or from the CLI the machine's user) through `via` (its name,
+    prefix and expiry; never the token).
     """
     if len(name) > TOKEN_NAME_MAX:
         raise ValueError(f"a token's name can be at most {TOKEN_NAME_MAX} characters")
@@ -48,18 +52,46 @@ def make_token(user, *, name: str = "", days: int | None = None) -> str:
         raise ValueError(f"a token's lifetime must be 1 to {TOKEN_DAYS_MAX} days")
     token = "tth_" + secrets.token_urlsafe(32)
     expires_at = timezone.now() + timedelta(days=days) if days is not None else None
-    ApiToken.objects.create(user=user, name=name, digest=_digest(token), prefix=token[:8], expires_at=expires_at)
+    with transaction.atomic():
+        made = ApiToken.objects.create(
+            user=user, name=name, digest=_digest(token), prefix=token[:8], expires_at=expires_at
+        )
+        _audit("token.issue", made, by if by is not None or via == "cli" else user, via, request, None)
     return token
 
 
-def revoke_token(*, token_id: int, user=None) -> ApiToken | None:
-    """Delete a token (only `user`'s when given); return it, or None when there is no such token."""
+def revoke_token(*, token_id: int, user=None, by=None, via: str = "cli", request=None) -> ApiToken | None:
+    """Delete a token (only `user`'s when given); return it, or None when there is no such token.
+
+    The audit trail records `token.revoke` by `by` (default: `user`, or from the CLI the machine's user)
+    through `via`.
+    """
     tokens = ApiToken.objects.all() if user is None else ApiToken.objects.filter(user=user)
-    found = tokens.filter(pk=token_id).first()
+    with transaction.atomic():
+        found = tokens.select_related("user").filter(pk=token_id).first()
+        if found is not None:
+            shown = _shown(found)
+            found.delete()
+            _audit("token.revoke", found, by if by is not None or via == "cli" else user, via, request, shown)
     if found is not None:
-        found.delete()
         log.info("API token %s (%s…) of user %s revoked", token_id, found.prefix, found.user_id)
     return found
+
+
+def _shown(token: ApiToken) -> dict[str, Any]:
+    """Return what the audit trail says of a token: never its value or digest."""
+    return {
+        "name": token.name,
+        "prefix": token.prefix,
+        "expires_at": token.expires_at.isoformat() if token.expires_at else None,
+    }
+
+
+def _audit(action: str, token: ApiToken, by, via: str, request, before: dict[str, Any] | None) -> None:
+    trail.record(
+        user=by, action=action, owner=token.user, via=via, request=request,
+        detail={"token": token.pk, **trail.changes(before, None if before else _shown(token))},
+    )
 
 
 def tokens_of(user):

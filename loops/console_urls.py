@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from loops.console import instances, tokens, views
+from loops.console import account, instances, tokens, views
 from loops.console import receipts as receipt_views
 
 app_name = "loops"
@@ -18,6 +18,8 @@ urlpatterns = [
     path("instances/<int:instance_id>/archive", instances.instance_archive, name="instance-archive"),
     path("instances/<int:instance_id>/restore", instances.instance_restore, name="instance-restore"),
     path("instances/<int:instance_id>/budget", instances.instance_budget, name="instance-budget"),
+    path("pools/<int:pool_id>/", instances.pool_detail, name="pool-detail"),
+    path("account/", account.account, name="account"),
     path("credentials/", instances.credentials, name="credentials"),
     path("credentials/<int:credential_id>/remove", instances.credential_remove, name="credential-remove"),
     path("runs/<int:run_id>/", views.run_detail, name="run-detail"),
@@ -26,6 +28,7 @@ urlpatterns = [
     path("runs/<int:run_id>/close", views.run_close, name="run-close"),
     path("runs/<int:run_id>/resume", views.run_resume, name="run-resume"),
     path("runs/<int:run_id>/continue", views.run_continue, name="run-continue"),
+    path("runs/<int:run_id>/rollback", views.run_rollback, name="run-rollback"),
     path("runs/<int:run_id>/timeline", views.run_timeline, name="run-timeline"),
     path("runs/<int:run_id>/costs", views.run_costs, name="run-costs"),
     path("runs/<int:run_id>/receipt", receipt_views.receipt_page, name="run-receipt"),

@@ -21,32 +21,43 @@ default) of that sign-in ending: a sign-out, the user deactivated, or their pass
 changed (the session's auth hash no longer matches) — 4404 for a run that is not the
 user's. Sockets take the session only, never an API token. The Origin check happens
 before (tether.origin.SameOriginValidator in asgi.py).
+
+A herd (every tab reconnecting in the same second after a restart) shares its work: the sockets
+of one sign-in opening together cost one session check (`HerdAuthMiddlewareStack`), and the
+sockets of one person's run one ownership check and one replay read per batch (`herd`): a socket
+that asks what another's read in flight is asking gets that read's answer. Nothing is kept after.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from importlib import import_module
 from typing import Any
 from urllib.parse import parse_qs
 
-from channels.auth import get_user
+from channels.auth import AuthMiddleware, get_user
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
+from django.db import OperationalError
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware, get_token
 
 from loops import events, selectors
 from loops.console import live
 from loops.console import tail as console_tail
+from tether import dbfaults
 
 log = logging.getLogger(__name__)
 
 CLOSE_SIGNED_OUT = 4403
 CLOSE_NOT_FOUND = 4404
 BATCH = 200
+REPLAY_TRIES = 3  # a replay read that meets a transient database error is tried this often
+LAYER_CALLS_AT_ONCE = 32
 
 
 def poll_seconds() -> float:
@@ -78,7 +89,8 @@ class TailingConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_NOT_FOUND)
             return
         if settings.REDIS_URL and self.channel_layer is not None:
-            await self.channel_layer.group_add(self.group, self.channel_name)
+            async with herd().layer_calls:  # a herd's joins queue for the layer's connections (100)
+                await self.channel_layer.group_add(self.group, self.channel_name)
             self.joined = True
         self.tail_task = asyncio.create_task(self.tail())
 
@@ -90,7 +102,8 @@ class TailingConsumer(AsyncWebsocketConsumer):
             self.tail_task.cancel()
             self.tail_task = None
         if self.joined:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            async with herd().layer_calls:
+                await self.channel_layer.group_discard(self.group, self.channel_name)
             self.joined = False
 
     async def run_doorbell(self, message: dict[str, Any]) -> None:
@@ -159,21 +172,56 @@ class RunConsumer(TailingConsumer):
         self.group = events.group_name(self.run_id)
         self.sent = after_seq(self.scope.get("query_string", b""))
         self.chart_all = b"chart=all" in self.scope.get("query_string", b"").split(b"&")
-        run = await database_sync_to_async(selectors.run_for)(user, self.run_id)
-        self.csrf_token = await database_sync_to_async(viewer_csrf_token)(self.scope)
-        return run is not None
+        owns = await herd().share(
+            ("owns", user.pk, self.run_id), lambda: database_sync_to_async(owns_run)(user, self.run_id)
+        )
+        if settings.CSRF_USE_SESSIONS:  # the token is in the session: a read
+            self.csrf_token = await database_sync_to_async(viewer_csrf_token)(self.scope)
+        else:  # the cookie's: no read, no hop to a thread
+            self.csrf_token = viewer_csrf_token(self.scope)
+        return owns
 
     async def send_fragment(self, message: str) -> None:
         """Send one message, its forms filled for this viewer (see live.for_viewer)."""
         await self.send(text_data=live.for_viewer(message, self.csrf_token))
 
     async def catch_up(self) -> None:
+        """Replay the events after `sent`, then the run's state, by reads the sockets of this person's run
+        asking the same share. The events go out first: a herd's first messages do not wait for the
+        states, which are far dearer to draw.
+
+        The reads run in the console's reader thread (`console_tail.reading`), like the tail's passes:
+        never in the thread every handshake's session and user wait for, and the console's reads hold
+        one database connection, not one per thread of a pool of their own. Sharing is what keeps a
+        herd's replays few enough for one thread: one read per run and batch, not one per socket."""
+        user, tries, replayed = self.scope["user"], 0, False
+        read_events, read_state = console_tail.reading(replay_events), console_tail.reading(replay_state)
         while True:
-            messages, more = await console_tail.reading(self.read)()
+            try:
+                if replayed:
+                    state = await herd().share(
+                        ("state", user.pk, self.run_id, self.sent, self.chart_all),
+                        lambda asked=(user, self.run_id, self.chart_all): read_state(*asked),
+                    )
+                    if state is not None:
+                        await self.send_fragment(state)
+                    return
+                messages, last, more = await herd().share(
+                    ("replay", self.run_id, self.sent),
+                    lambda asked=(self.run_id, self.sent): read_events(*asked),
+                )
+            except OperationalError as exc:  # busy or cut: try again in a moment rather than drop the socket
+                tries += 1
+                if tries >= REPLAY_TRIES or not dbfaults.is_transient(exc):
+                    raise
+                await asyncio.sleep(0.5 * tries)
+                continue
             for message in messages:
                 await self.send_fragment(message)
-            if not more:
+            self.sent = max(self.sent, last)
+            if not messages:
                 return
+            replayed = not more
 
     def watch(self, found: console_tail.Tail) -> None:
         found.watch_run(self)
@@ -183,19 +231,23 @@ class RunConsumer(TailingConsumer):
             await self.send_fragment(message)
         self.sent = last_seq
 
-    def read(self) -> tuple[list[str], bool]:
-        """Render the events after the last one sent, and the run's state if any were found."""
-        found = selectors.events_after(self.run_id, self.sent, BATCH)
-        if not found:
-            return [], False
-        messages = [live.render_event(event) for event in found]
-        self.sent = found[-1].seq
-        more = len(found) == BATCH
-        if not more:
-            run = selectors.run_for(self.scope["user"], self.run_id)
-            if run is not None:
-                messages.append(live.render_state(run, self.chart_all))
-        return messages, more
+
+def replay_events(run_id: int, after: int) -> tuple[list[str], int, bool]:
+    """Render a batch of the run's events after seq `after`: (messages, the last seq, whether more are left)."""
+    found = selectors.events_after(run_id, after, BATCH)
+    if not found:
+        return [], after, False
+    return [live.render_event(event) for event in found], found[-1].seq, len(found) == BATCH
+
+
+def replay_state(user: Any, run_id: int, chart_all: bool) -> str | None:
+    """Render the run's state (summary, actions, budget, chart) as the user sees it; None if it is not theirs."""
+    run = selectors.run_for(user, run_id)
+    return live.render_state(run, chart_all) if run is not None else None
+
+
+def owns_run(user: Any, run_id: int) -> bool:
+    return selectors.run_for(user, run_id) is not None
 
 
 class FleetConsumer(TailingConsumer):
@@ -238,3 +290,67 @@ def after_seq(query_string: bytes) -> int:
         return max(0, int(values[-1]))
     except (IndexError, ValueError):
         return 0
+
+
+# --- a herd of handshakes shares its reads ----------------------------------------------------------
+
+
+class Herd:
+    """Single flight for one event loop: the first socket to ask for `key` starts the read, and every
+    socket asking the same while that read runs waits for it and gets its answer (or its error).
+
+    Nothing is remembered once the read is done: the next socket reads afresh, so an answer is never
+    older than a read the socket would have made itself. The read runs as a task of its own
+    (shielded), so a socket that closes while it waits leaves the answer to the rest.
+    """
+
+    def __init__(self) -> None:
+        self.reading: dict[Any, asyncio.Future[Any]] = {}
+        self.reads = 0  # reads started (a test or a benchmark reads it)
+        # Joins and leaves of channel-layer groups at once: a Redis layer has 100 connections per
+        # pool (redis-py's default) and refuses the 101st ("Too many connections": a 1011).
+        self.layer_calls = asyncio.Semaphore(LAYER_CALLS_AT_ONCE)
+
+    async def share(self, key: Any, ask: Callable[[], Awaitable[Any]]) -> Any:
+        running = self.reading.get(key)
+        if running is None:
+            self.reads += 1
+            running = self.reading[key] = asyncio.ensure_future(ask())
+            running.add_done_callback(lambda done, key=key: self._done(key, done))
+        return await asyncio.shield(running)
+
+    def _done(self, key: Any, done: asyncio.Future[Any]) -> None:
+        if self.reading.get(key) is done:
+            del self.reading[key]
+        if not done.cancelled():
+            done.exception()  # every waiter got it; a read no socket waits for any more is not "never retrieved"
+
+
+_herds: dict[asyncio.AbstractEventLoop, Herd] = {}
+
+
+def herd() -> Herd:
+    """This event loop's herd (one per web process; tests run several loops in turn)."""
+    loop = asyncio.get_running_loop()
+    found = _herds.get(loop)
+    if found is None:
+        for gone in [other for other in _herds if other.is_closed()]:  # a test's loop, ended
+            del _herds[gone]
+        found = _herds[loop] = Herd()
+    return found
+
+
+class HerdAuthMiddleware(AuthMiddleware):
+    """channels' AuthMiddleware, but the sockets of one sign-in that open together share one session check."""
+
+    async def resolve_scope(self, scope: dict[str, Any]) -> None:
+        key = getattr(scope.get("session"), "session_key", None)
+        if not key:  # no session: anonymous, and nothing to read
+            scope["user"]._wrapped = await get_user(scope)
+            return
+        scope["user"]._wrapped = await herd().share(("user", key), lambda: get_user(scope))
+
+
+def HerdAuthMiddlewareStack(inner: Any) -> Any:  # noqa: N802 (named like channels' AuthMiddlewareStack)
+    """Cookies, the session, and the user, as channels' AuthMiddlewareStack, with one check per herd."""
+    return CookieMiddleware(SessionMiddleware(HerdAuthMiddleware(inner)))

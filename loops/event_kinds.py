@@ -31,6 +31,30 @@ OUTCOME_LABELS = {
 }
 
 
+# How a run started, after "Started" (the keys are `loops.models.Run.Origin`'s values).
+ORIGIN_WORDS = {
+    "console": "in the console",
+    "api": "through the REST API",
+    "mcp": "through MCP",
+    "cli": "from the command line",
+    "delegation": "by another run's delegate call",
+    "schedule": "by a schedule",
+    "trigger": "by a webhook trigger",
+}
+
+
+def describe_origin(origin: Mapping[str, Any]) -> str:
+    """Return how a run started, for a person: "by webhook trigger 3 (delivery 72d3…)" (`origin`: kind + ref)."""
+    kind = str(origin.get("kind") or "")
+    if kind == "schedule" and origin.get("schedule") is not None:
+        return f"by schedule {origin['schedule']} (firing {origin.get('firing', '?')})"
+    if kind == "trigger" and origin.get("trigger") is not None:
+        return f"by webhook trigger {origin['trigger']} (delivery {origin.get('delivery', '?')})"
+    if kind == "delegation" and origin.get("parent") is not None:
+        return f"by run {origin['parent']}'s delegate call"
+    return ORIGIN_WORDS.get(kind, kind or "in a way not recorded")
+
+
 @dataclass(frozen=True)
 class Context:
     """What a title may need beyond the event's own data."""
@@ -104,6 +128,9 @@ def stopper(ctx: Context) -> str:
 
 def _started(d: Mapping[str, Any], ctx: Context) -> Title:
     links = _runs([d.get("continued_from")], "continuing") + _runs([d.get("parent")], "delegated by")
+    origin = d.get("origin")
+    if isinstance(origin, Mapping) and origin.get("kind") in ("schedule", "trigger"):
+        return Title(f"Started {describe_origin(origin)}", f"for {d.get('by') or 'someone'}", links=links)
     return Title(f"Started by {d.get('by') or 'someone'}", f"via {d['via']}" if d.get("via") else "", links=links)
 
 
@@ -269,6 +296,18 @@ def _role(d: Mapping[str, Any], ctx: Context) -> Title:
     return Title("Graded by its checking role: not passed", tone="bad")
 
 
+def _rolled_back(d: Mapping[str, Any], ctx: Context) -> Title:
+    kept = len(d.get("kept") or []) + (_int(d.get("kept_more")) or 0)
+    missed = len(d.get("not_restored") or [])
+    notes = [f"by {d.get('by') or 'a person'}", f"undo: {d.get('undo') or '?'}"]
+    if kept:
+        notes.append(f"{_plural(kept, 'path')} the snapshot does not keep left as they were")
+    if missed:
+        notes.append(f"{_plural(missed, 'path')} not restored")
+    return Title(f"Workspace rolled back to {d.get('label') or d.get('to') or '?'}", "; ".join(notes),
+                 "warn" if missed else "")
+
+
 def _simple(text: str, tone: str = "") -> Callable[[Mapping[str, Any], Context], Title]:
     return lambda d, ctx: Title(text.format(**{k: v for k, v in d.items() if isinstance(v, (str, int))}), tone=tone)
 
@@ -317,6 +356,8 @@ KINDS: dict[str, Kind] = {
         Kind("run.released", "the run's worker stopped cleanly and handed the run back to the queue at once",
              _simple("Its worker stopped; the run was handed back to the queue", "quiet")),
         Kind("run.finished", "the run ended with an outcome", _finished, body="finished"),
+        Kind("workspace.rolled_back", "a person rolled the run's workspace back to one of its snapshots",
+             _rolled_back, body="rollback"),
     ]
 }
 ITERATION_KINDS = frozenset(name for name, kind in KINDS.items() if kind.iteration)

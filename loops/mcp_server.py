@@ -1,4 +1,4 @@
-"""Tether's run API as MCP tools: list, start, read, follow, interject, answer, stop and continue runs.
+"""Tether's run API as MCP tools: list, start, read, follow, interject, answer, stop, continue and roll back runs.
 
 The tools call the same selectors and services as the REST API (loops.api), with the same
 owner rules (another user's instance or run reads as not found) and every action audited
@@ -26,6 +26,7 @@ from budgets.selectors import headroom_for_run
 from instances.models import Instance
 from loops import events, schemas, selectors, services
 from loops.models import Run
+from reviews import rollback as rollbacks
 from tether.schema import describe
 
 EVENTS_PAGE = 1000
@@ -53,7 +54,8 @@ INSTRUCTIONS = (
     "Tether runs durable, governed agent loops. Each instance is an agent; a run pursues one objective "
     "until it is done and verified, needs a person, or hits a bound. Start a run, then follow it with "
     "run_events (pass the last seq you have as `after`); interject to steer it, answer a run that waits "
-    "for a person, cancel to stop it, continue_run to pick a finished run up again."
+    "for a person, cancel to stop it, continue_run to pick a finished run up again, rollback to put a finished run's "
+    "workspace back to an earlier snapshot (rollback_points lists them)."
 )
 
 
@@ -332,6 +334,33 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 max_cost_usd=max_cost_usd, max_minutes=max_minutes, via="mcp", request=device,
             )
             return _run_json(new)
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def rollback_points(ctx: Context, run_id: RunId) -> dict[str, Any]:
+        """The states one of your runs' workspace can be rolled back to, and any live run that stops a rollback now."""
+
+        def work(user, device):
+            return rollbacks.listing(_run(user, run_id))
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def rollback(
+        ctx: Context,
+        run_id: RunId,
+        to: Annotated[schemas.RollbackPoint, Field(description=schemas.ROLLBACK_POINT_HELP)],
+        dry_run: schemas.DryRun = False,  # type: ignore[valid-type]
+    ) -> dict[str, Any]:
+        """Roll a finished run's workspace back (refused while a run on it is live). The workspace is snapshot
+        first: `undo` names the point that returns to it. What snapshots do not keep is left and named in `kept`."""
+
+        def work(user, device):
+            run = _run(user, run_id)
+            if dry_run:
+                return rollbacks.plan(run=run, to=to).as_json()
+            return rollbacks.rollback(run=run, user=user, to=to, via="mcp", request=device).as_json()
 
         return await _call(ctx, identify, work)
 

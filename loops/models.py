@@ -24,6 +24,17 @@ class Run(models.Model):
         TIMED_OUT = "timed_out"
         CRASHED = "crashed"
 
+    class Origin(models.TextChoices):
+        """How a run started: who or what asked for it (`origin_ref` says which schedule or trigger)."""
+
+        CONSOLE = "console", "a person, in the console"
+        API = "api", "the REST API"
+        MCP = "mcp", "an MCP client"
+        CLI = "cli", "the command line"
+        DELEGATION = "delegation", "another run's delegate call"
+        SCHEDULE = "schedule", "a schedule"
+        TRIGGER = "trigger", "a webhook trigger"
+
     instance = models.ForeignKey("instances.Instance", on_delete=models.CASCADE, related_name="runs")
     # Delegation: a child run was started by its parent's `delegate` call; its pool is carved
     # from (nested under) the parent's, and the parent waits until its act's children finish.
@@ -35,6 +46,9 @@ class Run(models.Model):
         default=dict, blank=True, help_text="a child: the delegate call that started it; a parent: what it waits for"
     )
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs")
+    origin = models.CharField(max_length=20, choices=Origin.choices, default=Origin.API, db_index=True)
+    # Which schedule and firing, or which trigger and delivery, started it ({} for the other origins).
+    origin_ref = models.JSONField(default=dict, blank=True)
     objective = models.TextField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
     outcome = models.CharField(max_length=20, choices=Outcome.choices, blank=True)
@@ -89,6 +103,13 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.pk}"
+
+    @property
+    def origin_text(self) -> str:
+        """Return how the run started, for a person ("in the console", "by webhook trigger 3 (delivery …)")."""
+        from loops.event_kinds import describe_origin
+
+        return describe_origin({"kind": self.origin, **(self.origin_ref or {})})
 
     @property
     def iterations_done(self) -> int:

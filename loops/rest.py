@@ -48,19 +48,28 @@ class JsonBody(Parser):
     """Read a request body as a JSON object, within the API's limits."""
 
     def parse_body(self, request: HttpRequest) -> Any:
-        kind = request.content_type or ""
-        if kind and kind != "application/json" and not kind.endswith("+json"):
-            raise ApiError(f"the request body must be JSON (Content-Type: application/json), not {kind}", 415)
-        try:
-            data = json.loads(request.body, parse_constant=_no_constant)
-        except RecursionError:
-            raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(f"the request body is not valid JSON: {exc}") from None
-        _check_depth(data)
+        data = read_json(request.content_type or "", request.body)
         if not isinstance(data, dict):
             raise ApiError("the request body must be a JSON object")
         return data
+
+
+def read_json(content_type: str, body: bytes, *, required: bool = False) -> Any:
+    """Return `body` parsed as JSON within the API's limits; ApiError 415 (not JSON) or 400 (unreadable).
+
+    `required`: a missing Content-Type is refused too (a webhook must say what it sends).
+    """
+    kind = content_type or ""
+    if (kind or required) and kind != "application/json" and not kind.endswith("+json"):
+        raise ApiError(f"the request body must be JSON (Content-Type: application/json), not {kind or 'unnamed'}", 415)
+    try:
+        data = json.loads(body, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc}") from None
+    _check_depth(data)
+    return data
 
 
 def _no_constant(name: str) -> None:

@@ -7,10 +7,11 @@ before they leave, so /v1/openapi.json describes what a client really gets.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from loops.models import Run as RunModel
 from tether.limits import (
@@ -37,6 +38,24 @@ Objective = text(
 Message = text(max_length=MESSAGE_MAX_CHARS)
 SaidMessage = text(nonblank=True, max_length=MESSAGE_MAX_CHARS)  # a message that must say something
 Target = text(nonblank=True, max_length=TARGET_MAX_CHARS)  # an instance (name or id), a template or a role
+
+
+# A state a run's workspace can be rolled back to (`reviews.rollback`): the one spelling of the names.
+ROLLBACK_POINT = "start|verified|iteration-[1-9][0-9]{0,5}|rollback-[1-9][0-9]{0,5}"
+ROLLBACK_POINT_HELP = "one of start, verified, iteration-N (as iteration N left it) or rollback-K (as rollback K found it)"
+
+
+def _rollback_point(value: Any) -> str:
+    if not isinstance(value, str) or not re.fullmatch(ROLLBACK_POINT, value):
+        raise refuse(f"must be {ROLLBACK_POINT_HELP}; got {value!r}")
+    return value
+
+
+RollbackPoint = Annotated[
+    str,
+    BeforeValidator(_rollback_point),
+    Field(json_schema_extra={"pattern": f"^({ROLLBACK_POINT})$"}, description=ROLLBACK_POINT_HELP),
+]
 
 
 class Error(Schema):
@@ -155,10 +174,22 @@ class Decision(Schema):
     usage: dict[str, Any] | None
 
 
+class RunOrigin(Schema):
+    """How the run started; a schedule's firing or a trigger's delivery is named."""
+
+    kind: str = Field(json_schema_extra={"enum": list(RunModel.Origin.values)})
+    schedule: int | None = None
+    firing: str | None = None
+    trigger: int | None = None
+    delivery: str | None = None
+    parent: int | None = None
+
+
 class Run(Schema):
     id: int
     instance: int
     objective: str
+    origin: RunOrigin
     status: str = Field(json_schema_extra={"enum": list(RunModel.Status.values)})
     outcome: str | None = Field(json_schema_extra={"enum": [*RunModel.Outcome.values, None]})
     outcome_detail: str | None
@@ -215,3 +246,45 @@ class Costs(Schema):
 
 class Pools(Schema):
     pools: list[dict[str, Any]]
+
+
+DryRun = flag(description="say what the rollback would change and leave, and change nothing")
+
+
+class RollbackIn(Body):
+    to: RollbackPoint
+    dry_run: DryRun = False  # type: ignore[valid-type]
+
+
+class Named(Schema):
+    paths: list[str]
+    more: int
+
+
+class RollbackPointOut(Schema):
+    to: str
+    label: str
+    run: int = Field(description="the run whose snapshots hold it")
+    tree: str
+
+
+class RollbackPoints(Schema):
+    run: int
+    points: list[RollbackPointOut]
+    live_run: int | None = Field(description="a run on this workspace that is not finished: rollback waits for it")
+    offer: str | None = Field(description="the point the run page offers first (the last verified state, after a bound or a stop)")
+
+
+class RolledBack(Schema):
+    to: str
+    label: str
+    tree: str
+    rolled_back: bool = Field(description="false for a dry run")
+    undo: str | None = Field(description="the point that returns the workspace to how it was before this rollback")
+    exact: bool | None = Field(description="the workspace's snapshot is now exactly the chosen one")
+    added: Named
+    modified: Named
+    deleted: Named
+    kept: Named = Field(description="in the workspace but not in its snapshot (a repository's .git, skipped "
+                        "directories, what .gitignore hides past its limits, FIFOs): left as they are")
+    not_restored: Named = Field(description="'path: why' for each path that could not be written")

@@ -228,6 +228,7 @@ def chart_iterations(run: Run, limit: int = CHART_ITERATIONS) -> list[Iteration]
 class HistoryFilter:
     instance: int | None = None
     outcome: str = ""
+    origin: str = ""
     since: date | None = None
     until: date | None = None
 
@@ -245,6 +246,8 @@ def history(user: Any, chosen: HistoryFilter) -> QuerySet[Run]:
     runs = runs_for(user).order_by("-created_at", "-id")
     if chosen.instance is not None:
         runs = runs.filter(instance_id=chosen.instance)
+    if chosen.origin:
+        runs = runs.filter(origin=chosen.origin)
     if chosen.outcome == "active":
         runs = runs.exclude(status=Run.Status.FINISHED)
     elif chosen.outcome == "waiting":

@@ -7,6 +7,7 @@ are woken after it commits.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -47,6 +48,25 @@ def _usd_to_micros(value: Any, field: str) -> int:
     return micros
 
 
+@dataclass(frozen=True)
+class Origin:
+    """How a run started (`Run.Origin`), and which schedule and firing or trigger and delivery."""
+
+    kind: str
+    ref: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in Run.Origin.values:
+            raise ValueError(f"unknown run origin {self.kind!r}; one of {', '.join(Run.Origin.values)}")
+
+    @classmethod
+    def of(cls, via: str, parent: Run | None = None) -> Origin:
+        """Return the origin of a run a person or a client asked for through `via` (or a parent delegated)."""
+        if parent is not None:
+            return cls(Run.Origin.DELEGATION, {"parent": parent.pk})
+        return cls(via)
+
+
 def run_start(
     *,
     instance,
@@ -59,12 +79,15 @@ def run_start(
     request=None,
     parent: Run | None = None,
     delegation: dict[str, Any] | None = None,
+    origin: Origin | None = None,
 ) -> Run:
     """Create a run of `instance` toward `objective` and schedule its first iteration.
 
     `parent` and `delegation`: a child run started by a run's `delegate` call (loops.delegation).
+    `origin`: how it started, when not a person or a client through `via` (a schedule, a trigger).
     """
-    _ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
+    origin = origin or Origin.of(via, parent)
+    ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
     objective = _checked_objective(instance, objective)
     if max_iterations is None:
         max_iterations = instance.max_iterations
@@ -74,12 +97,13 @@ def run_start(
     with transaction.atomic():
         run = _open(
             instance=instance, user=user, objective=objective, max_iterations=max_iterations, max_cost=max_cost,
-            deadline=deadline, via=via, next_instruction=objective,
+            deadline=deadline, via=via, origin=origin, next_instruction=objective,
             **({} if parent is None else {"parent": parent, "depth": parent.depth + 1, "delegation": delegation or {}}),
         )
         trail.record(
             user=user, action="run.start", run=run, request=request, via=via,
-            detail={"objective": objective[:500], "max_iterations": max_iterations, "max_cost_usd": max_cost_usd},
+            detail={"objective": objective[:500], "max_iterations": max_iterations, "max_cost_usd": max_cost_usd,
+                    "origin": origin.kind, **origin.ref},
         )
         tasks.schedule(run.pk, run.next_iteration)
     return run
@@ -112,8 +136,12 @@ def _deadline(max_minutes: Any):
     return timezone.now() + timedelta(minutes=max_minutes)
 
 
-def _ensure_startable(instance) -> None:
-    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox."""
+def ensure_startable(instance) -> None:
+    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox.
+
+    `run_start` asks this first; a caller about to open a transaction around `run_start` asks it
+    before, so the sandbox's first probe (a subprocess) never runs inside a transaction.
+    """
     # The request is fine; the instance is not ready to run (archived, no usable key, no price): 409, not 400.
     if instance.archived_at is not None:
         raise Refused(
@@ -133,7 +161,9 @@ def _ensure_startable(instance) -> None:
         raise Refused(f"Instance {instance.name!r} runs programs and the sandbox is unavailable: {problem}.")
 
 
-def _open(*, instance, user, objective: str, max_iterations: int, max_cost, deadline, via: str, **fields: Any) -> Run:
+def _open(
+    *, instance, user, objective: str, max_iterations: int, max_cost, deadline, via: str, origin: Origin, **fields: Any
+) -> Run:
     """Create the run with its pools and its `run.started` event (inside the caller's transaction)."""
     run = Run.objects.create(
         instance=instance,
@@ -143,6 +173,8 @@ def _open(*, instance, user, objective: str, max_iterations: int, max_cost, dead
         max_cost_micros=max_cost,
         deadline=deadline,
         lease_expires_at=tasks.pickup_deadline(),
+        origin=origin.kind,
+        origin_ref=origin.ref,
         **fields,
     )
     try:
@@ -156,6 +188,7 @@ def _open(*, instance, user, objective: str, max_iterations: int, max_cost, dead
         "max_cost_usd": None if max_cost is None else money.usd_string(max_cost),
         "by": user.get_username(),
         "via": via,
+        "origin": {"kind": origin.kind, **origin.ref},
     }
     if run.continued_from_id is not None:
         started["continued_from"] = run.continued_from_id
@@ -288,7 +321,7 @@ def run_resume(*, run: Run, user, via: str = "api", request=None, max_cost_usd: 
                     f"max_cost_usd must be above the run's current cap of {money.format_usd(run.max_cost_micros)}"
                 )
             try:
-                budget_services.run_set_cap(run, new_cap, user)
+                budget_services.run_set_cap(run, new_cap, user, via=via, request=request)
             except ledger.InvalidBudget as exc:
                 raise Refused(str(exc)) from None
             Run.objects.filter(pk=run.pk).update(max_cost_micros=new_cap)
@@ -344,7 +377,7 @@ def run_continue(
     max_iterations = _checked_iterations(run.max_iterations if max_iterations is None else max_iterations)
     new_cap = None if max_cost_usd in (None, "") else _usd_to_micros(max_cost_usd, "max_cost_usd")
     deadline = _deadline(max_minutes)
-    _ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
+    ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
     try:
         new = _continue(
             run=run, user=user, max_iterations=max_iterations, cap=new_cap, deadline=deadline, message=message,
@@ -380,7 +413,7 @@ def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline,
         cap = old.max_cost_micros if cap is None else cap
         new = _open(
             instance=old.instance, user=user, objective=old.objective, max_iterations=max_iterations,
-            max_cost=cap, deadline=deadline, via=via,
+            max_cost=cap, deadline=deadline, via=via, origin=Origin.of(via),
             continued_from=old, next_instruction=first, history=history,
             protected_baseline=old.protected_baseline, protected_changed=list(old.protected_changed or []),
         )

@@ -4,7 +4,8 @@ The loop's runner does not import this app: it sends `loops.signals`, and `Revie
 connects:
 
 - `run_starting` → `reviews.snapshots.take(run)` — in the worker before the first act, outside any
-  transaction: snapshot the workspace (a tree in a shadow git directory, and a fingerprint).
+  transaction: snapshot the workspace (a tree in a shadow git directory, and a fingerprint), once no
+  rollback is writing it (`reviews.rollback.wait_for_rollback`; `iteration_starting` waits the same way).
 - `done_proposed` → `reviews.graders.on_done_proposed` — in the worker when the policy would say
   `done`: returns a `Grade`, whose `assessment` the loop feeds to `loops.policy.verdict` (the one
   place "done / verified" is decided) and whose `usage` (the judge's model call) it adds to the
@@ -12,12 +13,17 @@ connects:
 - `run_finished` → `reviews.services.on_run_finished(run_id)` — after the commit that finished a run,
   or that made it wait for a person: end snapshot, review queue, receipt, notifications. Never raises.
 
-Every human action (start, interject, answer, stop, resume, close, budget changes, credentials,
-verdicts) is recorded by `audit.trail.record` inside its transaction: the audit trail is its own
-app, below this one and the loop, so recording imports nothing of either.
+Every person's action that changes what agents may do or spend (start, interject, answer, stop,
+resume, close, verdicts, budget changes, credentials, rollbacks…; `audit.trail.ACTIONS`) is recorded
+by `audit.trail.record` inside its transaction, and admins here mix in `audit.trail.AuditedAdmin`:
+the audit trail is its own app, below this one and the loop, so recording imports nothing of either.
+
+The loop's surfaces (REST, console, MCP, CLI) call this app directly for one thing:
+- `reviews.rollback.points(run)`, `plan(run=, to=)`, `rollback(run=, user=, to=, via=, request=)` — a
+  person rolling a run's workspace back to one of its snapshots.
 
 Pages: `/reviews/` (queue), `/reviews/<item>/` (diff first, verdict), `/reviews/audit.csv`; API:
 `GET /v1/instances/{id}/loop/{run}/receipt`; CLI: `python manage.py loop verify-receipt FILE`.
 For the console: `reviews.selectors.fleet_stats(user)` with `reviews/_trust.html`,
-`audit.trail.audit_for_run(run)` with `reviews/_audit.html`, `reviews.selectors.pending_count(user)`.
+`audit.trail.audit_for_run(run)` / `for_page(...)` with `reviews/_audit.html`, `reviews.selectors.pending_count(user)`.
 """

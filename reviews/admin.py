@@ -3,7 +3,7 @@ import secrets
 from django import forms
 from django.contrib import admin, messages
 
-from audit import trail
+from audit.trail import AuditedAdmin
 from reviews.models import (
     Delivery,
     DeliveryAttempt,
@@ -17,7 +17,8 @@ from reviews.models import (
 
 
 @admin.register(Grading)
-class GradingAdmin(admin.ModelAdmin):
+class GradingAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "grading"
     list_display = ["__str__", "judge", "sample_percent", "expects_changes", "updated_at"]
     raw_id_fields = ["instance"]
 
@@ -86,7 +87,9 @@ class NotificationTargetForm(forms.ModelForm):
 
 
 @admin.register(NotificationTarget)
-class NotificationTargetAdmin(admin.ModelAdmin):
+class NotificationTargetAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "notification"
+    audit_verbs = ("add", "update", "remove")
     form = NotificationTargetForm
     list_display = ["owner", "kind", "address", "active", "created_at"]
     list_filter = ["kind", "active"]
@@ -101,19 +104,6 @@ class NotificationTargetAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if generated:
             messages.warning(request, f"The webhook secret is {secret} — copy it now; it is not shown again.")
-        if not change:
-            trail.record(
-                user=request.user,
-                action="notification.add",
-                detail={"target": obj.pk, "kind": obj.kind, "address": obj.address},
-                request=request,
-                via="admin",
-            )
-
-    def delete_model(self, request, obj):
-        detail = {"target": obj.pk, "kind": obj.kind, "address": obj.address}
-        super().delete_model(request, obj)
-        trail.record(user=request.user, action="notification.remove", detail=detail, request=request, via="admin")
 
 
 class DeliveryAttemptInline(admin.TabularInline):

@@ -26,16 +26,18 @@ class ReviewsConfig(AppConfig):
 
 
 def _snapshot_start(sender, run, **kwargs) -> None:
-    # The workspace as the run found it: the review's diff starts here.
-    from reviews import snapshots
+    # The workspace as the run found it: the review's diff starts here (once no rollback is writing it).
+    from reviews import rollback, snapshots
 
+    rollback.wait_for_rollback(run)
     snapshots.take(run)
 
 
 def _mark_iteration(sender, run, number, **kwargs) -> None:
-    # The workspace as the iteration's first attempt found it.
-    from reviews import snapshots
+    # The workspace as the iteration's first attempt found it, once no rollback is writing it.
+    from reviews import rollback, snapshots
 
+    rollback.wait_for_rollback(run)
     snapshots.mark_iteration(run, number)
 
 

@@ -37,6 +37,9 @@ not exist yet is created empty, so everything the run writes shows in the diff),
 run finishes or waits (the end tree, replaced each time), `diff(run)` for the review page and the
 judge (against the end tree, or the workspace as it is now while the run is not finished).
 
+`capture(run)` stores the workspace as it is now (a rollback keeps it first: `reviews.rollback`
+restores these trees), `repository(run_id)` opens a run's shadow directory.
+
 `mark_iteration(run, number)` as an iteration's first attempt begins (the tree, under the ref
 `refs/tether/iteration-N`), and `changed_since_iteration(run, number)` when an attempt of it was
 lost: the paths the workspace added, modified or deleted since that iteration began.
@@ -543,6 +546,22 @@ def _capture(run_id: int, workspace: Path) -> tuple[str, str]:
         except SnapshotError as exc:
             log.warning("run %s: workspace snapshot failed: %s", run_id, exc)
             return "", f"the snapshot failed: {exc}"
+
+
+def capture(run: Any) -> tuple[str, str]:
+    """Store the run's workspace as it is now as a tree of its shadow directory: (tree id, "") or ("", why not)."""
+    return _capture(run.pk, Path(run.instance.workspace_path()))
+
+
+def repository(run_id: int) -> pygit2.Repository | None:
+    """The run's shadow directory opened (None when nothing of its workspace was ever stored)."""
+    gitdir = git_dir(run_id)
+    return _repository(gitdir) if (gitdir / "HEAD").exists() else None
+
+
+def left_out_paths(run_id: int, tree: str) -> list[str]:
+    """What `.gitignore` hides that the run's tree `tree` left out (over its limits): paths, a directory's with '/'."""
+    return [str(p) for p in _left_out(git_dir(run_id), tree).get("paths") or []]
 
 
 def take(run: Any) -> WorkspaceSnapshot:

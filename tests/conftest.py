@@ -7,6 +7,17 @@ import textwrap
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def quick_password_hashing():
+    """Every test's users get a cheap hash (tests.support.hashers); the suite makes thousands."""
+    from django.conf import settings
+    from django.contrib.auth import hashers
+
+    settings.PASSWORD_HASHERS = ["tests.support.hashers.QuickPBKDF2"]
+    hashers.get_hashers.cache_clear()
+    hashers.get_hashers_by_algorithm.cache_clear()
+
+
 @pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user("ada", password="pw-ada-123")

@@ -49,6 +49,25 @@ def is_transient(exc: BaseException) -> bool:
     return any(text in message for text in _TRANSIENT_MESSAGES)
 
 
+def is_busy(exc: BaseException) -> bool:
+    """Return True when `exc` says every connection Tether may use is at work, not that the database is down.
+
+    A pool's wait that ran out (`PoolTimeout`: `tether.dbpool`), a pool's queue that is full
+    (`TooManyRequests`), or the server's own "too many clients" (53300): the database answers, and
+    a retry in a moment will find room. Every one of them is also transient (`is_transient`).
+    """
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    cause = exc.__cause__ or exc
+    if getattr(cause, "sqlstate", None) == "53300":
+        return True
+    try:
+        from psycopg_pool import PoolTimeout, TooManyRequests
+    except ImportError:  # pragma: no cover (installed with psycopg[pool])
+        return False
+    return isinstance(cause, PoolTimeout | TooManyRequests)
+
+
 def reset() -> None:
     """Drop this thread's (probably broken) connection; the next query opens a new one."""
     try:

@@ -15,6 +15,14 @@ OBJECTIVE_MAX_CHARS = 1_000_000  # the highest objective cap an instance may hav
 MESSAGE_MAX_CHARS = 8_000  # an interjection, an answer, or a continued run's message, in characters
 TARGET_MAX_CHARS = 200  # a `delegate` call's `to`: an instance's name or id, a template or a role
 
+# --- a webhook trigger -------------------------------------------------------------------------------
+HOOK_BODY_MAX_BYTES = 1_000_000  # a delivery's body (GitHub's issue and pull request payloads are a few KB)
+HOOK_RATE = (1, 600)  # runs a trigger may start in a minute, lowest and highest; more are refused (429)
+HOOK_RATE_DEFAULT = 30
+DELIVERY_ID_MAX_CHARS = 200  # a delivery's id (`X-GitHub-Delivery` is a 36-character GUID)
+DELIVERY_EXCERPT_CHARS = 2_000  # how much of a delivery's body is kept to show on the trigger's page
+DELIVERIES_KEPT = 200  # deliveries kept per trigger, newest first (older ones are deleted)
+
 # --- money ----------------------------------------------------------------------------------------
 CAP_MIN_USD = "0.01"  # the smallest cost cap, in US dollars (a cap is never $0)
 CAP_DIGITS = 6  # a cost cap's whole dollars have at most this many digits: at most $1,000,000

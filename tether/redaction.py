@@ -23,7 +23,7 @@ the fully %-escaped form, 4.
 
 The keys: the server's own (`SECRET_KEY` and `SECRET_KEY_FALLBACKS`, `ANTHROPIC_API_KEY`,
 `TETHER_METRICS_TOKEN`, the database and Redis passwords, and every environment variable whose
-name ends in `_KEY`, `_TOKEN`, `_SECRET` or `_PASSWORD`), every stored credential (decrypted; the app
+name ends in `_KEY`, `_TOKEN`, `_SECRET` or `_PASSWORD`), every stored secret (decrypted: the credentials, a trigger's secret…; the app
 that stores them names where they come from with `stored_keys_from`, so this module imports no app), and
 whatever the caller adds (`extra`: the key a brain is about to use). Keys shorter than 12
 characters are too short to tell from ordinary text and are not redacted.

@@ -83,6 +83,7 @@ INSTALLED_APPS = [
     "audit",
     "loops",
     "reviews",
+    "triggers",
 ]
 
 MIDDLEWARE = [
@@ -125,16 +126,24 @@ TEMPLATES = [
 
 # --- database -------------------------------------------------------------
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
+# Behind PgBouncer in transaction pooling mode (docs/operations.md: Connection budget).
+TETHER_DB_PGBOUNCER = os.environ.get("TETHER_DB_PGBOUNCER", "") == "1"
 if DATABASE_URL:
     import dj_database_url
 
-    # Connections are kept (and pinged before reuse) rather than opened for every request, socket
-    # handshake and console read: a PostgreSQL connection costs a process on the server.
+    # A web or worker process takes its connections from a bounded pool (tether/dbpool.py, turned on
+    # as it starts). Other processes (the cluster's own, `manage.py` commands) keep a connection per
+    # thread (and ping it before reuse) rather than opening one for every query.
     _db = dj_database_url.parse(
         DATABASE_URL, conn_max_age=_env_int("TETHER_DB_CONN_MAX_AGE", 60), conn_health_checks=True
     )
     if _db["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured(f"DATABASE_URL must point at PostgreSQL (postgres://...), got {_db['ENGINE']}")
+    # Behind PgBouncer (transaction pooling) neither a cursor nor a prepared statement outlives its
+    # transaction: `.iterator()` reads in chunks instead, and psycopg prepares nothing.
+    if TETHER_DB_PGBOUNCER:
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+        _db.setdefault("OPTIONS", {})["prepare_threshold"] = None
     _db.setdefault("TEST", {})
     if name := os.environ.get("TETHER_TEST_DB_NAME"):
         _db["TEST"]["NAME"] = name
@@ -156,6 +165,20 @@ else:
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# PostgreSQL connections, one budget (tether/dbpool.py; docs/operations.md: Connection budget). A web
+# process borrows every connection from a pool of TETHER_WEB_DB_POOL; a request that finds them all in
+# use queues for one up to TETHER_WEB_DB_WAIT_SECONDS, then answers 503 "busy" with Retry-After.
+# TETHER_DB_RESERVE connections are kept free for an operator's commands (`manage.py loginlink`).
+# (The worker processes' pools, TETHER_DB_POOL, are with the loop's settings below.)
+TETHER_WEB_DB_POOL = _env_int("TETHER_WEB_DB_POOL", 16)
+if TETHER_WEB_DB_POOL < 2:
+    raise ImproperlyConfigured(f"TETHER_WEB_DB_POOL must be 2 or more, got {TETHER_WEB_DB_POOL}")
+TETHER_WEB_DB_WAIT_SECONDS = _env_float("TETHER_WEB_DB_WAIT_SECONDS", 10)
+if TETHER_WEB_DB_WAIT_SECONDS <= 0:
+    raise ImproperlyConfigured(f"TETHER_WEB_DB_WAIT_SECONDS must be a positive number, got {TETHER_WEB_DB_WAIT_SECONDS}")
+TETHER_DB_RESERVE = _env_int("TETHER_DB_RESERVE", 5)
+if TETHER_DB_RESERVE < 0:
+    raise ImproperlyConfigured(f"TETHER_DB_RESERVE must be 0 or more, got {TETHER_DB_RESERVE}")
 
 # --- channels ---------------------------------------------------------------
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -234,13 +257,12 @@ if TETHER_CONSOLE_STATES_PER_PASS < 1:
 # others give theirs back before every act (PostgreSQL has ~100 connections to share).
 TETHER_CONNECTIONS_PER_WORKER = _env_int("TETHER_CONNECTIONS_PER_WORKER", 16)
 # ...and how many of the others may hold a connection at once (for their short transactions).
-# Keep (this + the above) × worker processes + web processes under the server's max_connections.
 TETHER_DB_GATE_PER_WORKER = _env_int("TETHER_DB_GATE_PER_WORKER", 8)
-# On PostgreSQL a worker process may pool its connections, at most this many (`tether.dbpool`): a
-# run that gives its connection back before its act takes an open one after it. 0 (the default): no
-# pool. Size it to TETHER_CONNECTIONS_PER_WORKER + TETHER_DB_GATE_PER_WORKER + 8 or more.
-TETHER_DB_POOL = _env_int("TETHER_DB_POOL", 0)
+# On PostgreSQL a worker process pools its connections, at most this many (`tether.dbpool`): a run
+# that gives its connection back before its act takes an open one after it. At least (and by default)
+# TETHER_CONNECTIONS_PER_WORKER + TETHER_DB_GATE_PER_WORKER + 8; 0: no pool (and no bound).
 _POOL_AT_LEAST = TETHER_CONNECTIONS_PER_WORKER + TETHER_DB_GATE_PER_WORKER + 8  # + heartbeat, pickup, claims, acts' writes
+TETHER_DB_POOL = _env_int("TETHER_DB_POOL", _POOL_AT_LEAST)
 if TETHER_DB_POOL < 0 or 0 < TETHER_DB_POOL < _POOL_AT_LEAST:
     raise ImproperlyConfigured(
         f"TETHER_DB_POOL must be 0 (no pool) or at least {_POOL_AT_LEAST} (TETHER_CONNECTIONS_PER_WORKER + "

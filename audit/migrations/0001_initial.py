@@ -11,7 +11,8 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('reviews', '0004_auditentry_to_audit_app'),
+        ('reviews', '0005_auditentry_to_audit_app'),
+        ('instances', '0013_protect_defaults'),
         ('budgets', '0008_quota_leases'),
         ('loops', '0007_evidence_baseline'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
@@ -34,6 +35,9 @@ class Migration(migrations.Migration):
                 ('pool', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='audit_entries', to='budgets.pool')),
                 ('run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='audit_entries', to='loops.run')),
                 ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                ('instance', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='audit_entries', to='instances.instance')),
+                ('instance_ref', models.PositiveBigIntegerField(blank=True, db_index=True, null=True)),
+                ('owner', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
             ],
             options={
                 'verbose_name_plural': 'audit entries',

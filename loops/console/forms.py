@@ -228,6 +228,9 @@ class ResumeRunForm(Checked):
 class HistoryFilterForm(forms.Form):
     instance = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
     outcome = forms.ChoiceField(required=False)
+    origin = forms.ChoiceField(
+        required=False, label="Started", choices=[("", "any way"), *Run.Origin.choices]
+    )
     since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
 

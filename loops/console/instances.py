@@ -16,9 +16,11 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods, require_POST
 
+from audit import trail
 from budgets import money
 from budgets import selectors as budget_selectors
 from budgets.models import Pool, Price
@@ -239,9 +241,11 @@ def budget_for(instance: Instance) -> dict[str, Any]:
         owner_pool = Pool.objects.filter(kind=Pool.Kind.USER, owner_id=instance.owner_id).first()
         if owner_pool is not None:
             chain = budget_selectors.headroom_for_pool(owner_pool)
+    visible = set(budget_selectors.pools_visible_to(instance.owner).filter(
+        pk__in=[p.id for p in chain.pools]).values_list("pk", flat=True))
     rows = [
         {
-            "name": p.name, "kind": p.kind, "period": p.period, "limit": money.format_usd(p.limit),
+            "id": p.id, "linked": p.id in visible, "name": p.name, "kind": p.kind, "period": p.period, "limit": money.format_usd(p.limit),
             "spent": money.format_usd(p.spent), "reserved": money.format_usd(p.reserved),
             "remaining": money.format_usd(p.remaining), "limited": p.limit is not None,
             "limiting": chain.limiting is not None and chain.limiting.id == p.id, "overdrawn": p.overdrawn,
@@ -258,6 +262,32 @@ def instance_budget(request: HttpRequest, instance_id: int) -> HttpResponse:
     instance = _instance(request, instance_id)
     context = {"instance": instance, "budget": budget_for(instance), **_nav(request)}
     return render(request, "loops/instance_budget.html", context)
+
+
+@login_required
+@require_http_methods(["GET"])
+def pool_detail(request: HttpRequest, pool_id: int) -> HttpResponse:
+    """One budget pool: its limit, spend and headroom, and who changed it (newest first).
+
+    Only a pool the user may see (`budgets.selectors.pools_visible_to`); another's is a 404.
+    """
+    pool = budget_selectors.pools_visible_to(request.user).filter(pk=pool_id).first()
+    if pool is None:
+        raise Http404("no such pool")
+    headroom = budget_selectors.pool_headroom(pool)
+    context = {
+        "pool": pool,
+        "row": {
+            "limit": money.format_usd(headroom.limit), "spent": money.format_usd(headroom.spent),
+            "reserved": money.format_usd(headroom.reserved), "remaining": money.format_usd(headroom.remaining),
+            "limited": headroom.limit is not None,
+        },
+        "entries": trail.for_page(trail.audit_for_pool(pool), request.user),
+        "audit_title": "Changes to this pool",
+        "audit_csv": f"{reverse('reviews:audit-csv')}?pool={pool.pk}",
+        **_nav(request),
+    }
+    return render(request, "loops/pool_detail.html", context)
 
 
 # --- credentials ----------------------------------------------------------------------------

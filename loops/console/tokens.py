@@ -31,7 +31,8 @@ def tokens(request: HttpRequest) -> HttpResponse:
     form = TokenForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         request.session[NEW_TOKEN] = auth.make_token(
-            request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"]
+            request.user, name=form.cleaned_data["name"], days=form.cleaned_data["days"], via="console",
+            request=request,
         )
         return _see_other("loops:tokens")
     created = request.session.pop(NEW_TOKEN, None) if request.method == "GET" else None
@@ -56,7 +57,7 @@ def _see_other(name: str) -> HttpResponse:
 @login_required
 @require_POST
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
-    revoked = auth.revoke_token(token_id=token_id, user=request.user)
+    revoked = auth.revoke_token(token_id=token_id, user=request.user, via="console", request=request)
     if revoked is None:
         raise Http404("no such token")
     messages.success(request, f"Revoked the token “{revoked.name or revoked.prefix}”: it is refused from now on.")

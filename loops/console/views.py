@@ -32,6 +32,7 @@ from loops.console import live
 from loops.console.display import EventView, RunView
 from loops.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
 from loops.models import Interjection, Run
+from reviews import rollback
 from reviews import selectors as review_selectors
 
 REPEAT_WINDOW = timedelta(seconds=15)
@@ -113,6 +114,8 @@ def _instance_page(
         "form": form,
         "runs": runs,
         "env_names": sorted((instance.env or {}).keys()),
+        "entries": trail.for_page(trail.audit_for_instance(instance), request.user),
+        "audit_title": "Changes to this agent",
         **_nav(request),
     }
     return render(request, "loops/instance_detail.html", context, status=status)
@@ -199,9 +202,19 @@ def _run_page(
         "notice": notice,
         "receipt_url": reverse("api:run-receipt", args=[run.instance_id, run.pk]),
         "entries": trail.audit_for_run(run),
+        "rollback": _rollback_card(run),
         **_nav(request),
     }
     return render(request, "loops/run_detail.html", context, status=status)
+
+
+def _rollback_card(run: Run) -> dict[str, Any]:
+    """What the run page offers to roll the workspace back to (read only once the run has finished)."""
+    if run.status != Run.Status.FINISHED:
+        return {"finished": False}
+    found = rollback.points(run)
+    live = rollback.live_run(run)
+    return {"finished": True, "points": found, "offer": rollback.offer(run, found), "live": live}
 
 
 def _actions(
@@ -406,7 +419,8 @@ def history(request: HttpRequest) -> HttpResponse:
     if form.is_bound and form.is_valid():
         data: dict[str, Any] = form.cleaned_data
         chosen = selectors.HistoryFilter(
-            instance=data["instance"], outcome=data["outcome"], since=data["since"], until=data["until"]
+            instance=data["instance"], outcome=data["outcome"], origin=data["origin"], since=data["since"],
+            until=data["until"],
         )
     runs = selectors.history(request.user, chosen)
     page = Paginator(runs, HISTORY_PAGE).get_page(request.GET.get("page"))
@@ -418,3 +432,32 @@ def history(request: HttpRequest) -> HttpResponse:
         **_nav(request),
     }
     return render(request, "loops/history.html", context)
+
+
+@login_required
+def run_rollback(request: HttpRequest, run_id: int) -> HttpResponse:
+    """GET: what rolling the workspace back to `to` would change and leave (the confirmation); POST: do it."""
+    run = _run(request, run_id)
+    if request.method not in ("GET", "POST"):
+        return HttpResponse(status=405, headers={"Allow": "GET, POST"})
+    to = (request.POST if request.method == "POST" else request.GET).get("to", "")
+    context: dict[str, Any] = {"run": RunView(run), "to": to, **_nav(request)}
+    try:
+        if request.method == "GET":
+            context["plan"] = rollback.plan(run=run, to=to)
+            context["live"] = rollback.live_run(run)
+            return render(request, "loops/run_rollback.html", context)
+        done = rollback.rollback(run=run, user=request.user, to=to, via="console", request=request)
+    except services.Refused as refused:
+        context["refused"] = refused.message
+        return render(request, "loops/run_rollback.html", context, status=refused.status)
+    kept = f" Left as they were (snapshots do not keep them): {', '.join(done.kept[:20])}" if done.kept else ""
+    if len(done.kept) > 20:
+        kept += f" and {len(done.kept) - 20} more"
+    missed = f" Not restored: {'; '.join(done.not_restored[:10])}." if done.not_restored else ""
+    messages.info(
+        request,
+        f"The workspace was rolled back to {done.point.label}: {len(done.added)} added, {len(done.modified)} changed, "
+        f"{len(done.deleted)} removed. To undo it, roll back to {done.undo}.{kept}{'.' if kept else ''}{missed}",
+    )
+    return redirect("loops:run-detail", run_id=run.pk)

@@ -268,7 +268,7 @@
     text = text.replace(/\s+/g, " ").trim();
     return text.length > 300 ? text.slice(0, 299) + "…" : text;
   }
-  var STATUS_WORDS = { 403: "not allowed (signed out? reload the page and sign in again)", 404: "not found", 409: "not possible now", 429: "too many tries; wait a moment", 503: "Tether is reconnecting to its database; try again in a few seconds" };
+  var STATUS_WORDS = { 403: "not allowed (signed out? reload the page and sign in again)", 404: "not found", 409: "not possible now", 429: "too many tries; wait a moment", 503: "Tether is busy or reconnecting to its database; try again in a few seconds" };
   document.addEventListener("htmx:beforeRequest", function (e) { clearError(e.detail.elt); });
   document.addEventListener("htmx:responseError", function (e) {
     var xhr = e.detail.xhr;

@@ -105,12 +105,25 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return f"({exc})"
 
 
-@pytest.fixture
-def server(tmp_path):
-    started = Server(tmp_path)
+# One server per test process, shared by its browser tests: each test isolates itself by its own user,
+# instances and runs (the database is emptied between tests; ids are never reused), not by a server of
+# its own. A test that needs other settings starts its own `Server(tmp_path, **env)`. The worker stays
+# the test's own: a test without one counts on its runs staying queued.
+
+
+@pytest.fixture(scope="session")
+def _shared_server(django_db_setup, tmp_path_factory):
+    started = Server(tmp_path_factory.mktemp("server"))
     yield started
     started.stop()
-    print(f"--- daphne log (tail) ---\n{log_tail(started.log_path)}")  # shown when the test fails
+
+
+@pytest.fixture
+def server(_shared_server, transactional_db):
+    if _shared_server.proc.poll() is not None:
+        pytest.fail(f"the shared server has exited: {log_tail(_shared_server.log_path)}")
+    yield _shared_server
+    print(f"--- daphne log (tail) ---\n{log_tail(_shared_server.log_path)}")  # shown when the test fails
 
 
 @pytest.fixture(params=list(DEVICES))

@@ -1,7 +1,8 @@
 """axe-core finds nothing on any console page a person reaches, on a phone and on a laptop (issue #26).
 
 One test per device signs in once and visits, in headless Chromium against daphne: the sign-in
-page, the fleet, an instance (page, new, create form, edit, budget and pools), a run page while its
+page, the fleet, an instance (page, new, create form, edit, budget and pools), a pool's page and the
+person's account page (each with its audit trail), a run page while its
 socket is live and events arrive (its stop confirm open), a run waiting for an answer (its confirm
 open), a run out of budget (its resume form), a finished run and its receipt, history, keys, tokens
 (and the page that shows a new one once), notifications (with a Remove button), the review queue
@@ -85,8 +86,18 @@ def console(ada, make_instance, script):  # noqa: F811
         status=Run.Status.FINISHED, outcome=Run.Outcome.BUDGET_EXHAUSTED, finished_at=timezone.now()
     )
 
+    from budgets import services as budget_services
+
+    pool = budget_services.instance_pool(instance)
+    budget_services.pool_set_limit(pool, 50_000_000, user=ada, via="admin")  # the pool page's audit has a change
     Credential.create_for(ada, label="work key", secret="sk-ant-api03-" + "a" * 40)
     make_token(ada, name="laptop")
+    from triggers import services as trigger_services
+
+    trigger, _ = trigger_services.trigger_create(
+        user=ada, instance=instance, name="issues", objective_template="Triage #{issue.number}"
+    )
+    trigger_services.receive(trigger_id=trigger.pk, headers={}, body=b"{}", body_bytes=2, content_type="application/json")
     NotificationTarget.objects.create(owner=ada, kind="email", address="ada@example.com")
     return {
         "instance": instance,
@@ -95,6 +106,7 @@ def console(ada, make_instance, script):  # noqa: F811
         "item": item,
         "waiting": waiting,
         "exhausted": exhausted,
+        "pool": pool,
     }
 
 
@@ -130,8 +142,12 @@ def test_every_console_page_is_clean_under_axe(browser, server, console, device)
         ("create form", "/instances/new/program/"),
         ("edit form", f"/instances/{instance.pk}/edit"),
         ("budget and pools", f"/instances/{instance.pk}/budget"),
+        ("webhook triggers", f"/instances/{instance.pk}/triggers/"),
+        ("pool page", f"/pools/{console['pool'].pk}/"),
+        ("account", "/account/"),
         ("finished run", f"/runs/{finished.pk}/"),
         ("receipt", f"/runs/{finished.pk}/receipt"),
+        ("rollback confirmation", f"/runs/{finished.pk}/rollback?to=start"),
         ("history", "/history/"),
         ("keys", "/credentials/"),
         ("tokens", "/tokens/"),
@@ -144,6 +160,8 @@ def test_every_console_page_is_clean_under_axe(browser, server, console, device)
     ]:
         page.goto(server.url + path)
         check(label)
+        if label == "rollback confirmation":
+            assert page.locator("button", has_text="Yes, roll it back").count() == 1
         if label == "run out of budget":
             assert page.locator("form.resume").count() == 1  # "Resume with a cap of $…"
     # Each destructive action asks first: its confirm, open.

@@ -14,9 +14,3 @@ def make_run(user, make_instance):
         return Run.objects.create(instance=instance, owner=instance.owner, **fields)
 
     return build
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # The shared `user` builder sets a password; budget tests have no use for a slow hash.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -4,11 +4,6 @@ import pytest
 from django.db import transaction
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
 def signed_in(client, user):
     client.force_login(user)

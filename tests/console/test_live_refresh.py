@@ -16,11 +16,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_a_quiet_live_run_gets_its_summary_again_and_a_finished_one_does_not(settings, user, instance, start_run):
     settings.TETHER_CONSOLE_REFRESH_SECONDS = 0.3
-    settings.TETHER_LEASE_SECONDS = 30
+    settings.TETHER_LEASE_SECONDS = 300  # a lease with under 99 s left was not renewed: its worker is quiet
     live_run = start_run(instance)
     record(live_run, ONE_ITERATION[:3])
     Run.objects.filter(pk=live_run.pk).update(
-        status="running", lease_token="t", lease_expires_at=timezone.now() + timedelta(seconds=4)
+        status="running", lease_token="t", lease_expires_at=timezone.now() + timedelta(seconds=60)
     )
     done = start_run(instance, objective="finished one")
     Run.objects.filter(pk=done.pk).update(status="finished", outcome="done", verified=True, finished_at=timezone.now())

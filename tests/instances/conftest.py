@@ -19,7 +19,6 @@ def no_ambient_keys(monkeypatch, settings):
     settings.TETHER_ANTHROPIC_BACKOFF_SECONDS = 0.001
     settings.TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS = 0.01
     settings.TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS = 10
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
 
 
 @pytest.fixture

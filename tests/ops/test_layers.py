@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # each case runs lint-imports over a copy of the 
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ("tether", "audit", "budgets", "instances", "loops", "reviews")
+PACKAGES = ("tether", "audit", "budgets", "instances", "loops", "reviews", "triggers")
 
 
 def lint_imports(where: Path) -> subprocess.CompletedProcess[str]:
@@ -38,6 +38,9 @@ PLANTED = [
     ("instances/services.py", "from reviews import selectors", "instances is not allowed to import reviews"),
     ("instances/services.py", "from loops.models import Run", "instances is not allowed to import loops"),
     ("loops/services.py", "from reviews import selectors", "loops is not allowed to import reviews"),
+    ("audit/trail.py", "from budgets.models import Pool", "audit is not allowed to import budgets"),
+    ("reviews/rollback.py", "from triggers import services", "reviews is not allowed to import triggers"),
+    ("loops/services.py", "from triggers import services", "loops is not allowed to import triggers"),
     ("loops/runner.py", "from loops import api", "loops.runner is not allowed to import loops.api"),
 ]
 

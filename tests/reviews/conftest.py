@@ -25,7 +25,6 @@ def review_settings(settings, monkeypatch, tmp_path):
     settings.TETHER_WEBHOOK_ALLOW_PRIVATE = True  # the test receivers listen on 127.0.0.1
     settings.TETHER_REVIEW_SAMPLE_SEED = "tests"
     settings.TETHER_SNAPSHOTS = tmp_path / "snapshots"
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 
 from loops.auth import make_token
+from triggers.models import Trigger
 
 pytestmark = pytest.mark.django_db
 
@@ -60,13 +61,22 @@ def pages(user, make_instance):
     assert made.redirect_chain == [("/tokens/", 303)]
     paths = ["/", f"/instances/{instance.pk}/", f"/runs/{run.pk}/", "/history/", "/tokens/", "/reviews/",
              "/instances/new/", "/instances/new/coder/", f"/instances/{instance.pk}/edit",
-             f"/instances/{instance.pk}/duplicate", f"/instances/{instance.pk}/budget", "/credentials/"]
-    return client, paths, made
+             f"/instances/{instance.pk}/duplicate", f"/instances/{instance.pk}/budget", "/credentials/",
+             f"/instances/{instance.pk}/triggers/"]
+    # A trigger with a delivery: its page draws the secret shown once and the deliveries list.
+    trigger = client.post(
+        f"/instances/{instance.pk}/triggers/",
+        {"name": "hook", "objective_template": "Fix {issue.title}", "max_per_minute": "5"},
+        follow=True,
+    )
+    assert trigger.redirect_chain == [(f"/instances/{instance.pk}/triggers/", 303)]
+    Client().post(f"/v1/hooks/{Trigger.objects.get().pk}", data=b"{}", content_type="application/json")
+    return client, paths, [("/tokens/ (created)", made), ("triggers (secret shown)", trigger)]
 
 
 def test_every_console_page_has_a_strict_policy_and_no_inline_script_or_style(pages, django_user_model):
     client, paths, made = pages
-    responses = [(path, client.get(path)) for path in paths] + [("/tokens/ (created)", made)]
+    responses = [(path, client.get(path)) for path in paths] + made
     responses += [("/login/", Client().get("/login/")), ("/admin/login/", Client().get("/admin/login/"))]
     operator = Client()
     operator.force_login(django_user_model.objects.create_superuser("root", email=""))

@@ -54,7 +54,6 @@ def no_ambient_keys(monkeypatch, settings):
     settings.TETHER_ANTHROPIC_RETRIES = 1
     settings.TETHER_ANTHROPIC_BACKOFF_SECONDS = 0.001
     settings.TETHER_ALLOW_PRIVATE_BASE_URLS = True  # the local Messages server is on loopback
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
@@ -286,6 +285,7 @@ def _state(home: Path, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # ten Tether processes, one after another
 def test_rotating_the_secret_key_end_to_end(tmp_path):
     home = tmp_path / "home"
     for done in (_tether(home, "migrate", "-v0"), _tether(home, code=SETUP)):

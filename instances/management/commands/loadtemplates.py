@@ -18,7 +18,7 @@ class Command(BaseCommand):
         if not path.is_dir():
             raise CommandError(f"{path} is not a directory")
         try:
-            results = load_templates(path)
+            results = load_templates(path, via="cli")
         except TemplateError as exc:
             raise CommandError(str(exc)) from None
         for name, created in results:

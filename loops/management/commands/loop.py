@@ -1,4 +1,4 @@
-"""`python manage.py loop start|watch|cancel|interject|continue|verify-receipt` — the console-less client.
+"""`python manage.py loop start|watch|cancel|interject|continue|rollback|verify-receipt` — the console-less client.
 
 The CLI acts as the instance's (or run's) owner and calls the same service
 functions as the API and the console.
@@ -14,6 +14,7 @@ from budgets import money
 from instances.models import Instance
 from loops import services
 from loops.models import Event, Run
+from reviews import rollback
 from reviews.receipts import verify_file
 
 
@@ -42,6 +43,12 @@ class Command(BaseCommand):
         cont.add_argument("--max-iterations", type=int, help="default: the old run's")
         cont.add_argument("--max-cost-usd", help="default: the old run's cap")
         cont.add_argument("--watch", action="store_true", help="watch the new run until it finishes")
+        back = sub.add_parser(
+            "rollback", help="roll a finished run's workspace back to a snapshot (without --to: list them)"
+        )
+        back.add_argument("run", type=int)
+        back.add_argument("--to", help="start, verified, iteration-N or rollback-K")
+        back.add_argument("--dry-run", action="store_true", help="say what it would change and leave; change nothing")
         verify = sub.add_parser("verify-receipt", help="check a run receipt's signature; say what was altered")
         verify.add_argument("file", help="a receipt saved from GET /v1/instances/ID/loop/RUN/receipt")
 
@@ -99,6 +106,23 @@ class Command(BaseCommand):
         if watch:
             return self.do_watch(new.pk, 0)
         return None
+
+    def do_rollback(self, run, to, dry_run, **_):
+        found = self._run(run)
+        if to is None:
+            listed = rollback.listing(found)
+            for point in listed["points"]:
+                self.stdout.write(f"{point['to']:<14} {point['label']}")
+            if not listed["points"]:
+                self.stdout.write(f"run {found.pk} has no snapshots of its workspace to go back to")
+            if listed["live_run"]:
+                self.stdout.write(f"run {listed['live_run']} is live on this workspace: a rollback waits for it")
+            return
+        if dry_run:
+            said = rollback.plan(run=found, to=to)
+        else:
+            said = rollback.rollback(run=found, user=found.owner, to=to, via="cli")
+        self.stdout.write(_rollback_lines(found, said.as_json()))
 
     def do_verify_receipt(self, file, **_):
         ok, message = verify_file(file)
@@ -158,6 +182,27 @@ def _line(event: Event) -> str:
     elif event.kind == "interjection.queued":
         summary = data.get("text", "")[:120]
     return f"[{event.seq:>4}] {event.kind:<20} {it}{summary}".rstrip()
+
+
+def _rollback_lines(run: Run, said: dict) -> str:
+    def named(part: dict) -> str:
+        more = f" and {part['more']} more" if part["more"] else ""
+        return ", ".join(part["paths"]) + more
+
+    def count(part: dict) -> int:
+        return len(part["paths"]) + part["more"]
+
+    counts = f"{count(said['added'])} added, {count(said['modified'])} changed, {count(said['deleted'])} removed"
+    if said["rolled_back"]:
+        lines = [f"run {run.pk}: workspace rolled back to {said['label']} ({counts})"]
+        lines.append(f"to undo it: python manage.py loop rollback {run.pk} --to {said['undo']}")
+    else:
+        lines = [f"run {run.pk}: rolling back to {said['label']} would make {counts}; nothing was changed"]
+    if said["kept"]["paths"]:
+        lines.append(f"left as they are (snapshots do not keep them): {named(said['kept'])}")
+    for line in said["not_restored"]["paths"]:
+        lines.append(f"not restored: {line}")
+    return "\n".join(lines)
 
 
 def _progress(run: Run) -> str:

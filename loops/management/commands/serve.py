@@ -3,6 +3,12 @@
 Both run in the foreground as child processes; Ctrl-C (or SIGTERM) stops both, and
 if one dies the other is stopped too. `--web-only` / `--workers-only` run one role,
 for deployments that spread them over machines.
+
+On PostgreSQL it first prints the database connections the roles it starts may hold
+(`tether.dbpool.budget`: every one from a bounded pool) and refuses to start, naming the
+settings, when they do not fit the server's `max_connections` with `TETHER_DB_RESERVE` to spare.
+The web server listens with a backlog of LISTEN_BACKLOG: a herd of browsers reconnecting in the
+same second is queued by the kernel, not dropped (Twisted's default is 50).
 """
 
 import json
@@ -16,11 +22,20 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 
 from instances import sandbox
 from loops import accounts
-from tether import addresses
+from tether import addresses, dbpool
+
+LISTEN_BACKLOG = 1024
+
+
+def listen_endpoint(host: str, port: int) -> str:
+    """daphne's endpoint for `host:port` (as its -b/-p build it), with a listen backlog for a herd."""
+    from daphne.endpoints import build_endpoint_description_strings
+
+    return f"{build_endpoint_description_strings(host=host, port=port)[0]}:backlog={LISTEN_BACKLOG}"
 
 
 def address_file():
@@ -72,6 +87,7 @@ class Command(BaseCommand):
                 raise ValueError
         except ValueError:
             raise CommandError(f"PORT must be a TCP port number (1-65535); got {port!r}") from None
+        self._check_budget(web=not workers_only, workers=not web_only)
         if not no_migrate:
             call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
@@ -83,10 +99,18 @@ class Command(BaseCommand):
         if not workers_only and not self._first_start(host, port_number):
             if problem := addresses.hint(addresses.reachable_host(host)):
                 self.stderr.write(f"WARNING: {problem}")
+        connections.close_all()  # this process holds none while its children run (nor counts in the budget)
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         children: list[tuple[str, subprocess.Popen]] = []
         if not workers_only:
-            web = [sys.executable, "-m", "daphne", "-b", host, "-p", str(port_number), "tether.asgi:application"]
+            web = [
+                sys.executable,
+                "-m",
+                "daphne",
+                "-e",
+                listen_endpoint(host, port_number),
+                "tether.asgi:application",
+            ]
             children.append(("web", subprocess.Popen(web, cwd=settings.BASE_DIR)))
             self.stdout.write(f"Tether web on http://{host}:{port_number}/")
             record_address(host, port_number)
@@ -124,6 +148,25 @@ class Command(BaseCommand):
                 child.kill()
         forget_address()
         sys.exit(code)
+
+    def _check_budget(self, *, web: bool, workers: bool) -> None:
+        """Print the PostgreSQL connections these roles may hold; refuse to start when they do not fit."""
+        if connection.vendor != "postgresql":
+            return
+        found = dbpool.budget(web=web, workers=workers)
+        try:
+            fits, said = dbpool.check(found)
+        except OperationalError as exc:  # not reachable now: say what was not checked, start as before
+            self.stderr.write(
+                f"WARNING: Tether could not reach its database to check its connection budget"
+                f" ({found.describe()}) against max_connections: {str(exc).strip()[:300]}"
+            )
+            return
+        finally:
+            connections.close_all()
+        if not fits:
+            raise CommandError(said)
+        self.stdout.write(f"Tether {said}")
 
     def _first_start(self, host: str, port: int) -> bool:
         """On the first start, create 'admin' and print a sign-in link; return whether it did."""

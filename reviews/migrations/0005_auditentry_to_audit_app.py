@@ -8,7 +8,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("reviews", "0003_auditentry_via_mcp"),
+        ("reviews", "0004_audit_instance_owner"),
     ]
 
     operations = [

@@ -1,0 +1,198 @@
+"""A herd of sockets (every tab reconnecting in the same second after a restart) shares its work and
+all of it gets in: one session check per person, one replay read per run, and 500 handshakes at once
+to a real server all open and receive their first message, none closed 1011 (how fast they do is
+measured by `make load LOAD_ARGS=--burst`, not here)."""
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.sessions.backends.db import SessionStore
+
+from tests.console.test_consumers import receive_events, session_cookie
+from tests.console.test_consumers import socket as ws_socket
+from tests.support.cluster import worker_env
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(settings.BASE_DIR)
+HERD = 500
+
+
+def test_a_herd_of_one_persons_sockets_costs_one_session_check_and_one_replay_read(user, run, monkeypatch):
+    from loops import selectors
+
+    cookie = session_cookie(user)
+    loads, replays = [], []
+    real_load, real_events_after = SessionStore.load, selectors.events_after
+
+    def counted_load(self):  # Django's own session read, counted
+        loads.append(self.session_key)
+        return real_load(self)
+
+    def counted_events_after(run_id, after, limit):  # a replay's read of the run's events, counted
+        replays.append((run_id, after))
+        return real_events_after(run_id, after, limit)
+
+    monkeypatch.setattr(SessionStore, "load", counted_load)
+    monkeypatch.setattr(selectors, "events_after", counted_events_after)
+
+    async def go():
+        sockets = [ws_socket(f"/ws/runs/{run.pk}/?after=0", cookie) for _ in range(50)]
+        opened = await asyncio.gather(*(ws.connect(timeout=20) for ws in sockets))
+        replayed = await asyncio.gather(*(receive_events(ws, run.last_seq, timeout=20) for ws in sockets))
+        for ws in sockets:
+            await ws.disconnect()
+        return [ok for ok, _ in opened], replayed
+
+    opened, replayed = asyncio.run(go())
+    assert all(opened)
+    assert all(len(events) == run.last_seq for events, _ in replayed)  # every socket got the whole replay
+    # Fifty sockets of one sign-in on one run: without sharing, 50 session reads and 50 replay reads.
+    assert len(loads) <= 3, len(loads)
+    assert len([r for r in replays if r == (run.pk, 0)]) <= 3, replays
+
+
+def test_a_herd_shares_only_a_read_in_flight_and_its_error_and_outlives_a_socket_that_leaves():
+    """Single flight, no memory: sockets asking while a read runs share it (its answer or its error);
+    once it is done, the next socket reads afresh; a socket that closes while it waits leaves the read
+    to the others."""
+    from loops.consumers import Herd
+
+    async def go():
+        herd, asked, release = Herd(), [], asyncio.Event()
+
+        async def read():
+            asked.append(1)
+            await release.wait()
+            if len(asked) == 3:
+                raise RuntimeError("the database said no")
+            return len(asked)
+
+        first = asyncio.create_task(herd.share("k", read))
+        second = asyncio.create_task(herd.share("k", read))
+        await asyncio.sleep(0)
+        first.cancel()  # its socket closed while it waited
+        await asyncio.sleep(0)
+        release.set()
+        shared = await second
+        after = await herd.share("k", read)  # done: read again, nothing kept
+        release.clear()
+        failing = [asyncio.create_task(herd.share("k", read)) for _ in range(2)]
+        await asyncio.sleep(0)
+        release.set()
+        errors = await asyncio.gather(*failing, return_exceptions=True)
+        again = await herd.share("k", read)  # an error is not kept either
+        return first.cancelled(), shared, after, errors, again, len(asked)
+
+    cancelled, shared, after, errors, again, reads = asyncio.run(go())
+    assert cancelled and shared == 1 and after == 2
+    assert [str(e) for e in errors] == ["the database said no"] * 2
+    assert again == 4 and reads == 4
+
+
+# --- a real server, a real herd ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Serve:
+    """`manage.py serve` (as deployed: its connection budget, its listen backlog) on the test database."""
+
+    def __init__(self, log_dir: Path, *roles: str, **env: str) -> None:
+        self.port = free_port()
+        self.log_path = log_dir / "serve.log"
+        self.log = open(self.log_path, "wb")
+        argv = [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "serve",
+            "--no-migrate",
+            *roles,
+            "--port",
+            str(self.port),
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=worker_env(**env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        ends = time.monotonic() + timeout
+        while time.monotonic() < ends:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"serve exited: {self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"serve did not answer within {timeout} s: {self.tail()}")
+
+    def tail(self, chars: int = 3000) -> str:
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # serve alone: it stops its children in order
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers of its group
+        except ProcessLookupError:
+            pass
+        self.log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.alone  # a herd takes the machine: beside other tests, it measures them, not the server
+def test_five_hundred_handshakes_at_once_all_open_and_get_their_replay(user, run, tmp_path):
+    """Behaviour, not speed: every socket of the herd opens and gets its replay's first event, none is
+    closed 1011. Each waits for its open and then its first message, each bounded by a minute so a
+    loaded machine passes, and stops there; how fast they come is `make load LOAD_ARGS=--burst`'s."""
+    from bench.load import viewer_burst
+
+    cookie = session_cookie(user).decode()
+    server = Serve(tmp_path, "--web-only")
+    try:
+        seen = asyncio.run(
+            viewer_burst(server.port, [run.pk] * HERD, cookie, 0, open_within=60, first_within=60)
+        )
+    finally:
+        server.stop()
+    failed: dict[str, int] = {}
+    for viewer in seen:
+        if viewer["error"]:
+            failed[viewer["error"]] = failed.get(viewer["error"], 0) + 1
+    opened = [v["opened"] for v in seen if v["opened"] is not None]
+    first = [v for v in seen if v["first"] is not None]
+    slowest_first = max((v["first"] for v in first), default=0)
+    print(f"herd of {HERD}: {len(opened)} opened (slowest {max(opened, default=0):.2f} s), {len(first)} got their"
+          f" first message (slowest {slowest_first:.2f} s after the start); failed {failed}")  # fmt: skip
+    said = f"failed {failed}; log: {server.tail(1500)}"
+    assert not any(1011 in v["closes"] for v in seen), said
+    assert len(opened) == HERD, said
+    assert len(first) == HERD, said
+    assert all(v["seqs"][:1] == [1] for v in seen), said  # the first message: the replay's first event

@@ -1,0 +1,187 @@
+"""REST: an instance's webhook triggers (a ninja Router mounted by loops.api_urls).
+
+Only the instance's owner sees or changes its triggers (anyone else's id answers 404, as for
+instances and runs). Every write goes through `triggers.services`. A trigger's secret is in the
+answer to its creation and to a rotation, and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from ninja import Body, Router, Status
+
+from budgets import money
+from instances.models import Instance
+from loops.rest import ApiError, Id, errors
+from loops.schemas import Empty
+from triggers import schemas, services
+from triggers.models import Delivery, Trigger
+
+router = Router(tags=["triggers"])
+
+TRIGGERS = "/instances/{id:instance_id}/triggers"
+TRIGGER = TRIGGERS + "/{id:trigger_id}"
+DELIVERIES_SHOWN = 100
+NO_BODY = Body(None)  # an optional body: absent, or an empty JSON object
+
+
+def hook_url(request: HttpRequest | None, trigger: Trigger) -> str:
+    """Return the address a sender posts deliveries to (absolute when there is a request to say the host)."""
+    path = reverse("hook", args=[trigger.pk])
+    return request.build_absolute_uri(path) if request is not None else path
+
+
+def trigger_json(request: HttpRequest | None, trigger: Trigger) -> dict[str, Any]:
+    return {
+        "id": trigger.pk,
+        "instance": trigger.instance_id,
+        "name": trigger.name,
+        "url": hook_url(request, trigger),
+        "objective_template": trigger.objective_template,
+        "events": list(trigger.events or []),
+        "actions": list(trigger.actions or []),
+        "max_iterations": trigger.max_iterations,
+        "max_cost_usd": None
+        if trigger.max_cost_micros is None
+        else money.usd_string(trigger.max_cost_micros),
+        "max_per_minute": trigger.max_per_minute,
+        "active": trigger.active,
+        "secret_set_at": trigger.secret_set_at.isoformat(),
+        "created_at": trigger.created_at.isoformat(),
+    }
+
+
+def delivery_json(delivery: Delivery) -> dict[str, Any]:
+    return {
+        "id": delivery.pk,
+        "delivery_id": delivery.delivery_id,
+        "event": delivery.event,
+        "received_at": delivery.received_at.isoformat(),
+        "outcome": delivery.outcome,
+        "status": delivery.status,
+        "reason": delivery.reason,
+        "run": delivery.run_id,
+        "headers": dict(delivery.headers or {}),
+        "body_excerpt": delivery.body_excerpt,
+        "body_bytes": delivery.body_bytes,
+    }
+
+
+def _instance(request: HttpRequest, instance_id: int) -> Instance:
+    found = Instance.objects.filter(owner=request.user, pk=instance_id).first()
+    if found is None:
+        raise ApiError(f"instance {instance_id} not found", 404)
+    return found
+
+
+def _trigger(request: HttpRequest, instance_id: int, trigger_id: int) -> Trigger:
+    found = Trigger.objects.filter(owner=request.user, instance_id=instance_id, pk=trigger_id).first()
+    if found is None:
+        raise ApiError(f"trigger {trigger_id} of instance {instance_id} not found", 404)
+    return found
+
+
+def _refused(exc: services.TriggerRefused) -> ApiError:
+    return ApiError(exc.message, exc.status, exc.field)
+
+
+@router.get(
+    TRIGGERS,
+    url_name="triggers",
+    response={200: schemas.Triggers, **errors()},
+    summary="List the instance's triggers",
+)
+def trigger_list(request: HttpRequest, instance_id: Id) -> Any:
+    instance = _instance(request, instance_id)
+    return {
+        "triggers": [
+            trigger_json(request, t) for t in Trigger.objects.filter(instance=instance, owner=request.user)
+        ]
+    }
+
+
+@router.post(
+    TRIGGERS,
+    url_name="triggers",
+    response={201: schemas.TriggerWithSecret, **errors()},
+    summary="Create a webhook trigger; the answer holds its secret, shown this once",
+)
+def trigger_create(
+    request: HttpRequest, response: HttpResponse, instance_id: Id, payload: schemas.TriggerIn
+) -> Any:
+    instance = _instance(request, instance_id)
+    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
+    try:
+        trigger, secret = services.trigger_create(
+            user=request.user, instance=instance, request=request, **payload.model_dump()
+        )
+    except services.TriggerRefused as exc:
+        raise _refused(exc) from None
+    return Status(201, {**trigger_json(request, trigger), "secret": secret})
+
+
+@router.get(
+    TRIGGER, url_name="trigger-detail", response={200: schemas.Trigger, **errors()}, summary="Get a trigger"
+)
+def trigger_detail(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any:
+    return trigger_json(request, _trigger(request, instance_id, trigger_id))
+
+
+@router.patch(
+    TRIGGER,
+    url_name="trigger-detail",
+    response={200: schemas.Trigger, **errors()},
+    summary="Change a trigger (only the fields given); active: false pauses it",
+)
+def trigger_change(
+    request: HttpRequest, instance_id: Id, trigger_id: Id, payload: schemas.TriggerChange
+) -> Any:
+    trigger = _trigger(request, instance_id, trigger_id)
+    try:
+        trigger = services.trigger_change(
+            user=request.user, trigger=trigger, changes=payload.model_dump(exclude_none=True), request=request
+        )
+    except services.TriggerRefused as exc:
+        raise _refused(exc) from None
+    return trigger_json(request, trigger)
+
+
+@router.delete(
+    TRIGGER,
+    url_name="trigger-detail",
+    response={200: schemas.Deleted, **errors()},
+    summary="Delete a trigger",
+)
+def trigger_delete(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any:
+    trigger = _trigger(request, instance_id, trigger_id)
+    services.trigger_delete(user=request.user, trigger=trigger, request=request)
+    return {"deleted": trigger_id}
+
+
+@router.post(
+    TRIGGER + "/rotate",
+    url_name="trigger-rotate",
+    response={200: schemas.TriggerWithSecret, **errors()},
+    summary="Give a trigger a new secret (the old one stops working at once); the answer holds it, shown this once",
+)
+def trigger_rotate(
+    request: HttpRequest, response: HttpResponse, instance_id: Id, trigger_id: Id, payload: Empty = NO_BODY
+) -> Any:
+    trigger = _trigger(request, instance_id, trigger_id)
+    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
+    secret = services.trigger_rotate(user=request.user, trigger=trigger, request=request)
+    return {**trigger_json(request, trigger), "secret": secret}
+
+
+@router.get(
+    TRIGGER + "/deliveries",
+    url_name="trigger-deliveries",
+    response={200: schemas.Deliveries, **errors()},
+    summary=f"The trigger's latest deliveries (at most {DELIVERIES_SHOWN}), accepted and refused, newest first",
+)
+def trigger_deliveries(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any:
+    trigger = _trigger(request, instance_id, trigger_id)
+    return {"deliveries": [delivery_json(d) for d in trigger.deliveries.all()[:DELIVERIES_SHOWN]]}

@@ -1,0 +1,133 @@
+"""The schemas of the trigger API: what creating or changing a trigger takes, and what it answers.
+
+Bounds come from `tether.limits`; the console's form validates through these schemas too.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from ninja import Schema
+from pydantic import BeforeValidator, Field
+
+from loops.objective_template import TemplateError, fields
+from loops.schemas import Cap, Iterations
+from tether.limits import HOOK_RATE, NAME_MAX_CHARS, OBJECTIVE_MAX_CHARS
+from tether.schema import SPACE, Body, clean_text, flag, refuse, text, whole
+
+Name = text(nonblank=True, max_length=NAME_MAX_CHARS)
+Word = text(nonblank=True, max_length=NAME_MAX_CHARS)
+Rate = whole(
+    *HOOK_RATE, description="runs the trigger may start in a minute; more deliveries are refused (429)"
+)
+
+# The template's syntax as a JSON Schema pattern, so the document says what the parser takes
+# (`loops.objective_template`): text, `{{` / `}}`, and fields `{a.b.0}` whose parts do not start with
+# `__`, with at least one character that is not white space.
+_PART = "(?:[A-Za-z0-9-][A-Za-z0-9_-]*|_(?:[A-Za-z0-9-][A-Za-z0-9_-]*)?)"
+_FIELD = f"\\{{{_PART}(?:\\.{_PART})*\\}}"
+_TOKEN = f"(?:[^{{}}\\u0000]|\\{{\\{{|\\}}\\}}|{_FIELD})"
+_SOLID = f"(?:[^{{}}{SPACE}\\u0000]|\\{{\\{{|\\}}\\}}|{_FIELD})"
+TEMPLATE_PATTERN = f"^{_TOKEN}*{_SOLID}{_TOKEN}*$"
+
+
+def _template(value: Any) -> str:
+    value = clean_text(value, max_length=OBJECTIVE_MAX_CHARS, nonblank=True)
+    try:
+        fields(value)
+    except TemplateError as exc:
+        raise refuse(exc.message) from None
+    return value
+
+
+Template = Annotated[
+    str,
+    BeforeValidator(_template),
+    Field(
+        json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
+        description="the objective, with {dotted.paths} into the delivery's JSON payload (e.g. {issue.title}); "
+        "{{ and }} are literal braces",
+    ),
+]
+Events = Annotated[
+    list[Word],  # type: ignore[valid-type]
+    Field(
+        max_length=50,
+        description="the events that start a run (X-GitHub-Event / X-Tether-Event, e.g. issues); empty: any",
+    ),
+]
+Actions = Annotated[
+    list[Word],  # type: ignore[valid-type]
+    Field(
+        max_length=50, description="the payload's `action` values that start a run (e.g. opened); empty: any"
+    ),
+]
+
+
+class TriggerIn(Body):
+    name: Name  # type: ignore[valid-type]
+    objective_template: Template
+    events: Events | None = None
+    actions: Actions | None = None
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    max_cost_usd: Cap = None  # type: ignore[valid-type]
+    max_per_minute: Rate | None = None  # type: ignore[valid-type]
+
+
+class TriggerChange(Body):
+    """The fields of a trigger to change (absent or null: as it is)."""
+
+    name: Name | None = None  # type: ignore[valid-type]
+    objective_template: Template | None = None
+    events: Events | None = None
+    actions: Actions | None = None
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    max_cost_usd: Cap = None  # type: ignore[valid-type]
+    max_per_minute: Rate | None = None  # type: ignore[valid-type]
+    active: flag(description="false pauses the trigger: deliveries are refused (409)") | None = None  # type: ignore[valid-type]
+
+
+class Trigger(Schema):
+    id: int
+    instance: int
+    name: str
+    url: str
+    objective_template: str
+    events: list[str]
+    actions: list[str]
+    max_iterations: int | None
+    max_cost_usd: str | None
+    max_per_minute: int
+    active: bool
+    secret_set_at: str
+    created_at: str
+
+
+class TriggerWithSecret(Trigger):
+    secret: str
+
+
+class Triggers(Schema):
+    triggers: list[Trigger]
+
+
+class Delivery(Schema):
+    id: int
+    delivery_id: str
+    event: str
+    received_at: str
+    outcome: str
+    status: int
+    reason: str
+    run: int | None
+    headers: dict[str, str]
+    body_excerpt: str
+    body_bytes: int
+
+
+class Deliveries(Schema):
+    deliveries: list[Delivery]
+
+
+class Deleted(Schema):
+    deleted: int

@@ -1,0 +1,405 @@
+"""What people do to triggers (create, change, rotate, delete) and what a delivery to a hook does.
+
+The API, the console and the admin call these. A trigger belongs to its instance's owner: every
+writer is handed a trigger or instance the caller owns (the selectors find them), and records
+the action in the audit trail. `receive` handles one request to `POST /v1/hooks/<id>`: it checks
+the size, the signature, the content and the delivery id, keeps the delivery, and starts at
+most one run per delivery id through `loops.services.run_start`, the one way runs start. The
+payload fills the objective and nothing else: the instance, its tools, workspace and budget, and
+the run's caps are the trigger's and the instance's own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit import trail
+from budgets import money
+from loops import objective_template, services
+from loops.models import Run
+from loops.rest import ApiError, read_json
+from tether import redaction
+from tether.limits import (
+    DELIVERIES_KEPT,
+    DELIVERY_EXCERPT_CHARS,
+    DELIVERY_ID_MAX_CHARS,
+    HOOK_BODY_MAX_BYTES,
+    HOOK_RATE_DEFAULT,
+    OBJECTIVE_MAX_CHARS,
+)
+from triggers import signatures
+from triggers.models import Delivery, Trigger
+
+DELIVERY_HEADERS = ("X-GitHub-Delivery", "X-Tether-Delivery")
+EVENT_HEADERS = ("X-GitHub-Event", "X-Tether-Event")
+# Headers never kept with a delivery: whatever authenticates a request or could carry a secret.
+_SECRET_HEADER = re.compile(r"authorization|cookie|signature|secret|token|key|password", re.IGNORECASE)
+_DELIVERY_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{DELIVERY_ID_MAX_CHARS}}}")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+HEADER_VALUE_CHARS = 500
+HEADERS_KEPT = 50
+
+
+class TriggerRefused(Exception):
+    """A change the service will not make; `message` says what to do instead."""
+
+    def __init__(self, message: str, status: int = 400, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.field = field
+
+
+# --- people's changes -------------------------------------------------------------------------------
+
+
+def _checked_template(template: str) -> str:
+    template = template.replace("\r\n", "\n").strip()
+    try:
+        objective_template.fields(template)
+    except objective_template.TemplateError as exc:
+        raise TriggerRefused(f"objective_template: {exc.message}", 400, "objective_template") from None
+    return template
+
+
+def _cap(value: Any) -> int | None:
+    return None if value in (None, "") else money.usd_to_micros(value, exact=True)
+
+
+def _detail(trigger: Trigger, **more: Any) -> dict[str, Any]:
+    return {"trigger": trigger.pk, "instance": trigger.instance_id, "name": trigger.name, **more}
+
+
+def trigger_create(
+    *,
+    user: Any,
+    instance: Any,
+    name: str,
+    objective_template: str,
+    events: list[str] | None = None,
+    actions: list[str] | None = None,
+    max_iterations: int | None = None,
+    max_cost_usd: Any = None,
+    max_per_minute: int | None = None,
+    via: str = "api",
+    request: Any = None,
+) -> tuple[Trigger, str]:
+    """Create a trigger on `user`'s `instance`; return it and its secret (shown this once)."""
+    if instance.owner_id != user.pk:
+        raise TriggerRefused(f"instance {instance.pk} not found", 404)
+    if instance.archived_at is not None:
+        raise TriggerRefused(f"instance {instance.name!r} is archived: it starts no new runs", 409)
+    trigger = Trigger(
+        instance=instance,
+        owner=user,
+        name=name.strip(),
+        objective_template=_checked_template(objective_template),
+        events=list(dict.fromkeys(events or [])),
+        actions=list(dict.fromkeys(actions or [])),
+        max_iterations=max_iterations,
+        max_cost_micros=_cap(max_cost_usd),
+        max_per_minute=max_per_minute or HOOK_RATE_DEFAULT,
+    )
+    secret = trigger.new_secret()
+    with transaction.atomic():
+        trigger.save()
+        trail.record(
+            user=user,
+            action="trigger.create",
+            request=request,
+            via=via,
+            detail=_detail(trigger, objective_template=trigger.objective_template[:500]),
+        )
+    return trigger, secret
+
+
+CHANGEABLE = ("name", "objective_template", "events", "actions", "max_iterations", "max_per_minute", "active")
+
+
+def trigger_change(
+    *, user: Any, trigger: Trigger, changes: Mapping[str, Any], via: str = "api", request: Any = None
+) -> Trigger:
+    """Change `user`'s trigger: the fields in `changes` (None leaves a field as it is); `active` False pauses it."""
+    if trigger.owner_id != user.pk:
+        raise TriggerRefused(f"trigger {trigger.pk} not found", 404)
+    changed: dict[str, Any] = {}
+    for name in CHANGEABLE:
+        value = changes.get(name)
+        if value is None:
+            continue
+        if name == "objective_template":
+            value = _checked_template(value)
+        elif name == "name":
+            value = value.strip()
+        elif name in ("events", "actions"):
+            value = list(dict.fromkeys(value))
+        if getattr(trigger, name) != value:
+            changed[name] = value
+    if changes.get("max_cost_usd") is not None:
+        cap = _cap(changes["max_cost_usd"])
+        if cap != trigger.max_cost_micros:
+            changed["max_cost_micros"] = cap
+    if not changed:
+        return trigger
+    with transaction.atomic():
+        Trigger.objects.filter(pk=trigger.pk).update(**changed)
+        trigger.refresh_from_db()
+        action = "trigger.change"
+        if set(changed) == {"active"}:
+            action = "trigger.resume" if changed["active"] else "trigger.pause"
+        shown = {k: (v[:500] if isinstance(v, str) else v) for k, v in changed.items()}
+        trail.record(
+            user=user, action=action, request=request, via=via, detail=_detail(trigger, changed=shown)
+        )
+    return trigger
+
+
+def trigger_rotate(*, user: Any, trigger: Trigger, via: str = "api", request: Any = None) -> str:
+    """Give `user`'s trigger a new secret (the old one stops working at once); return it, to show once."""
+    if trigger.owner_id != user.pk:
+        raise TriggerRefused(f"trigger {trigger.pk} not found", 404)
+    secret = trigger.new_secret()
+    with transaction.atomic():
+        trigger.save(update_fields=["secret_encrypted", "secret_set_at"])
+        trail.record(user=user, action="trigger.rotate", request=request, via=via, detail=_detail(trigger))
+    return secret
+
+
+def trigger_delete(*, user: Any, trigger: Trigger, via: str = "api", request: Any = None) -> None:
+    """Delete `user`'s trigger and its deliveries (the runs it started stay)."""
+    if trigger.owner_id != user.pk:
+        raise TriggerRefused(f"trigger {trigger.pk} not found", 404)
+    with transaction.atomic():
+        detail = _detail(trigger)
+        trigger.delete()
+        trail.record(user=user, action="trigger.delete", request=request, via=via, detail=detail)
+
+
+# --- a delivery ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """What the hook answers: a status and a JSON body (an error has `error`)."""
+
+    status: int
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Request:
+    trigger: Trigger
+    headers: Mapping[str, str]
+    body: bytes
+    body_bytes: int
+    delivery_id: str = ""
+    event: str = ""
+
+
+def _first(headers: Mapping[str, str], names: tuple[str, ...]) -> str:
+    return next((str(headers[name]) for name in names if headers.get(name)), "")
+
+
+def _kept_headers(headers: Mapping[str, str], secret: str) -> dict[str, str]:
+    kept: dict[str, str] = {}
+    for name, value in headers.items():
+        if _SECRET_HEADER.search(name) or len(kept) >= HEADERS_KEPT:
+            continue
+        kept[name] = _clean(str(value), secret)[:HEADER_VALUE_CHARS]
+    return kept
+
+
+def _clean(text: str, secret: str) -> str:
+    if secret:
+        text = text.replace(secret, "[secret]")
+    return _UNSTORABLE.sub("\ufffd", text)
+
+
+def _keep(asked: _Request, outcome: str, status: int, reason: str = "", run: Run | None = None) -> Delivery:
+    """Record the delivery (within the caller's transaction, if any) and forget the oldest beyond DELIVERIES_KEPT."""
+    try:
+        secret = asked.trigger.reveal()
+    except ValueError:
+        secret = ""
+    excerpt = asked.body[: DELIVERY_EXCERPT_CHARS * 4].decode("utf-8", errors="replace")[
+        :DELIVERY_EXCERPT_CHARS
+    ]
+    delivery = Delivery.objects.create(
+        trigger=asked.trigger,
+        delivery_id=asked.delivery_id if _DELIVERY_ID.fullmatch(asked.delivery_id) else "",
+        event=_clean(asked.event, secret)[:100],
+        received_at=timezone.now(),
+        outcome=outcome,
+        status=status,
+        reason=_clean(reason, secret),
+        headers=_kept_headers(asked.headers, secret),
+        body_excerpt=_clean(excerpt, secret),
+        body_bytes=asked.body_bytes,
+        run=run,
+    )
+    stale = Delivery.objects.filter(trigger=asked.trigger).values_list("pk", flat=True)[DELIVERIES_KEPT:]
+    Delivery.objects.filter(pk__in=list(stale)).delete()
+    return delivery
+
+
+def _refuse(asked: _Request, status: int, reason: str) -> Answer:
+    delivery = _keep(asked, Delivery.Outcome.REFUSED, status, reason)
+    return Answer(status, {"error": reason, "delivery": delivery.pk})
+
+
+def _run_answer(run: Run) -> dict[str, Any]:
+    return {"id": run.pk, "instance": run.instance_id, "status": run.status, "outcome": run.outcome or None}
+
+
+def receive(
+    *, trigger_id: int, headers: Mapping[str, str], body: bytes | None, body_bytes: int, content_type: str
+) -> Answer:
+    """Handle one request to a trigger's hook; `body` is None when it is over HOOK_BODY_MAX_BYTES.
+
+    Refusals are kept and answered as 4xx JSON; no refusal starts a run. A delivery whose id
+    already started a run starts nothing and answers with that run.
+    """
+    trigger = Trigger.objects.select_related("instance", "owner").filter(pk=trigger_id).first()
+    if trigger is None:
+        return Answer(404, {"error": f"no trigger {trigger_id}"})
+    asked = _Request(
+        trigger,
+        headers,
+        body or b"",
+        body_bytes,
+        _first(headers, DELIVERY_HEADERS).strip(),
+        _first(headers, EVENT_HEADERS).strip(),
+    )
+    if body is None:
+        return _refuse(
+            asked, 413, f"the body is {body_bytes:,} bytes; a trigger takes at most {HOOK_BODY_MAX_BYTES:,}"
+        )
+    try:
+        secret = trigger.reveal()
+    except ValueError:
+        return _refuse(asked, 409, "the trigger's secret cannot be read with this server's key: rotate it")
+    if why := signatures.problem(secret, body, headers):
+        return _refuse(asked, 401, why)
+    # Signed by someone holding the secret: from here on the delivery is the sender's word.
+    if not trigger.active:
+        return _refuse(asked, 409, f"trigger {trigger.pk} is paused; resume it to start runs again")
+    if not asked.delivery_id:
+        return _refuse(
+            asked, 400, f"the delivery has no id: send {DELIVERY_HEADERS[0]} or {DELIVERY_HEADERS[1]}"
+        )
+    if not _DELIVERY_ID.fullmatch(asked.delivery_id):
+        return _refuse(
+            asked,
+            400,
+            f"the delivery id must be 1 to {DELIVERY_ID_MAX_CHARS} letters, digits, '.', '_', ':' or '-'",
+        )
+    try:
+        payload = read_json(content_type, body, required=True)
+    except ApiError as exc:
+        return _refuse(asked, exc.status, exc.message)
+    if first := _started(trigger, asked.delivery_id):
+        return _repeated(asked, first)
+    if asked.event == "ping":
+        delivery = _keep(
+            asked, Delivery.Outcome.IGNORED, 200, "ping: the hook is reachable and the signature is good"
+        )
+        return Answer(200, {"delivery": delivery.pk, "outcome": "ignored", "pong": True})
+    if ignored := _not_answered(trigger, asked.event, payload):
+        delivery = _keep(asked, Delivery.Outcome.IGNORED, 202, ignored)
+        return Answer(202, {"delivery": delivery.pk, "outcome": "ignored", "reason": ignored})
+    cap = min(trigger.instance.objective_max_chars, OBJECTIVE_MAX_CHARS)
+    try:
+        objective = objective_template.render(trigger.objective_template, payload, max_chars=cap)
+    except objective_template.TemplateError as exc:
+        return _refuse(
+            asked, 400, f"the objective template cannot be filled from this payload: {exc.message}"
+        )
+    # A sender that echoes a key or the trigger's own secret in its payload does not get it into a run.
+    objective = redaction.redact(objective, extra=(secret,))
+    if _UNSTORABLE.search(objective):
+        return _refuse(asked, 400, "the payload fills the objective with a NUL character or a lone surrogate")
+    return _start(asked, objective)
+
+
+def _started(trigger: Trigger, delivery_id: str) -> Delivery | None:
+    return (
+        Delivery.objects.filter(trigger=trigger, delivery_id=delivery_id, outcome=Delivery.Outcome.STARTED)
+        .select_related("run")
+        .first()
+    )
+
+
+def _repeated(asked: _Request, first: Delivery) -> Answer:
+    reason = (
+        f"delivery {asked.delivery_id} already started run {first.run_id}; this redelivery starts nothing"
+    )
+    delivery = _keep(asked, Delivery.Outcome.REPEATED, 200, reason, run=first.run)
+    body: dict[str, Any] = {"delivery": delivery.pk, "outcome": "repeated", "first_delivery": first.pk}
+    body["run"] = _run_answer(first.run) if first.run is not None else None
+    return Answer(200, body)
+
+
+def _not_answered(trigger: Trigger, event: str, payload: Any) -> str:
+    if trigger.events and event not in trigger.events:
+        return f"event {event or '(none)'!r} is not one of {', '.join(trigger.events)}"
+    action = payload.get("action") if isinstance(payload, dict) else None
+    if trigger.actions and action not in trigger.actions:
+        return f"action {action!r} is not one of {', '.join(trigger.actions)}"
+    return ""
+
+
+def _start(asked: _Request, objective: str) -> Answer:
+    """Start the run and keep the delivery in one transaction: one run per delivery id, under the rate limit."""
+    trigger = asked.trigger
+    try:
+        services.ensure_startable(trigger.instance)  # outside the transaction: it may probe the sandbox
+    except services.Refused as exc:
+        return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
+    origin = services.Origin(Run.Origin.TRIGGER, {"trigger": trigger.pk, "delivery": asked.delivery_id})
+    try:
+        with transaction.atomic():
+            Trigger.objects.select_for_update().filter(
+                pk=trigger.pk
+            ).first()  # one delivery of a trigger at a time
+            if first := _started(trigger, asked.delivery_id):
+                return _repeated(asked, first)
+            recent = Delivery.objects.filter(
+                trigger=trigger,
+                outcome=Delivery.Outcome.STARTED,
+                received_at__gte=timezone.now() - timedelta(minutes=1),
+            ).count()
+            if recent >= trigger.max_per_minute:
+                return _refuse(
+                    asked,
+                    429,
+                    f"trigger {trigger.pk} started {recent} runs in the last minute, its limit; try again later",
+                )
+            try:
+                with transaction.atomic():
+                    run = services.run_start(
+                        instance=trigger.instance,
+                        user=trigger.owner,
+                        objective=objective,
+                        max_iterations=trigger.max_iterations,
+                        max_cost_usd=None
+                        if trigger.max_cost_micros is None
+                        else money.usd_string(trigger.max_cost_micros),
+                        via="system",
+                        origin=origin,
+                    )
+            except services.Refused as exc:
+                return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
+            delivery = _keep(asked, Delivery.Outcome.STARTED, 201, f"started run {run.pk}", run=run)
+    except IntegrityError:  # the same delivery raced this one to the unique key: that one started the run
+        first = _started(trigger, asked.delivery_id)
+        if first is None:
+            raise
+        return _repeated(asked, first)
+    return Answer(201, {"delivery": delivery.pk, "outcome": "started", "run": _run_answer(run)})
