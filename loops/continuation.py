@@ -65,6 +65,9 @@ def carried_history(history: Mapping[str, Any] | None, *, run_id: int, iteration
         entry.setdefault("from_run", run_id)
         entry.setdefault("from_iteration", number)
         entry["iteration"] = number - iterations_done
+        first = item.get("first")  # an entry standing for several iterations alike: the first of them
+        if isinstance(first, int) and not isinstance(first, bool):
+            entry["first"] = first - iterations_done
         carried.append(entry)
     return Memory(snapshot=tuple(carried)).as_json()
 
@@ -75,7 +78,7 @@ def _clip(value: Any, limit: int = FIELD_CHARS) -> str:
 
 
 def _line(item: Mapping[str, Any]) -> str:
-    parts = [f"- run {item.get('from_run')}, iteration {item.get('from_iteration')}:"]
+    parts = [f"- run {item.get('from_run')}, iteration {item.get('from_iteration')}{_alike_since(item)}:"]
     if verdict := item.get("verdict"):
         parts.append(f"verdict {verdict};")
     checks = item.get("checks")
@@ -86,7 +89,21 @@ def _line(item: Mapping[str, Any]) -> str:
         parts.append(f"told: {instruction}")
     if response := _clip(item.get("response")):
         parts.append(f"— it answered: {response}")
+    if delegated := _clip(item.get("delegated"), 150):
+        parts.append(f"— it delegated {delegated}")
+    if isinstance(refused := item.get("refused"), list) and refused:
+        parts.append(f"— refused: {_clip('; '.join(map(str, refused)), 150)}")
     return " ".join(parts)
+
+
+def _alike_since(item: Mapping[str, Any]) -> str:
+    """Say how many iterations went as this entry's did, for one that stands for several (`Memory.joined`)."""
+    values = [item.get(name) for name in ("times", "iteration", "first", "from_iteration")]
+    numbers = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if len(numbers) < 4 or numbers[0] < 2:
+        return ""
+    times, number, first, since = numbers
+    return f" (and {times - 1} earlier alike, since iteration {since - (number - first)})"
 
 
 def first_instruction(

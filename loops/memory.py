@@ -11,7 +11,11 @@ Stored in `Run.history` (JSON); read with `Memory.of(run.history)` and written b
   no-progress rules that see compositions look at;
 - `failed_acts`: how many acts in a row have failed;
 - `snapshot`: the last `SNAPSHOT_KEPT` iterations in brief, handed to the next act and to the
-  decider (and carried into a continued run, see `continuation.carried_history`);
+  decider (and carried into a continued run, see `continuation.carried_history`). An iteration
+  alike an earlier one in it (told the same, answered the same, delegated and had refused the
+  same, checked and judged the same — `alike`) is not added beside it: the earlier entry becomes
+  this one, counting how many went so (`times`) since the first (`first`). A loop that repeats
+  itself keeps a snapshot of constant size, however long it runs;
 - `pending_approval` / `approved_calls`: tool calls waiting for a person, and the ones a person
   approved, handed to the next act once and then forgotten.
 
@@ -21,6 +25,8 @@ malformed part reads as empty.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,6 +35,12 @@ import loops.policy as policy
 
 SNAPSHOT_KEPT = 20  # iterations in brief handed to the next act
 SNAPSHOT_CHARS = 500  # of an iteration's instruction and response, each
+# What tells two rounds of the same delegation apart in the instruction that reports them, and means
+# nothing to the model: the ids of the delegate calls and the numbers of the runs they started
+# ("## delegate call toolu_… → run 72 on helper: done", `delegation.render_results`).
+_ROUND_IDS = re.compile(r"(?<=delegate call )\S+|(?<=→ run )\d+")
+# An entry's numbering, not what happened in it.
+_NUMBERING = frozenset({"iteration", "first", "times", "from_iteration"})
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,12 @@ class Memory:
         if not refused:
             return self
         last = self.refusals[-1] if self.refusals else ()
-        return replace(self, refusals=(*self.refusals[:-1], (*last, *refused))[-policy.KEPT :])
+        snapshot = self.snapshot
+        if snapshot:  # the brief of that iteration says it too, and may now be alike an earlier one
+            brief = {**snapshot[-1], "refused": [*_strings(snapshot[-1].get("refused")), *refused]}
+            snapshot = joined(snapshot[:-1], brief)
+        refusals = (*self.refusals[:-1], (*last, *refused))[-policy.KEPT :]
+        return replace(self, refusals=refusals, snapshot=snapshot)
 
     def failed_in_a_row(self, act_ok: bool) -> int:
         """How many acts in a row have failed, this one included (0 when it succeeded)."""
@@ -104,19 +121,23 @@ class Memory:
         delegation: str = "", refused: Sequence[str] = (),
     ) -> Memory:
         """The memory once iteration `number` is recorded: approvals handed to it are spent."""
-        brief = {
+        brief: dict[str, Any] = {
             "iteration": number,
             "instruction": instruction[:SNAPSHOT_CHARS],
             "response": response[-SNAPSHOT_CHARS:],
             "checks": dict(checks),
             "verdict": verdict,
         }
+        if delegated := delegation.partition(" ")[2]:  # the key's second part names the calls
+            brief["delegated"] = delegated
+        if refused:
+            brief["refused"] = list(refused)
         return replace(
             self,
             instructions=self.recent_instructions(instruction),
             progress=self.recent_progress(fingerprint, signature),
             failed_acts=self.failed_in_a_row(act_ok),
-            snapshot=(*self.snapshot, brief)[-SNAPSHOT_KEPT:],
+            snapshot=joined(self.snapshot, brief),
             pending_approval=tuple(pending) or self.pending_approval,
             approved_calls=(),
             delegations=self.recent_delegations(delegation),
@@ -127,6 +148,45 @@ class Memory:
         """The memory once a person answered the pending approval: approved calls run first in the next act."""
         approved = tuple({"name": c.get("name"), "input": c.get("input")} for c in self.pending_approval)
         return replace(self, pending_approval=(), approved_calls=approved if approve else ())
+
+
+def alike(brief: Mapping[str, Any]) -> str:
+    """Return what two briefs share when their iterations went the same way: all but their numbering.
+
+    The instruction is read blind to the ids of the delegate calls it reports on and the runs they
+    started, so rounds that delegated the same and heard the same back are alike.
+    """
+    kept = {name: value for name, value in brief.items() if name not in _NUMBERING}
+    kept["instruction"] = _ROUND_IDS.sub("…", str(kept.get("instruction") or ""))
+    return json.dumps(kept, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def joined(snapshot: Sequence[Mapping[str, Any]], brief: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """Return `snapshot` with `brief` last: in place of an entry alike it (counting both), else beside them.
+
+    The newest `SNAPSHOT_KEPT` entries are kept.
+    """
+    same = alike(brief)
+    earlier = [entry for entry in snapshot if alike(entry) == same]
+    if earlier:
+        firsts = [_first(entry) for entry in (*earlier, brief)]
+        times = sum(_times(entry) for entry in (*earlier, brief))
+        brief = {**brief, "first": min(firsts), "times": times}
+    return (*(entry for entry in snapshot if alike(entry) != same), brief)[-SNAPSHOT_KEPT:]
+
+
+def _times(entry: Mapping[str, Any]) -> int:
+    times = entry.get("times", 1)
+    return times if isinstance(times, int) and not isinstance(times, bool) and times > 0 else 1
+
+
+def _first(entry: Mapping[str, Any]) -> int:
+    number = entry.get("first", entry.get("iteration", 0))
+    return number if isinstance(number, int) and not isinstance(number, bool) else 0
+
+
+def _strings(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list | tuple) else []
 
 
 def _list(stored: Mapping[str, Any], name: str) -> list[Any]:

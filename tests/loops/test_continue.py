@@ -491,3 +491,17 @@ def test_api_refuses_a_running_or_waiting_run(api, counter, start, status, said)
     answer = api("post", f"/v1/instances/{counter.pk}/loop/{old.pk}/continue", {})
     assert answer.status_code == 409 and said in answer.json()["error"]
     assert Run.objects.count() == 1
+
+
+def test_a_continued_run_carries_an_entry_for_iterations_alike_with_its_count():
+    history = {"snapshot": [{"iteration": 99, "first": 2, "times": 98, "instruction": "the round's results",
+                             "delegated": "to 'helper': 'help'", "refused": ["delegate refused: the tree is full"]}]}
+    [entry] = continuation.carried_history(history, run_id=7, iterations_done=99)["snapshot"]
+    assert (entry["iteration"], entry["first"], entry["from_iteration"], entry["times"]) == (0, -97, 99, 98)
+    text = continuation.first_instruction(
+        run_id=7, outcome="max_iterations", detail="reached the limit", carried=[entry], last_instruction="go"
+    )
+    assert (
+        "- run 7, iteration 99 (and 97 earlier alike, since iteration 2): told: the round's results "
+        "— it delegated to 'helper': 'help' — refused: delegate refused: the tree is full"
+    ) in text

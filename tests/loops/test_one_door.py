@@ -12,10 +12,11 @@ import re
 
 import pytest
 
+from instances.brains import anthropic
 from instances.models import Credential
 from loops import continuation, services
 from loops.models import Event, Iteration, Run
-from tests.fakes.messages_server import MessagesServer, text, tool_use
+from tests.fakes.messages_server import MessagesServer, text, tool_use, tool_uses
 from tests.loops.conftest import drive_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -39,10 +40,10 @@ def lead(user, make_instance, script, server, price):
     """A Claude lead that may list, read and delegate, and a `helper` instance it owns."""
     credential = Credential.create_for(user, label="k", secret=KEY)
 
-    def build(max_iterations, checks=()):
+    def build(max_iterations, checks=(), tools=("list_files", "read_file", "delegate")):
         inst = make_instance(
             user, name="lead", brain="anthropic", decider="checks", base_url=server.url, credential=credential,
-            model="claude-test-1", tools=["list_files", "read_file", "delegate"], command=[],
+            model="claude-test-1", tools=list(tools), command=[],
             checks=list(checks), max_iterations=max_iterations,
         )
         inst.workspace_path().mkdir(parents=True, exist_ok=True)
@@ -112,10 +113,36 @@ def test_the_resume_instruction_is_built_from_the_objective_and_this_rounds_resu
     told = dict(Iteration.objects.filter(run=run).values_list("number", "instruction"))
     assert told[30].count("Go on with the objective") == 1  # never the previous instruction again
     assert len(told[30]) <= 1.2 * len(told[2]), (len(told[2]), len(told[30]))
-    # The request grows only by the compacted history of earlier iterations, which has a budget of its own
-    # (TETHER_CONTEXT_BUDGET_TOKENS, about four characters a token), not by the instruction.
-    requests, history = sizes(server), 4 * settings.TETHER_CONTEXT_BUDGET_TOKENS if hasattr(settings, "TETHER_CONTEXT_BUDGET_TOKENS") else 8000
+    # Each round delegates another objective, so its iterations are not alike: the request grows only by
+    # the compacted history of earlier iterations, which has a budget of its own (TETHER_CONTEXT_BUDGET_TOKENS,
+    # about four characters a token), not by the instruction. (A lead that repeats itself: the next test.)
+    requests, history = sizes(server), 4 * anthropic.limits().context_tokens
     assert requests[-1] <= 1.2 * requests[1] + history, (requests[1], requests[-1])
+
+
+def test_a_runaway_lead_sends_at_iteration_100_a_request_no_bigger_than_at_iteration_2(user, lead, server, settings):
+    """A lead that scribbles in its notes and delegates the same objective on every turn, and hears the same
+    answer each time. Its notes change, so no no-progress rule ends it: only the iteration limit does. Its
+    history says once what went the same way 98 times, so its request stays the size of its second."""
+    settings.TETHER_DELEGATION_MAX_RUNS = 1000
+
+    def answer(body):
+        number = re.findall(r"Iteration (\d+)\.", json.dumps(body))[-1]
+        return tool_uses([
+            ("write_file", {"path": "notes.txt", "content": f"asked for help again in iteration {number}\n"}),
+            ("delegate", {"to": "helper", "objective": "help with the report", "max_cost_usd": 0.05}),
+        ])
+
+    server.responder = answer
+    inst = lead(max_iterations=100, tools=["list_files", "read_file", "write_file", "delegate"])
+    run = drive_tree(
+        services.run_start(instance=inst, user=user, objective="write the report", max_cost_usd="50.00"), rounds=120,
+    )
+    assert run.outcome == "max_iterations" and begun(run) == list(range(1, 101)), run.outcome_detail
+    # One request an iteration (the act ends with its delegate call), measured as the SDK sent it.
+    sent = [len(r.raw) for r in server.requests if r.path == "/v1/messages"]
+    assert len(sent) == 100
+    assert sent[99] <= 1.2 * sent[1], (sent[1], sent[99])
 
 
 def test_the_same_delegation_repeated_with_nothing_changed_ends_no_progress(user, lead, server):
