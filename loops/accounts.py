@@ -23,6 +23,9 @@ from django.utils import timezone
 from django.utils.encoding import force_bytes, force_str
 from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
 
+from audit import trail
+from audit.models import AuditEntry
+
 LINK_SALT = "tether.login-link"
 
 
@@ -94,9 +97,6 @@ def on_locked_out(sender, request=None, username=None, ip_address=None, **kwargs
     Once per lockout: axes says so again at every refused try, and those are not new lockouts
     (a username and address already recorded within the cool-off are not recorded again).
     """
-    from audit import trail
-    from audit.models import AuditEntry
-
     name = str(username or "")[:150]
     since = timezone.now() - login_cool_off(request)
     recent = AuditEntry.objects.filter(action="signin.locked_out", created_at__gte=since, ip_address=ip_address)

@@ -49,6 +49,7 @@ from pygit2.enums import FileMode
 
 from audit import trail
 from instances import pinned, sandbox
+from instances.models import Instance
 from loops import checks as checks_mod
 from loops import events
 from loops.models import Run
@@ -163,8 +164,6 @@ def _passed(checks: Any) -> bool:
 
 def same_workspace(run: Run) -> list[int]:
     """The ids of the owner's instances whose workspace is this run's (delegation may share one)."""
-    from instances.models import Instance
-
     mine = os.path.realpath(run.instance.workspace_path())
     return [
         instance.pk
