@@ -19,7 +19,7 @@ from budgets.spending import run_spending
 from instances import credentials
 from instances.brains.base import BrainError, BudgetExhausted
 from instances.models import Instance
-from loops import events, schemas, services
+from loops import events, schemas, selectors, services
 from loops.models import Run
 from loops.rest import ApiError, Id, errors
 from reviews import rollback
@@ -83,8 +83,9 @@ def continued_as(run: Run) -> int | None:
     return later.pk if later is not None else None
 
 
-def _instance(request: HttpRequest, instance_id: int) -> Instance:
-    found = Instance.objects.filter(owner=request.user, pk=instance_id).first()
+def owned_instance(request: HttpRequest, instance_id: int) -> Instance:
+    """The caller's instance `instance_id` (`selectors.instance_for`), or a JSON 404: every API surface's lookup."""
+    found = selectors.instance_for(request.user, instance_id)
     if found is None:
         raise ApiError(f"instance {instance_id} not found", 404)
     return found
@@ -128,7 +129,7 @@ def loop_list(
         None, description="only the runs that started this way"
     ),
 ) -> Any:
-    instance = _instance(request, instance_id)
+    instance = owned_instance(request, instance_id)
     runs = Run.objects.filter(instance=instance, owner=request.user)
     if origin:
         runs = runs.filter(origin=origin)
@@ -145,7 +146,7 @@ def loop_list(
     INSTANCE + "/loop", url_name="loop", response={201: schemas.Run, **errors()}, summary="Start a run"
 )
 def loop_start(request: HttpRequest, instance_id: Id, payload: schemas.RunIn) -> Any:
-    instance = _instance(request, instance_id)
+    instance = owned_instance(request, instance_id)
     try:
         run = services.run_start(
             instance=instance,
@@ -261,7 +262,7 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
     from loops import decision
     from loops.policy import Check
 
-    instance = _instance(request, instance_id)
+    instance = owned_instance(request, instance_id)
     checks = [Check(c.name, c.required, c.passed, c.output) for c in payload.checks or []]
     recent = payload.recent_instructions or []
     usage = None

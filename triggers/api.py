@@ -14,7 +14,7 @@ from django.urls import reverse
 from ninja import Body, Router, Status
 
 from budgets import money
-from instances.models import Instance
+from loops.api import owned_instance
 from loops.rest import ApiError, Id, errors
 from loops.schemas import Empty
 from triggers import schemas, services
@@ -70,13 +70,6 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
     }
 
 
-def _instance(request: HttpRequest, instance_id: int) -> Instance:
-    found = Instance.objects.filter(owner=request.user, pk=instance_id).first()
-    if found is None:
-        raise ApiError(f"instance {instance_id} not found", 404)
-    return found
-
-
 def _trigger(request: HttpRequest, instance_id: int, trigger_id: int) -> Trigger:
     found = Trigger.objects.filter(owner=request.user, instance_id=instance_id, pk=trigger_id).first()
     if found is None:
@@ -95,7 +88,7 @@ def _refused(exc: services.TriggerRefused) -> ApiError:
     summary="List the instance's triggers",
 )
 def trigger_list(request: HttpRequest, instance_id: Id) -> Any:
-    instance = _instance(request, instance_id)
+    instance = owned_instance(request, instance_id)
     return {
         "triggers": [
             trigger_json(request, t) for t in Trigger.objects.filter(instance=instance, owner=request.user)
@@ -112,7 +105,7 @@ def trigger_list(request: HttpRequest, instance_id: Id) -> Any:
 def trigger_create(
     request: HttpRequest, response: HttpResponse, instance_id: Id, payload: schemas.TriggerIn
 ) -> Any:
-    instance = _instance(request, instance_id)
+    instance = owned_instance(request, instance_id)
     response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
     try:
         trigger, secret = services.trigger_create(
