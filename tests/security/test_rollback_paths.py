@@ -6,8 +6,9 @@ files, FIFOs where files were, or may swap a directory for a symlink while the r
 None of it may make a rollback write, truncate or remove anything outside the workspace, or hang.
 """
 
-import ctypes
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -22,6 +23,20 @@ pytestmark = pytest.mark.django_db
 
 SECRET = "ROOT-ONLY-SECRET-rollback-1c9e"
 AT_FDCWD, RENAME_EXCHANGE = -100, 2
+SWAPPER = f"""
+import ctypes, signal, sys
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = sys.argv[1].encode(), sys.argv[2].encode()
+swaps = 0
+def done(*_):
+    print(swaps, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, done)
+print("swapping", flush=True)
+while True:
+    if libc.renameat2({AT_FDCWD}, a, {AT_FDCWD}, b, {RENAME_EXCHANGE}) == 0:
+        swaps += 1
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -209,17 +224,12 @@ def test_a_directory_swapped_for_a_symlink_during_rollbacks_never_lets_one_write
         (ws / "sub" / f"f{n}.txt").write_text(f"changed {n}\n")
     (ws / "swap").symlink_to(outside, target_is_directory=True)
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    a, b = str(ws / "sub").encode(), str(ws / "swap").encode()
-    stop, swaps = threading.Event(), [0]
-
-    def exchange():
-        while not stop.is_set():
-            if libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE) == 0:
-                swaps[0] += 1
-
-    swapper = threading.Thread(target=exchange, daemon=True)
-    swapper.start()
+    # The swapper is its own process, as an agent's would be: a thread of this one was seen starved of
+    # the GIL by the rollbacks on a busy machine (1 swap in 3 s), and then the race was never run.
+    swapper = subprocess.Popen(
+        [sys.executable, "-c", SWAPPER, str(ws / "sub"), str(ws / "swap")], stdout=subprocess.PIPE, text=True
+    )
+    assert swapper.stdout is not None and swapper.stdout.readline().strip() == "swapping"
     until, rounds = time.monotonic() + 3, 0
     try:
         while rounds < 20 and (rounds < 3 or time.monotonic() < until):
@@ -229,10 +239,10 @@ def test_a_directory_swapped_for_a_symlink_during_rollbacks_never_lets_one_write
                 pass  # a snapshot that met the swap mid-way; nothing was written
             rounds += 1
     finally:
-        stop.set()
-        swapper.join(5)
+        swapper.terminate()
+        swaps = int(swapper.communicate(timeout=10)[0].strip() or 0)
 
-    assert swaps[0] > 100
+    assert swaps > 100
     assert sorted(p.name for p in outside.iterdir()) == sorted(f"f{n}.txt" for n in range(40))
     assert all((outside / f"f{n}.txt").read_text() == SECRET + "\n" for n in range(40))
     assert not any(p.name.startswith(".tether-restore-") for p in outside.iterdir())
