@@ -100,8 +100,10 @@ def test_dropped_connections_past_the_bound_are_a_provider_error(agent, act, ser
 
 
 def test_a_timed_out_call_is_retried(agent, act, server, settings):
-    settings.TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS = 0.3
-    server.enqueue(Delay(5, text("late")), text("done"))
+    # The first answer comes after 60 s, the second at once: a timeout between them (2 s, well above a
+    # loaded machine's round trip to the local server, which a 0.3 s timeout missed) cuts the first only.
+    settings.TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS = 2.0
+    server.enqueue(Delay(60, text("late")), text("done"))
     reply = act(agent())
     assert reply.ok and reply.text == "done"
     assert server.calls == 2
