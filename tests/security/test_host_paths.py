@@ -219,11 +219,11 @@ def test_a_mount_is_the_directory_checked_never_what_was_swapped_in(
     ws.mkdir(parents=True)
     decoy = ws.with_name(ws.name + "-swap")
     decoy.symlink_to(victim_ws, target_is_directory=True)
-    swapper = _swapper(ws, decoy, 30, pause=0.003)  # each state lasts about as long as a spawn's setup
+    swapper = _swapper(ws, decoy, 180, pause=0.003)  # each state lasts about as long as a spawn's setup
     leaked = mounted = refused = 0
     try:
-        # Spawns go on until 15 were mounted (a loaded machine refuses more of them: 11 in 400 was seen),
-        # bounded by the swapper's 30 s and 4,000 tries.
+        # Spawns go on until 15 were mounted (a loaded machine refuses more of them, 11 in 400 was seen,
+        # and takes seconds over each), bounded by 4,000 tries and the swapper's 180 s.
         while mounted < 15 and mounted + refused < 4000 and swapper.poll() is None:
             try:
                 proc, _ = sandbox.spawn(["sh", "-c", "cat victim.txt 2>/dev/null; touch marker"],
