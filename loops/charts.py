@@ -156,9 +156,9 @@ def _progress_line(measured: Sequence[tuple[int, Point]], slot: float, height: i
     line = " ".join(f"{x:.2f},{y:.2f}" for x, y, _ in spots)
     parts = [f'<g class="chart-progress"><polyline points="{line}" class="chart-progress-line"/>']
     for x, y, p in spots:
+        title = f"Iteration {p.iteration}: {p.progress} left by the checks' count"
         parts.append(
-            f'<circle cx="{x:.2f}" cy="{y:.2f}" r="2.5" class="chart-progress-dot">'
-            f"<title>Iteration {p.iteration}: {p.progress} left by the checks' count</title></circle>"
+            f'<circle cx="{x:.2f}" cy="{y:.2f}" r="2.5" class="chart-progress-dot"><title>{escape(title)}</title></circle>'
         )
     parts.append(f'<text x="{WIDTH - RIGHT}" y="{TOP - 3}" text-anchor="end" class="chart-axis">{most} left</text></g>')
     return "".join(parts)
