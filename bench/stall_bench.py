@@ -72,16 +72,28 @@ def _steady(counts: list[int]) -> tuple[tuple[str, int], ...]:
 AGENTS = (
     Agent("churner-7", "churner", "stuck", (("c1", 7),), churns=True),
     Agent("churner-4-5", "churner", "stuck", tuple((f"c{i}", 4 + i % 2) for i in range(MAX_ITERATIONS))),
-    Agent("churner-creeping", "churner", "stuck", tuple((f"c{i}", 5 + i // 4) for i in range(MAX_ITERATIONS))),
+    Agent(
+        "churner-creeping", "churner", "stuck", tuple((f"c{i}", 5 + i // 4) for i in range(MAX_ITERATIONS))
+    ),
     Agent("oscillator-AB", "oscillator", "stuck", _cycle("AB", 4)),
     Agent("oscillator-ABC", "oscillator", "stuck", _cycle("ABC", 4)),
     Agent("oscillator-ABCD", "oscillator", "stuck", _cycle("ABCD", 6)),
     Agent("steady-slow", "slow-but-steady", "done", _steady(list(range(12, -1, -1)))),
     Agent("steady-bumpy", "slow-but-steady", "done", _steady([n for n in range(10, -1, -1) for _ in (0, 1)])),
-    Agent("steady-plateaus", "slow-but-steady", "done", _steady([n for n in range(5, -1, -1) for _ in range(4)][:-3])),
+    Agent(
+        "steady-plateaus",
+        "slow-but-steady",
+        "done",
+        _steady([n for n in range(5, -1, -1) for _ in range(4)][:-3]),
+    ),
     Agent("fast-fixer", "fast fixer", "done", _steady([6, 0])),
     Agent("one-shot", "fast fixer", "done", _steady([0])),
-    Agent("regress-revert", "regress-and-recover", "done", (("r1", 6), ("r2", 4), ("r3", 9), ("r2", 4), ("r5", 2), ("r6", 0))),
+    Agent(
+        "regress-revert",
+        "regress-and-recover",
+        "done",
+        (("r1", 6), ("r2", 4), ("r3", 9), ("r2", 4), ("r5", 2), ("r6", 0)),
+    ),
     Agent("regress-stay", "regress-and-recover", "done", _steady([5, 8, 8, 3, 1, 0])),
     Agent("churner-silent", "churner (no count)", "stuck", (("s1", 3),), churns=True, counted=False),
 )
@@ -136,7 +148,10 @@ def measure(home: str) -> list[dict[str, Any]]:
         for policy, stale_after in POLICIES:
             settings.TETHER_STALL_ITERATIONS = stale_after
             instance = Instance.objects.create(
-                owner=user, name=f"{agent.name}/{policy}", brain="scripted", max_iterations=MAX_ITERATIONS,
+                owner=user,
+                name=f"{agent.name}/{policy}",
+                brain="scripted",
+                max_iterations=MAX_ITERATIONS,
                 workspace=str(Path(home) / "workspaces" / f"{agent.name}-{policy}"),
                 checks=[{"name": "tests", "command": CHECK, "required": True}],
             )
@@ -154,8 +169,14 @@ def row(agent: Agent, policy: str, run: Any) -> dict[str, Any]:
     outcome = "escalated" if run.status == "waiting" else run.outcome
     right = outcome == "done" if agent.right == "done" else outcome in ("escalated", "no_progress")
     return {
-        "agent": agent.name, "kind": agent.kind, "right_outcome": agent.right, "policy": policy,
-        "outcome": outcome, "iterations": run.iterations_done, "spent_micros": run.spent_micros, "right": right,
+        "agent": agent.name,
+        "kind": agent.kind,
+        "right_outcome": agent.right,
+        "policy": policy,
+        "outcome": outcome,
+        "iterations": run.iterations_done,
+        "spent_micros": run.spent_micros,
+        "right": right,
         "detail": run.outcome_detail,
     }
 
@@ -174,14 +195,18 @@ def table(rows: list[dict[str, Any]]) -> str:
         for policy, _ in POLICIES:
             r = by[(agent.name, policy)]
             mark = "ok" if r["right"] else "WRONG"
-            cells.append(f"{r['outcome']:15} {r['iterations']:>2} {format_usd(r['spent_micros']):>7} {mark:5}")
+            cells.append(
+                f"{r['outcome']:15} {r['iterations']:>2} {format_usd(r['spent_micros']):>7} {mark:5}"
+            )
         lines.append(f"{agent.name:18} {agent.kind:22} {agent.right:6} | {cells[0]:28} | {cells[1]:28}")
     for group in ("stuck", "done"):
         sums = []
         for policy, _ in POLICIES:
             chosen = [by[(a.name, policy)] for a in AGENTS if a.right == group]
             right = sum(r["right"] for r in chosen)
-            sums.append(f"{right}/{len(chosen)} right, {format_usd(sum(r['spent_micros'] for r in chosen)):>7} spent")
+            sums.append(
+                f"{right}/{len(chosen)} right, {format_usd(sum(r['spent_micros'] for r in chosen)):>7} spent"
+            )
         lines.append(f"{'total, ' + group:48} | {sums[0]:28} | {sums[1]:28}")
     return "\n".join(lines)
 

@@ -58,15 +58,27 @@ def measure(output: str) -> int | None:
         return int(marked[-1])
     tools = [
         _last(
-            [(m.start(), sum(int(n) for n, _ in _PYTEST_COUNT.findall(m.group(1)))) for m in _PYTEST.finditer(text)]
+            [
+                (m.start(), sum(int(n) for n, _ in _PYTEST_COUNT.findall(m.group(1))))
+                for m in _PYTEST.finditer(text)
+            ]
             + [(m.start(), 0) for m in _PYTEST_NONE.finditer(text)]
         ),
         _last(
-            [(m.start(), sum(int(n) for _, n in _UNITTEST_COUNT.findall(m.group(1)))) for m in _UNITTEST_FAILED.finditer(text)]
+            [
+                (m.start(), sum(int(n) for _, n in _UNITTEST_COUNT.findall(m.group(1))))
+                for m in _UNITTEST_FAILED.finditer(text)
+            ]
             + [(m.start(), 0) for m in _UNITTEST_OK.finditer(text)]
         ),
-        _last([(m.start(), int(m.group(1))) for m in _RUFF.finditer(text)] + [(m.start(), 0) for m in _RUFF_OK.finditer(text)]),
-        _last([(m.start(), int(m.group(1))) for m in _MYPY.finditer(text)] + [(m.start(), 0) for m in _MYPY_OK.finditer(text)]),
+        _last(
+            [(m.start(), int(m.group(1))) for m in _RUFF.finditer(text)]
+            + [(m.start(), 0) for m in _RUFF_OK.finditer(text)]
+        ),
+        _last(
+            [(m.start(), int(m.group(1))) for m in _MYPY.finditer(text)]
+            + [(m.start(), 0) for m in _MYPY_OK.finditer(text)]
+        ),
         _last([(m.start(), int(m.group(1))) for m in _ESLINT.finditer(text)]),
     ]
     counts = [count for count in tools if count is not None]
@@ -85,7 +97,10 @@ def of_check(output: str, passed: bool, timed_out: bool = False) -> int | None:
 
 def total(values: Iterable[int | None]) -> int | None:
     """An iteration's progress: the sum of its checks' (None when it ran none, or any is unknown)."""
-    counts = [value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None for value in values]
+    counts = [
+        value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+        for value in values
+    ]
     if not counts or any(count is None for count in counts):
         return None
     return sum(count for count in counts if count is not None)

@@ -51,7 +51,13 @@ def test_the_last_summary_of_a_tool_counts_and_colour_codes_are_ignored():
 
 @pytest.mark.parametrize(
     "out",
-    ["", "all good\n", "Found some errors.\n", "TETHER_PROGRESS: many\n", "I fixed 3 failed tests in 2s of work"],
+    [
+        "",
+        "all good\n",
+        "Found some errors.\n",
+        "TETHER_PROGRESS: many\n",
+        "I fixed 3 failed tests in 2s of work",
+    ],
 )
 def test_output_without_a_summary_measures_nothing(out):
     assert progress.measure(out) is None
@@ -81,7 +87,8 @@ def test_a_timed_out_check_in_the_sandbox_records_no_progress(tmp_path, script, 
     fast = script("print('7 failed, 1 passed in 0.1s')\nsys.exit(1)\n")
     found = checks.run_checks(
         [{"name": "slow", "command": slow, "timeout": 1}, {"name": "fast", "command": fast}],
-        tmp_path, threading.Event(),
+        tmp_path,
+        threading.Event(),
     )
     assert [(c.name, c.passed, c.progress) for c in found] == [("slow", False, None), ("fast", False, 7)]
     assert checks.as_json(found)[1]["progress"] == 7

@@ -32,16 +32,28 @@ def simulate(steps, stale_after=K, max_iterations=30, waits=()):
         if number in waits:
             decision = type(decision)("escalate", "which database should I use?")
         state = State(
-            iteration=number, max_iterations=max_iterations, act_ok=True,
+            iteration=number,
+            max_iterations=max_iterations,
+            act_ok=True,
             recent_instructions=memory.recent_instructions(given),
-            progress=memory.recent_progress(tree, policy.checks_signature(checks)), has_checks=True,
-            track=memory.recent_track(number, measured, tree), stall=memory.stall, stale_after=stale_after,
+            progress=memory.recent_progress(tree, policy.checks_signature(checks)),
+            has_checks=True,
+            track=memory.recent_track(number, measured, tree),
+            stall=memory.stall,
+            stale_after=stale_after,
         )
         step = policy.next_step(state, decision, checks)
         memory = memory.after(
-            instruction=given, fingerprint=tree, signature=policy.checks_signature(checks), act_ok=True,
-            response="", checks={"tests": left == 0}, verdict=decision.verdict, number=number,
-            progress=measured, stall=step.stall,
+            instruction=given,
+            fingerprint=tree,
+            signature=policy.checks_signature(checks),
+            act_ok=True,
+            response="",
+            checks={"tests": left == 0},
+            verdict=decision.verdict,
+            number=number,
+            progress=measured,
+            stall=step.stall,
         )
         taken.append((number, step))
         if number in waits and isinstance(step, Stop) and step.outcome == "escalated":
@@ -82,9 +94,14 @@ def test_a_churner_is_nudged_then_escalated_while_the_classic_policy_runs_it_to_
 def test_after_the_escalation_is_answered_a_run_still_stuck_stops_no_progress():
     memory_stall = (policy.STALL_ESCALATE, 7)
     track = tuple((n, 7, f"c{n}") for n in range(1, 11))
-    state = State(iteration=10, max_iterations=30, act_ok=True, track=track, stall=memory_stall, stale_after=K)
-    step = policy.next_step(state, from_checks([Check("tests", True, False, output("c10", 7), progress=7)],
-                                                act_ok=True, act_detail=""), [])
+    state = State(
+        iteration=10, max_iterations=30, act_ok=True, track=track, stall=memory_stall, stale_after=K
+    )
+    step = policy.next_step(
+        state,
+        from_checks([Check("tests", True, False, output("c10", 7), progress=7)], act_ok=True, act_detail=""),
+        [],
+    )
     assert isinstance(step, Stop) and (step.outcome, step.stall) == ("no_progress", policy.STALL_STOP)
     assert "after a nudge and an escalation to a person (iteration 7)" in step.detail
 
@@ -92,7 +109,10 @@ def test_after_the_escalation_is_answered_a_run_still_stuck_stops_no_progress():
 def test_an_oscillation_is_detected_by_the_workspace_returning_to_an_earlier_tree():
     taken = simulate([(t, 4) for t in "ABCABCABCABC"])
     assert nudged(taken) == [4]
-    assert "the workspace returned in iteration 4 to the state iteration 1 left it in" in dict(taken)[4].instruction
+    assert (
+        "the workspace returned in iteration 4 to the state iteration 1 left it in"
+        in dict(taken)[4].instruction
+    )
     number, step = taken[-1]
     assert (number, step.outcome) == (5, "escalated") and "returned in iteration 5" in step.detail
     assert ending(simulate([(t, 4) for t in "ABC" * 10], stale_after=0)) == (30, "max_iterations")
@@ -105,8 +125,16 @@ def test_waiting_for_a_person_is_never_counted_as_stuck():
     assert nudged(taken) == [6]  # 1 measured, 2-3 waited, 4-6 three measured without a better count
     assert nudged(simulate(steps)) == [4]
     memory = Memory().after(
-        instruction="x", fingerprint="t", signature="s", act_ok=True, response="", checks={}, verdict="continue",
-        number=1, progress=7, delegation="k to 'helper': 'do it'",
+        instruction="x",
+        fingerprint="t",
+        signature="s",
+        act_ok=True,
+        response="",
+        checks={},
+        verdict="continue",
+        number=1,
+        progress=7,
+        delegation="k to 'helper': 'do it'",
     )
     assert memory.track == ((1, None, "t"),)  # an iteration that delegated waits for its children
 
@@ -129,11 +157,22 @@ def test_a_revert_after_a_regression_is_nudged_not_stopped():
 
 
 def test_unmeasured_iterations_leave_the_classic_rules_in_charge():
-    state = State(iteration=5, max_iterations=30, act_ok=True, stale_after=K,
-                  track=tuple((n, None, f"t{n % 2}") for n in range(1, 6)))
+    state = State(
+        iteration=5,
+        max_iterations=30,
+        act_ok=True,
+        stale_after=K,
+        track=tuple((n, None, f"t{n % 2}") for n in range(1, 6)),
+    )
     why, _ = policy.stalled(state)
     assert "returned" in why  # a return to an earlier tree is seen without a count
-    state = State(iteration=5, max_iterations=30, act_ok=True, stale_after=K, track=tuple((n, None, f"t{n}") for n in range(1, 6)))
+    state = State(
+        iteration=5,
+        max_iterations=30,
+        act_ok=True,
+        stale_after=K,
+        track=tuple((n, None, f"t{n}") for n in range(1, 6)),
+    )
     assert policy.stalled(state) == ("", 0)
 
 
@@ -144,6 +183,9 @@ def test_the_forecast_says_whether_the_run_converges_before_its_caps():
     said = policy.forecast(steady, 4, 30, spent_micros=400_000, max_cost_micros=600_000)
     assert said.startswith("not likely to converge before its budget cap") and "pays for about 2" in said
     flat = tuple((n, 7, f"t{n}") for n in range(1, 5))
-    assert policy.forecast(flat, 4, 30) == "not likely to converge: the count went from 7 to 7 over iterations 1–4"
+    assert (
+        policy.forecast(flat, 4, 30)
+        == "not likely to converge: the count went from 7 to 7 over iterations 1–4"
+    )
     assert policy.forecast((), 1, 30).startswith("none: the checks print no count")
     assert policy.forecast(((1, 0, "t"),), 1, 30) == "the checks count nothing left to fix"

@@ -20,21 +20,28 @@ def scripted(settings, user, make_instance):
     def build(agent, stale_after=3, max_iterations=12):
         settings.TETHER_STALL_ITERATIONS = stale_after
         return make_instance(
-            user, name=agent, brain="scripted", max_iterations=max_iterations,
+            user,
+            name=agent,
+            brain="scripted",
+            max_iterations=max_iterations,
             checks=[{"name": "tests", "command": CHECK, "required": True}],
         )
 
     return build
 
 
-def test_a_churner_is_escalated_sooner_and_for_less_than_the_classic_policy_lets_it_spend(scripted, start, drive):
+def test_a_churner_is_escalated_sooner_and_for_less_than_the_classic_policy_lets_it_spend(
+    scripted, start, drive
+):
     classic = drive(start(scripted("churner-7", stale_after=0)))
     assert (classic.outcome, classic.iterations_done) == ("max_iterations", 12)
 
     run = drive(start(scripted("churner-7")))
     assert (run.status, run.iterations_done) == (Run.Status.WAITING, 7)
     assert run.spent_micros < classic.spent_micros
-    assert run.outcome_detail.startswith("stuck: the checks' count of what is left has not improved on 7 (iteration 1)")
+    assert run.outcome_detail.startswith(
+        "stuck: the checks' count of what is left has not improved on 7 (iteration 1)"
+    )
     assert "forecast: not likely to converge" in run.outcome_detail
     question = Event.objects.get(run=run, kind="run.waiting").data["question"]
     assert question == run.outcome_detail
