@@ -190,8 +190,10 @@ def _repeated(state: State, instruction: str) -> str:
 
 
 def _sees_progress(state: State) -> bool:
-    """Whether this iteration's progress is measured and the policy sees it (then a repeat is a stall, not a stop)."""
-    return state.stale_after > 0 and bool(state.track) and state.track[-1][1] is not None
+    """Whether a repeated instruction is a stall rather than a stop: the policy sees this iteration's progress
+    and the act changed the workspace (a revert after a regression repeats the instruction it had before)."""
+    track = state.track
+    return state.stale_after > 0 and len(track) > 1 and track[-1][1] is not None and track[-1][2] != track[-2][2]
 
 
 def _no_progress(state: State, instruction: str) -> Stop | None:

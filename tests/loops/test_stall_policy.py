@@ -189,3 +189,8 @@ def test_the_forecast_says_whether_the_run_converges_before_its_caps():
     )
     assert policy.forecast((), 1, 30).startswith("none: the checks print no count")
     assert policy.forecast(((1, 0, "t"),), 1, 30) == "the checks count nothing left to fix"
+
+
+def test_an_unchanged_workspace_repeating_its_instruction_still_stops_at_once():
+    # Nothing was edited and the checks say the same: the classic repeat rule stops it, as before.
+    assert ending(simulate([("A", 5), ("A", 5), ("A", 5)])) == (2, "no_progress")
