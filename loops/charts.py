@@ -2,7 +2,9 @@
 
 `cost_and_checks` draws one column per iteration: a bar of its cost (scaled to the
 dearest iteration shown) and, under it, one square for its checks (all required
-passed, a required one failed, only optional ones failed, or no checks). The SVG scales
+passed, a required one failed, only optional ones failed, or no checks). Over the bars, the
+progress line: what the checks' own output said was left to fix after each iteration
+(`loops.progress`), scaled to the most shown, a dot per measured iteration. The SVG scales
 to its container's width; every column carries a <title> for a tooltip and the whole
 chart an aria-label that says the same in words.
 """
@@ -15,6 +17,7 @@ from html import escape
 from typing import Any
 
 from budgets.money import format_usd
+from loops.progress import total as progress_total
 
 WIDTH = 360
 HEIGHT = 150
@@ -33,6 +36,7 @@ class Point:
     checks: str  # "passed" | "failed" | "optional" | "none"
     act_ok: bool
     verdict: str
+    progress: int | None = None  # what the checks said was left to fix; None: not measured
 
 
 def checks_state(checks: Sequence[Mapping[str, Any]]) -> str:
@@ -55,6 +59,7 @@ def points(iterations: Iterable[Any]) -> list[Point]:
             checks=checks_state(list(it.checks or [])),
             act_ok=bool(it.act_ok),
             verdict=str((it.decision or {}).get("verdict", "")),
+            progress=progress_total(c.get("progress") for c in it.checks or [] if isinstance(c, Mapping)),
         )
         for it in iterations
     ]
@@ -94,6 +99,12 @@ def cost_and_checks(data: Sequence[Point], total_iterations: int | None = None) 
         f"Cost and checks per iteration, {shown}: dearest {usd(dearest)}, "
         f"total {usd(sum(p.cost_micros for p in data))}; a required check failed in {failed} of {len(data)}."
     )
+    measured = [(i, p) for i, p in enumerate(data) if p.progress is not None]
+    if measured:
+        label += (
+            f" Left to fix by the checks' count: {measured[0][1].progress} after iteration {measured[0][1].iteration}, "
+            f"{measured[-1][1].progress} after iteration {measured[-1][1].iteration}."
+        )
     parts = [
         f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" aria-label="{escape(label)}">',
         f'<text x="{LEFT - 4}" y="{TOP + 4}" text-anchor="end" class="chart-axis">{escape(usd(dearest))}</text>',
@@ -120,6 +131,8 @@ def cost_and_checks(data: Sequence[Point], total_iterations: int | None = None) 
             f'class="chart-check chart-check-{p.checks}"/>'
         )
         parts.append("</g>")
+    if measured:
+        parts.append(_progress_line(measured, slot, height))
     y = MARK_TOP + MARK_SIZE + 16
     parts.append(f'<text x="{LEFT}" y="{y}" class="chart-axis">{data[0].iteration}</text>')
     if len(data) > 1:
@@ -130,4 +143,22 @@ def cost_and_checks(data: Sequence[Point], total_iterations: int | None = None) 
         f'<text x="{LEFT + span / 2}" y="{y}" text-anchor="middle" class="chart-axis">iteration</text>'
     )
     parts.append("</svg>")
+    return "".join(parts)
+
+
+def _progress_line(measured: Sequence[tuple[int, Point]], slot: float, height: int) -> str:
+    """The progress line: what was left after each measured iteration, scaled to the most shown."""
+    most = max(p.progress or 0 for _, p in measured)
+    spots = [
+        (LEFT + slot * i + slot / 2, BAR_BOTTOM - (0 if most == 0 else height * (p.progress or 0) / most), p)
+        for i, p in measured
+    ]
+    line = " ".join(f"{x:.2f},{y:.2f}" for x, y, _ in spots)
+    parts = [f'<g class="chart-progress"><polyline points="{line}" class="chart-progress-line"/>']
+    for x, y, p in spots:
+        title = f"Iteration {p.iteration}: {p.progress} left by the checks' count"
+        parts.append(
+            f'<circle cx="{x:.2f}" cy="{y:.2f}" r="2.5" class="chart-progress-dot"><title>{escape(title)}</title></circle>'
+        )
+    parts.append(f'<text x="{WIDTH - RIGHT}" y="{TOP - 3}" text-anchor="end" class="chart-axis">{most} left</text></g>')
     return "".join(parts)

@@ -17,6 +17,7 @@ from django.conf import settings
 from instances import evidence, sandbox
 from instances.brains import process
 from instances.pinned import SKIP_DIRS, Pinned, open_file_at
+from loops import progress
 from loops.policy import Check
 from tether.redaction import redact
 
@@ -64,6 +65,7 @@ def run_checks(
                 output=output,
                 evidence=judgement.evidence,
                 evidence_detail=judgement.summary,
+                progress=progress.of_check(output, exited_ok and judgement.ok, timed_out=done.timed_out or done.stopped),
             )
         )
     return results
@@ -154,7 +156,7 @@ def as_json(checks: list[Check]) -> list[dict[str, Any]]:
     return [
         {
             "name": c.name, "required": c.required, "passed": c.passed, "output": c.output,
-            "evidence": c.evidence, "evidence_detail": c.evidence_detail,
+            "evidence": c.evidence, "evidence_detail": c.evidence_detail, "progress": c.progress,
         }
         for c in checks
     ]

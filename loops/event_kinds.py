@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from loops import progress
+
 STOP_REASONS = ("stopped mid-act", "stopped by a person")
 VERDICT_TONES = {"done": "good", "continue": "", "escalate": "warn", "failed": "bad"}
 OUTCOME_TONES = {"done": "good", "cancelled": "quiet", "escalated": "warn"}
@@ -202,7 +204,9 @@ def _checks(d: Mapping[str, Any], ctx: Context) -> Title:
     checks = [c for c in d.get("checks") or [] if isinstance(c, dict)]
     passed = sum(1 for c in checks if c.get("passed"))
     failed_required = any(c.get("required", True) and not c.get("passed") for c in checks)
-    return Title(f"Checks: {passed} of {len(checks)} passed", tone="bad" if failed_required else "good")
+    left = progress.total(c.get("progress") for c in checks)
+    said = "" if left is None else f"; {left} left by their count"
+    return Title(f"Checks: {passed} of {len(checks)} passed{said}", tone="bad" if failed_required else "good")
 
 
 def _protected(d: Mapping[str, Any], ctx: Context) -> Title:

@@ -9,6 +9,12 @@ Stored in `Run.history` (JSON); read with `Memory.of(run.history)` and written b
 - `delegations` and `refusals`: what each of the last `policy.KEPT` iterations delegated (a
   key: the calls, the workspace, the results the act was given) and had refused — what the
   no-progress rules that see compositions look at;
+- `track`: (iteration, progress, workspace fingerprint) for the last `TRACK_KEPT` iterations —
+  progress is what the checks said is left to fix (`loops.progress`), None for an iteration that
+  waited (asked a person, needed an approval, delegated) or whose checks measured nothing; what
+  the policy's stall rules (no better count for K iterations, a workspace back where it was) and
+  its forecast look at;
+- `stall`: (stage, iteration) of the last stall handling the policy took (a nudge, an escalation);
 - `failed_acts`: how many acts in a row have failed;
 - `snapshot`: the last `SNAPSHOT_KEPT` iterations in brief, handed to the next act and to the
   decider (and carried into a continued run, see `continuation.carried_history`). An iteration
@@ -34,6 +40,8 @@ from typing import Any
 import loops.policy as policy
 
 SNAPSHOT_KEPT = 20  # iterations in brief handed to the next act
+TRACK_KEPT = 100  # iterations whose progress and workspace the stall rules and the forecast see
+TRACK_DIGEST = 16  # hex digits of a workspace fingerprint the track keeps (enough to tell trees apart)
 SNAPSHOT_CHARS = 500  # of an iteration's instruction and response, each
 # What tells two rounds of the same delegation apart in the instruction that reports them, and means
 # nothing to the model: the ids of the delegate calls and the numbers of the runs they started
@@ -53,6 +61,8 @@ class Memory:
     approved_calls: tuple[Mapping[str, Any], ...] = ()
     delegations: tuple[str, ...] = ()
     refusals: tuple[tuple[str, ...], ...] = ()
+    track: tuple[tuple[int, int | None, str], ...] = ()
+    stall: tuple[int, int] = (0, 0)
 
     @classmethod
     def of(cls, stored: Mapping[str, Any] | None) -> Memory:
@@ -68,6 +78,8 @@ class Memory:
             approved_calls=_mappings(stored, "approved_calls"),
             delegations=tuple(str(d) for d in _list(stored, "delegations")),
             refusals=tuple(tuple(str(r) for r in each) for each in _list(stored, "refusals") if isinstance(each, list | tuple)),
+            track=tuple(_step(t) for t in _list(stored, "track") if _is_step(t)),
+            stall=_stall(stored.get("stall")),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -81,6 +93,8 @@ class Memory:
             "approved_calls": [dict(c) for c in self.approved_calls],
             "delegations": list(self.delegations) if any(self.delegations) else [],
             "refusals": [list(r) for r in self.refusals] if any(self.refusals) else [],
+            "track": [list(t) for t in self.track],
+            "stall": list(self.stall) if self.stall[0] else [],
         }
         return {name: value for name, value in parts.items() if value}
 
@@ -90,6 +104,10 @@ class Memory:
 
     def recent_progress(self, fingerprint: str, signature: str) -> tuple[tuple[str, str], ...]:
         return (*self.progress, (fingerprint, signature))[-policy.KEPT :]
+
+    def recent_track(self, number: int, progress: int | None, fingerprint: str) -> tuple[tuple[int, int | None, str], ...]:
+        """The iterations the stall rules look at, iteration `number` (this one) last."""
+        return (*self.track, (number, progress, fingerprint[:TRACK_DIGEST]))[-TRACK_KEPT:]
 
     def recent_delegations(self, key: str) -> tuple[str, ...]:
         """What recent iterations delegated, `key` (this iteration's) last."""
@@ -118,7 +136,7 @@ class Memory:
     def after(
         self, *, instruction: str, fingerprint: str, signature: str, act_ok: bool, response: str,
         checks: Mapping[str, bool], verdict: str, number: int, pending: Sequence[Mapping[str, Any]] = (),
-        delegation: str = "", refused: Sequence[str] = (),
+        delegation: str = "", refused: Sequence[str] = (), progress: int | None = None, stall: int = 0,
     ) -> Memory:
         """The memory once iteration `number` is recorded: approvals handed to it are spent."""
         brief: dict[str, Any] = {
@@ -132,6 +150,9 @@ class Memory:
             brief["delegated"] = delegated
         if refused:
             brief["refused"] = list(refused)
+        # Legitimate waiting is never counted as stuck: an iteration that asked a person, needed an
+        # approval or delegated records no progress (a slow check's timeout records none already).
+        waiting = verdict == "escalate" or bool(pending) or bool(delegation)
         return replace(
             self,
             instructions=self.recent_instructions(instruction),
@@ -142,6 +163,8 @@ class Memory:
             approved_calls=(),
             delegations=self.recent_delegations(delegation),
             refusals=self.recent_refusals(refused),
+            track=self.recent_track(number, None if waiting else progress, fingerprint),
+            stall=(stall, number) if stall else self.stall,
         )
 
     def answered(self, approve: bool) -> Memory:
@@ -192,6 +215,27 @@ def _strings(value: Any) -> list[str]:
 def _list(stored: Mapping[str, Any], name: str) -> list[Any]:
     value = stored.get(name)
     return list(value) if isinstance(value, list | tuple) else []
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_step(value: Any) -> bool:
+    return (
+        isinstance(value, list | tuple) and len(value) == 3 and _whole(value[0])
+        and (value[1] is None or _whole(value[1])) and isinstance(value[2], str)
+    )
+
+
+def _step(value: Any) -> tuple[int, int | None, str]:
+    return (int(value[0]), None if value[1] is None else int(value[1]), str(value[2]))
+
+
+def _stall(value: Any) -> tuple[int, int]:
+    if isinstance(value, list | tuple) and len(value) == 2 and _whole(value[0]) and _whole(value[1]):
+        return (int(value[0]), int(value[1]))
+    return (0, 0)
 
 
 def _pair(value: Any) -> bool:

@@ -16,6 +16,17 @@ allowed iteration a run may finish, but what would need another iteration ends i
 exit status and the tail of its stderr, beside the failing checks), and to the person, in the
 detail of a run that stops after it ("the act failed 3 times in a row: exit status 1: ...").
 
+A policy that sees progress (`State.stale_after`, K, set by `TETHER_STALL_ITERATIONS`; 0 is the
+classic policy above and nothing more): the checks' own count of what is left to fix
+(`loops.progress`, recorded per iteration in `State.track`) that has not improved for K measured
+iterations, or a workspace back where an earlier iteration left it (A → B → A: the same workspace
+fingerprint with another between), is a stall, handled in stages (`stalled`): first a nudge (the
+next instruction says what repeats and asks for another approach), then an escalation to a person
+with a one-line diagnosis and the `forecast`, then a stop `no_progress` (each stage after K more
+iterations without a better count, or another return). A better count starts over. An iteration
+that waited (a question, an approval, children) or whose check timed out measures nothing and is
+never counted.
+
 `verdict` is the one place a `done` is judged: the checks, then what the graders made of it
 (`Assessment`s: retry, fail, or do not vouch), then the protected evidence — a run whose
 protected files changed ends done but never verified by the machine; a person's review decides.
@@ -45,6 +56,12 @@ KEPT = max(REPEAT_WINDOW + 1, UNCHANGED_ITERATIONS, REFUSALS_IN_A_ROW)
 # unchanged workspace and the iteration limit still bound such a run.
 GENERIC_INSTRUCTION = "Continue working on the objective."
 
+# The stages of stall handling (`State.stall`, `Continue.stall`, `Stop.stall`), in order.
+STALL_NUDGE = 1
+STALL_ESCALATE = 2
+STALL_STOP = 3
+FORECAST_WINDOW = 6  # measured iterations the forecast's rate is taken over
+
 
 @dataclass(frozen=True)
 class Check:
@@ -56,6 +73,7 @@ class Check:
     output: str = ""
     evidence: str = "exit code"  # "report" (a test report from outside the workspace) or "exit code"
     evidence_detail: str = ""  # e.g. "3 of 3 tests present at the start ran and passed"
+    progress: int | None = None  # what is left to fix by its output (`loops.progress.of_check`); None: unknown
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,13 @@ class State:
     # What each recent iteration had refused (a refused tool call or delegate call), oldest first,
     # this one included.
     refusals: tuple[tuple[str, ...], ...] = ()
+    # (iteration, progress, workspace fingerprint) per iteration, oldest first, this one included;
+    # progress is None where the iteration measured nothing (see `loops.memory`).
+    track: tuple[tuple[int, int | None, str], ...] = ()
+    stall: tuple[int, int] = (0, 0)  # (stage, iteration) of the last stall handling taken
+    stale_after: int = 0  # K: measured iterations without a better count that are a stall; 0: not seen
+    spent_micros: int = 0  # the run's spend before this iteration, for the forecast
+    max_cost_micros: int | None = None  # the run's own cap, if any
 
 
 @dataclass(frozen=True)
@@ -87,6 +112,7 @@ class Continue:
     """Run another iteration with this instruction."""
 
     instruction: str
+    stall: int = 0  # the stall stage this step takes (STALL_NUDGE), 0 for none
 
 
 @dataclass(frozen=True)
@@ -99,6 +125,7 @@ class Stop:
     # For done: the checks and graders verified it, but it changed what grades it; a person's
     # acceptance of the review makes it verified.
     held_for_review: bool = False
+    stall: int = 0  # the stall stage this stop takes (STALL_ESCALATE, STALL_STOP), 0 for none
 
 
 @dataclass(frozen=True)
@@ -151,17 +178,28 @@ def _evidence(checks: Sequence[Check]) -> str:
     )
 
 
-def _no_progress(state: State, instruction: str) -> Stop | None:
-    rules = []
+def _repeated(state: State, instruction: str) -> str:
+    """Name the recent iteration whose instruction `instruction` repeats, or ""."""
     proposed = normalise(instruction)
     if proposed and instruction != GENERIC_INSTRUCTION:
         window = state.recent_instructions[-REPEAT_WINDOW:]
         for back, given in enumerate(reversed(window)):
             if normalise(given) == proposed:
-                rules.append(
-                    f"the next instruction repeats the one given to iteration {state.iteration - back}"
-                )
-                break
+                return f"the next instruction repeats the one given to iteration {state.iteration - back}"
+    return ""
+
+
+def _sees_progress(state: State) -> bool:
+    """Whether a repeated instruction is a stall rather than a stop: the policy sees this iteration's progress
+    and the act changed the workspace (a revert after a regression repeats the instruction it had before)."""
+    track = state.track
+    return state.stale_after > 0 and len(track) > 1 and track[-1][1] is not None and track[-1][2] != track[-2][2]
+
+
+def _no_progress(state: State, instruction: str) -> Stop | None:
+    rules = []
+    if (repeat := _repeated(state, instruction)) and not _sees_progress(state):
+        rules.append(repeat)
     recent = state.progress[-UNCHANGED_ITERATIONS:]
     if len(recent) == UNCHANGED_ITERATIONS and len(set(recent)) == 1:
         rules.append(f"workspace and check results unchanged for {UNCHANGED_ITERATIONS} iterations")
@@ -237,7 +275,131 @@ def _go_on(state: State, instruction: str, why: str = "") -> Continue | Stop:
             "max_iterations",
             f"reached the iteration limit ({state.iteration} of {state.max_iterations}){why}",
         )
-    return _no_progress(state, instruction) or Continue(instruction)
+    return _no_progress(state, instruction) or _stall_step(state, instruction) or Continue(instruction)
+
+
+def _low(track: Sequence[tuple[int, int | None, str]]) -> tuple[int, int] | None:
+    """(iteration, count) of the best count in `track`: where it was first reached; None if none was measured."""
+    best: tuple[int, int] | None = None
+    for number, count, _ in track:
+        if count is not None and (best is None or count < best[1]):
+            best = (number, count)
+    return best
+
+
+def _returned(track: Sequence[tuple[int, int | None, str]]) -> int:
+    """The earlier iteration whose workspace the last one returned to, with another between (A → B → A); 0 if none."""
+    if not track or not (now := track[-1][2]):
+        return 0
+    other = False
+    for number, _, fingerprint in reversed(track[:-1]):
+        if not fingerprint:
+            continue
+        if fingerprint != now:
+            other = True
+        elif other:
+            return number
+    return 0
+
+
+def stalled(state: State, instruction: str = "") -> tuple[str, int]:
+    """Why the run's progress has stalled ("" when it has not) and the stall stage it had reached (0: none since it last improved).
+
+    A stall is K measured iterations without a better count, a workspace back where an earlier
+    iteration left it, or (where progress is measured) a next `instruction` that repeats a recent one.
+    """
+    if state.stale_after <= 0 or not state.track:
+        return "", 0
+    low = _low(state.track)
+    improved = low[0] if low else 0
+    stage = state.stall[0] if state.stall[0] and state.stall[1] >= improved else 0
+    since = max(improved, state.stall[1] if stage else 0)
+    if low is not None and improved == state.iteration:
+        return "", stage  # a better count than ever: this is progress
+    stale = [number for number, count, _ in state.track if count is not None and number > since]
+    reasons = []
+    if back := _returned(state.track):
+        reasons.append(f"the workspace returned in iteration {state.iteration} to the state iteration {back} left it in")
+    if low is not None and len(stale) >= state.stale_after:
+        reasons.append(
+            f"the checks' count of what is left has not improved on {low[1]} (iteration {low[0]}) "
+            f"for {len(stale)} iterations ({stale[0]}–{stale[-1]})"
+        )
+    if not reasons and _sees_progress(state) and (repeat := _repeated(state, instruction)):
+        reasons.append(repeat)
+    return "; ".join(reasons), stage
+
+
+def _stall_step(state: State, instruction: str) -> Continue | Stop | None:
+    """The stall handling this iteration takes: a nudge, then an escalation, then a stop; None when not stalled."""
+    why, stage = stalled(state, instruction)
+    if not why:
+        return None
+    if stage < STALL_NUDGE:
+        return Continue(
+            f"Progress has stalled: {why}. What you are doing repeats without moving the checks: do not make the "
+            "same change again; step back and try a different approach.\n\n" + instruction,
+            stall=STALL_NUDGE,
+        )
+    if stage < STALL_ESCALATE:
+        return Stop(
+            "escalated",
+            f"stuck: {why}, after a nudge in iteration {state.stall[1]} to try another approach; forecast: {forecast_of(state)}",
+            stall=STALL_ESCALATE,
+        )
+    return Stop(
+        "no_progress",
+        f"no progress: {why}, after a nudge and an escalation to a person (iteration {state.stall[1]})",
+        stall=STALL_STOP,
+    )
+
+
+def forecast(
+    track: Sequence[tuple[int, int | None, str]], iteration: int, max_iterations: int,
+    spent_micros: int = 0, max_cost_micros: int | None = None,
+) -> str:
+    """Say whether a run is likely to converge before its caps at its current rate, or why not.
+
+    The rate is the fall of the checks' count over the last `FORECAST_WINDOW` measured iterations;
+    the caps are the iteration limit and, when the run has one, its money cap at its spend per
+    iteration so far.
+    """
+    measured = [(number, count) for number, count, _ in track if count is not None][-FORECAST_WINDOW:]
+    if not measured:
+        return "none: the checks print no count of what is left (pytest, unittest, ruff, mypy, eslint or TETHER_PROGRESS)"
+    (first_at, first), (last_at, last) = measured[0], measured[-1]
+    if last == 0:
+        return "the checks count nothing left to fix"
+    left = max(max_iterations - iteration, 0)
+    if len(measured) < 2:
+        return f"none yet: {last} left after one measured iteration"
+    rate = (first - last) / (last_at - first_at)
+    if rate <= 0:
+        return (
+            f"not likely to converge: the count went from {first} to {last} over iterations {first_at}–{last_at}"
+        )
+    needed = int(-(-last // rate))
+    if needed > left:
+        return (
+            f"not likely to converge before its iteration cap: {last} left at {rate:.2g} fewer per iteration "
+            f"needs about {needed} more iterations, and {left} remain"
+        )
+    if max_cost_micros and iteration and spent_micros > 0:
+        affordable = int((max_cost_micros - spent_micros) // (spent_micros / iteration))
+        if needed > affordable:
+            return (
+                f"not likely to converge before its budget cap: about {needed} more iterations are needed "
+                f"at {rate:.2g} fewer per iteration, and the money left pays for about {max(affordable, 0)}"
+            )
+    return (
+        f"likely to converge before its cap: {last} left at {rate:.2g} fewer per iteration, "
+        f"about {needed} more iterations ({left} remain)"
+    )
+
+
+def forecast_of(state: State) -> str:
+    """`forecast` for the run `state` describes."""
+    return forecast(state.track, state.iteration, state.max_iterations, state.spent_micros, state.max_cost_micros)
 
 
 def verdict(

@@ -35,7 +35,7 @@ from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
 from loops import decision as decision_mod
-from loops import delegation, events, journal, policy, signals
+from loops import delegation, events, journal, policy, progress, signals
 from loops.event_kinds import changed_names
 from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run
@@ -727,6 +727,9 @@ def _state_after(
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
         delegations=memory.recent_delegations(""),
         refusals=memory.recent_refusals(refusals_of(reply)),
+        track=memory.recent_track(begun.number, progress.total(c.progress for c in checks), fingerprint),
+        stall=memory.stall, stale_after=settings.TETHER_STALL_ITERATIONS,
+        spent_micros=run.spent_micros, max_cost_micros=run.max_cost_micros,
     )
 
 
@@ -1002,6 +1005,7 @@ def _record(lease: Lease, begun: Begun, ended: Ended, fuse_until: float | None =
         act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
         delegation=ended.delegation_key, refused=refusals_of(reply),
+        progress=progress.total(c.progress for c in checks), stall=step.stall,
     )
     fields = _recorded_fields(begun, step, decision, delegated, now) | {
         "next_iteration": number + 1, "spent_micros": F("spent_micros") + cost, "history": memory.as_json(), "attempt": 1,
@@ -1151,7 +1155,7 @@ def _closing_events(
             "checks": [
                 {
                     "name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:],
-                    "evidence": c.evidence, "evidence_detail": c.evidence_detail,
+                    "evidence": c.evidence, "evidence_detail": c.evidence_detail, "progress": c.progress,
                 }
                 for c in checks
             ],

@@ -279,6 +279,12 @@ TETHER_DB_RETRY_SECONDS = _env_float("TETHER_DB_RETRY_SECONDS", 120)
 TETHER_HOLDER_SILENT_SECONDS = _env_float("TETHER_HOLDER_SILENT_SECONDS", 5)
 # Whether the workers' cache is shared by every machine (Redis), so a beat from another machine is seen.
 TETHER_BEATS_SHARED = os.environ.get("TETHER_BEATS_SHARED", "1" if REDIS_URL else "") == "1"
+# The policy that sees progress (loops/policy.py): this many measured iterations without a better
+# count of what the checks say is left is a stall (nudge, then escalate, then stop no_progress);
+# 0 turns it off (the classic no-progress rules only).
+TETHER_STALL_ITERATIONS = _env_int("TETHER_STALL_ITERATIONS", 3)
+if TETHER_STALL_ITERATIONS < 0:
+    raise ImproperlyConfigured(f"TETHER_STALL_ITERATIONS must be 0 (off) or more, got {TETHER_STALL_ITERATIONS}")
 TETHER_ACT_TIMEOUT_SECONDS = _env_float("TETHER_ACT_TIMEOUT_SECONDS", 600)
 TETHER_CHECK_TIMEOUT_SECONDS = _env_float("TETHER_CHECK_TIMEOUT_SECONDS", 300)
 TETHER_OUTPUT_CAP_BYTES = _env_int("TETHER_OUTPUT_CAP_BYTES", 64 * 1024)

@@ -19,8 +19,9 @@ from django.utils.safestring import mark_safe
 from budgets import spending as spending_mod
 from budgets.selectors import ChainHeadroom, chain_headroom, headroom_for_run, run_chain
 from instances.brains import iteration_reserve
-from loops import charts, selectors
+from loops import charts, policy, selectors
 from loops.console.display import EventView, RunView, tree_view, usd
+from loops.memory import Memory
 from loops.models import Event, Run
 
 RUN_TEMPLATE = "loops/run_detail.html"
@@ -207,6 +208,22 @@ def now_line(run: Run) -> str:
     return f"Now: iteration {number} — {PHASES.get(last or '', 'starting')}"
 
 
+def progress_line(run: Run) -> str:
+    """The run page's progress line: what the checks said is left, and (while it runs) the forecast; "" if unmeasured."""
+    track = Memory.of(run.history).track
+    measured = [(number, count) for number, count, _ in track if count is not None]
+    if not measured:
+        return ""
+    number, count = measured[-1]
+    line = f"Left to fix by the checks' count: {count} after iteration {number}"
+    if len(measured) > 1:
+        line += f" (from {measured[0][1]} after iteration {measured[0][0]})"
+    if run.status == Run.Status.FINISHED:
+        return line + "."
+    said = policy.forecast(track, max(run.next_iteration - 1, 0), run.max_iterations, run.spent_micros, run.max_cost_micros)
+    return f"{line}. Forecast: {said}."
+
+
 def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
     """Return what the run page's summary, budget, money trail and chart blocks draw.
 
@@ -227,6 +244,7 @@ def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
         "spending": spending_view(spending_mod.run_spending(run.pk, chain=chain)),
         "costs_url": reverse("api:run-costs", args=[run.instance_id, run.pk]),
         "chart": mark_safe(charts.cost_and_checks(charts.points(drawn), run.iterations_done)),
+        "progress_line": progress_line(run),
         "resume": resume_offer(run),
     }
 

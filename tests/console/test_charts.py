@@ -59,6 +59,18 @@ def test_the_chart_module_is_pure():
         for alias in node.names
     }
     imported -= {"budgets.money"}  # pure as well (tests/budgets/test_money.py): the one way money is shown
+    imported -= {"loops.progress"}  # pure as well (tests/loops/test_pure_imports.py): the one reader of a count
     assert not any(name.startswith(("django", "loops", "budgets", "instances")) for name in imported), (
         imported
     )
+
+
+def test_the_progress_line_draws_what_the_checks_said_was_left():
+    rows = [iteration(n, 10, checks=[{"name": "t", "required": True, "passed": False, "progress": left}])
+            for n, left in ((1, 6), (2, None), (3, 3))]
+    data = charts.points(rows)
+    assert [p.progress for p in data] == [6, None, 3]
+    svg = charts.cost_and_checks(data)
+    assert svg.count('class="chart-progress-dot"') == 2 and 'class="chart-progress-line"' in svg
+    assert "Left to fix by the checks&#x27; count: 6 after iteration 1, 3 after iteration 3." in svg
+    assert "chart-progress" not in charts.cost_and_checks(charts.points([iteration(1, 10)]))

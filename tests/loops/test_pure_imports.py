@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["loops.policy", "loops.decision", "loops.memory"]
+PURE = ["loops.policy", "loops.decision", "loops.memory", "loops.progress"]
 # What the pure modules may import: computation only.
 ALLOWED = {
     "__future__",
@@ -24,13 +24,14 @@ ALLOWED = {
     "loops.decision",
     "loops.memory",
     "loops.policy",
+    "loops.progress",
 }
 FORBIDDEN_AT_RUNTIME = ("django", "datetime", "socket", "subprocess", "sqlite3", "random")
 
 PROBE = """
 import json, sys
 before = set(sys.modules)
-import loops.policy, loops.decision, loops.memory
+import loops.policy, loops.decision, loops.memory, loops.progress
 print(json.dumps(sorted(set(sys.modules) - before)))
 """
 

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
         ("TETHER_DB_POOL", "-1", "TETHER_DB_POOL must be 0 (no pool) or at least 32"),
         ("TETHER_DB_POOL", "10", "TETHER_DB_POOL must be 0 (no pool) or at least 32 (TETHER_CONNECTIONS_PER_WORKER"),
         ("TETHER_DB_POOL", "many", "TETHER_DB_POOL must be a whole number, got 'many'"),
+        ("TETHER_STALL_ITERATIONS", "-1", "TETHER_STALL_ITERATIONS must be 0 (off) or more, got -1"),
+        ("TETHER_STALL_ITERATIONS", "few", "TETHER_STALL_ITERATIONS must be a whole number, got 'few'"),
     ],
 )
 def test_a_bad_setting_is_refused_at_start_naming_it(name, value, said, tmp_path):
