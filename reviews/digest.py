@@ -12,7 +12,7 @@ A person chooses daily or weekly on their account page, in their time zone (off 
 `DigestPreference`). `send_due(now)` — run by the periodic task `reviews.tasks.watch_and_digest`, a django-q2
 schedule — makes each person's digest once per period after the period ended (the day or the week,
 Monday to Monday, in their time zone): an e-mail to the account's address through Django's e-mail
-framework (`EMAIL_BACKEND`; the console backend by default) and a `digest` notification to their
+framework (`TETHER_EMAIL_BACKEND`; the console backend by default) and a `digest.sent` notification to their
 notification targets (`reviews.notify`). An empty digest is not sent. The console page "since you
 last looked" (`/reviews/digest/`) shows the same for the time since the person last opened it.
 """

@@ -221,7 +221,7 @@ class NotificationTarget(models.Model):
         BUDGET_EXHAUSTED = "run.budget_exhausted", "A run ran out of budget"
         THRESHOLD = "pool.threshold", "A pool crossed its soft threshold"
         REVIEW_WAITING = "review.waiting", "Review items wait too long or pile up"
-        DIGEST = "digest", "Your daily or weekly digest"
+        DIGEST = "digest.sent", "Your daily or weekly summary"
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_targets"

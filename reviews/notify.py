@@ -9,7 +9,7 @@ retried with exponential backoff until `TETHER_NOTIFY_ATTEMPTS` attempts were ma
 A webhook request carries:
 
 - `X-Tether-Event` (`run.escalated`, `run.failed`, `run.budget_exhausted`, `pool.threshold`,
-  `review.waiting` (see `reviews.watch`), `digest` (see `reviews.digest`)),
+  `review.waiting` (see `reviews.watch`), `digest.sent` (see `reviews.digest`)),
 - `X-Tether-Delivery` (the delivery's id: the same for every retry of one notification),
 - `X-Tether-Timestamp` (Unix seconds) and
 - `X-Tether-Signature: sha256=HEX`, the HMAC-SHA256 of `TIMESTAMP + "." + BODY` under the secret.

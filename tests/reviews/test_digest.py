@@ -73,7 +73,7 @@ def test_a_daily_digest_lists_what_the_spec_says(day, user):
     assert f"- run {day[7].pk} · writer: done, NOT verified · $5.00 · files changed unknown" in body
     assert "bobs-secret" not in body and "$99" not in body  # another person's runs never appear
 
-    [delivery] = Delivery.objects.filter(event="digest")
+    [delivery] = Delivery.objects.filter(event="digest.sent")
     assert delivery.target == hook and delivery.payload["digest"]["finished"] == 12
     assert delivery.payload["digest"]["by_outcome"] == {"done": 10, "budget_exhausted": 1, "escalated": 1}
     assert delivery.payload["digest"]["unverified_dones"] == 3

@@ -6,6 +6,7 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
+from audit.models import AuditEntry
 from instances.models import AgentTemplate
 from loops.models import Run
 from reviews import selectors, services, watch
@@ -168,6 +169,8 @@ def test_a_reopened_approval_counts_as_missed_in_review(queued, user, other_user
     assert client.post(f"/reviews/{item.pk}/reopen", {"note": "it broke the build"}).status_code == 302
     item.refresh_from_db()
     assert item.status == "pending" and item.missed_in_review and "it broke the build" in item.missed_detail
+    entry = AuditEntry.objects.get(action="review.reopen")
+    assert entry.detail["before"]["status"] == "accepted" and entry.via == "console"
     [row] = selectors.fleet_stats(user)
     assert (row.template, row.accepted, row.missed, row.accepted_results, row.pending) == ("fixer", 0, 1, 0, 1)
     html = client.get("/reviews/").content.decode()
