@@ -138,7 +138,9 @@ def _counts(runs: Any) -> Counts:
 
 
 def _finished(user: Any, start: datetime, end: datetime) -> Any:
-    return Run.objects.filter(owner=user, status=Run.Status.FINISHED, finished_at__gte=start, finished_at__lt=end)
+    return Run.objects.filter(
+        owner=user, status=Run.Status.FINISHED, finished_at__gte=start, finished_at__lt=end
+    )
 
 
 def _line(run: Run, snapshot: WorkspaceSnapshot | None) -> str:
@@ -146,7 +148,9 @@ def _line(run: Run, snapshot: WorkspaceSnapshot | None) -> str:
     if run.outcome == Run.Outcome.DONE:
         outcome = "done, verified" if run.verified else "done, NOT verified"
     changed = snapshots.files_changed(snapshot) if snapshot is not None else None
-    files = "files changed unknown" if changed is None else f"{changed} file{'s' if changed != 1 else ''} changed"
+    files = (
+        "files changed unknown" if changed is None else f"{changed} file{'s' if changed != 1 else ''} changed"
+    )
     return f"run {run.pk} · {run.instance.name}: {outcome} · {money.format_usd(run.spent_micros)} · {files}"
 
 
@@ -155,9 +159,17 @@ def build(user: Any, start: datetime, end: datetime) -> Digest:
     finished = _finished(user, start, end)
     span = end - start
     digest = Digest(
-        user_id=user.pk, start=start, end=end, counts=_counts(finished), previous=_counts(_finished(user, start - span, start))
+        user_id=user.pk,
+        start=start,
+        end=end,
+        counts=_counts(finished),
+        previous=_counts(_finished(user, start - span, start)),
     )
-    for run in Run.objects.filter(owner=user, status=Run.Status.WAITING).select_related("instance").order_by("pk")[:50]:
+    for run in (
+        Run.objects.filter(owner=user, status=Run.Status.WAITING)
+        .select_related("instance")
+        .order_by("pk")[:50]
+    ):
         said = f"run {run.pk} · {run.instance.name}: {(run.outcome_detail or run.objective)[:160]}"
         (digest.approvals if Memory.of(run.history).pending_approval else digest.escalations).append(said)
     waiting = ReviewItem.objects.filter(run__owner=user, status=ReviewItem.Status.PENDING).exclude(
@@ -172,10 +184,14 @@ def build(user: Any, start: datetime, end: datetime) -> Digest:
         if run.outcome in BOUND_OUTCOMES:
             digest.stopped_by_bound.append(f"run {run.pk} · {run.instance.name}: {run.outcome}")
     spenders = (
-        finished.values("instance__name").annotate(spent=Sum("spent_micros")).order_by("-spent", "instance__name")
+        finished.values("instance__name")
+        .annotate(spent=Sum("spent_micros"))
+        .order_by("-spent", "instance__name")
     )
     digest.top_spenders = [
-        (row["instance__name"], money.format_usd(row["spent"] or 0)) for row in spenders[:TOP_SPENDERS] if row["spent"]
+        (row["instance__name"], money.format_usd(row["spent"] or 0))
+        for row in spenders[:TOP_SPENDERS]
+        if row["spent"]
     ]
     return digest
 
@@ -233,9 +249,9 @@ def send_due(now: datetime | None = None) -> int:
         start, end = period(preference, now)
         if preference.last_period_end is not None and preference.last_period_end >= end:
             continue
-        claimed = DigestPreference.objects.filter(pk=preference.pk, last_period_end=preference.last_period_end).update(
-            last_period_end=end
-        )
+        claimed = DigestPreference.objects.filter(
+            pk=preference.pk, last_period_end=preference.last_period_end
+        ).update(last_period_end=end)
         if not claimed:
             continue  # another worker made this one
         try:
@@ -251,7 +267,11 @@ def send(user: Any, digest: Digest, frequency: str) -> int:
         return 0
     subject, body = render(digest, f"your {frequency} digest")
     targets = NotificationTarget.objects.filter(owner=user)
-    addressed = {t.address.lower() for t in targets if t.kind == NotificationTarget.Kind.EMAIL and t.wants(notify.Event.DIGEST)}
+    addressed = {
+        t.address.lower()
+        for t in targets
+        if t.kind == NotificationTarget.Kind.EMAIL and t.wants(notify.Event.DIGEST)
+    }
     if user.email and user.email.lower() not in addressed:
         try:
             EmailMessage(subject, body, None, [user.email]).send()

@@ -149,7 +149,11 @@ def notify_alerts(now: datetime | None = None) -> int:
 
     now = now or timezone.now()
     sent = 0
-    owners = ReviewItem.objects.filter(status=ReviewItem.Status.PENDING).values_list("run__owner", flat=True).distinct()
+    owners = (
+        ReviewItem.objects.filter(status=ReviewItem.Status.PENDING)
+        .values_list("run__owner", flat=True)
+        .distinct()
+    )
     for owner in get_user_model().objects.filter(pk__in=list(owners)):
         found = backlog(ReviewItem.objects.filter(run__owner=owner), now)
         said = alerts(found)
@@ -172,7 +176,9 @@ def notify_alerts(now: datetime | None = None) -> int:
             },
             "at": now.isoformat(),
         }
-        sent += len(notify.create(owner.notification_targets.all(), notify.Event.REVIEW_WAITING, key, payload, None))
+        sent += len(
+            notify.create(owner.notification_targets.all(), notify.Event.REVIEW_WAITING, key, payload, None)
+        )
     return sent
 
 
@@ -182,7 +188,9 @@ def notify_alerts(now: datetime | None = None) -> int:
 def record_opened(item: ReviewItem, user: Any, now: datetime | None = None) -> None:
     """Record that `user`, who may review `item`, opened its diff (the first time counts)."""
     if item.is_pending and getattr(user, "is_authenticated", False):
-        ReviewItem.objects.filter(pk=item.pk, diff_opened_at__isnull=True).update(diff_opened_at=now or timezone.now())
+        ReviewItem.objects.filter(pk=item.pk, diff_opened_at__isnull=True).update(
+            diff_opened_at=now or timezone.now()
+        )
 
 
 def judge_verdict(item: ReviewItem, user: Any, now: datetime) -> tuple[float, bool]:
@@ -270,14 +278,14 @@ def sample_percent(instance: Any, owner: Any, base: Decimal) -> Decimal:
 def mark_missed(item: ReviewItem, why: str) -> bool:
     """Mark an accepted item as missed in review; return whether it was newly marked."""
     return bool(
-        ReviewItem.objects.filter(pk=item.pk, status=ReviewItem.Status.ACCEPTED, missed_in_review=False).update(
-            missed_in_review=True, missed_detail=why[:500]
-        )
+        ReviewItem.objects.filter(
+            pk=item.pk, status=ReviewItem.Status.ACCEPTED, missed_in_review=False
+        ).update(missed_in_review=True, missed_detail=why[:500])
     )
 
 
 def mark_run_missed(run_id: int, why: str) -> int:
     """Mark every accepted item of a run as missed in review (its work was found wrong); return how many."""
-    return ReviewItem.objects.filter(run_id=run_id, status=ReviewItem.Status.ACCEPTED, missed_in_review=False).update(
-        missed_in_review=True, missed_detail=why[:500]
-    )
+    return ReviewItem.objects.filter(
+        run_id=run_id, status=ReviewItem.Status.ACCEPTED, missed_in_review=False
+    ).update(missed_in_review=True, missed_detail=why[:500])

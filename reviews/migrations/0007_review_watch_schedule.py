@@ -9,7 +9,12 @@ def add(apps, schema_editor):
     Schedule = apps.get_model("django_q", "Schedule")
     Schedule.objects.update_or_create(
         name=NAME,
-        defaults={"func": "reviews.tasks.watch_and_digest", "schedule_type": "I", "minutes": 5, "repeats": -1},
+        defaults={
+            "func": "reviews.tasks.watch_and_digest",
+            "schedule_type": "I",
+            "minutes": 5,
+            "repeats": -1,
+        },
     )
 
 

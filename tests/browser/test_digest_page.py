@@ -22,13 +22,21 @@ def looked_yesterday(django_user_model, make_instance):
     bob = django_user_model.objects.create_user("bob", password="pw-bob-123")
     DigestPreference.objects.create(user=ada, last_looked_at=timezone.now() - timedelta(days=1))
     mine, theirs = make_instance(ada, name="fixer"), make_instance(bob, name="bobs-secret")
-    finished = dict(objective="work", max_iterations=3, status=Run.Status.FINISHED, finished_at=timezone.now())
+    finished = dict(
+        objective="work", max_iterations=3, status=Run.Status.FINISHED, finished_at=timezone.now()
+    )
     for verified in (True, True, False):
-        Run.objects.create(instance=mine, owner=ada, outcome="done", verified=verified, spent_micros=2_000_000, **finished)
+        Run.objects.create(
+            instance=mine, owner=ada, outcome="done", verified=verified, spent_micros=2_000_000, **finished
+        )
     Run.objects.create(instance=mine, owner=ada, outcome="budget_exhausted", **finished)
     Run.objects.create(instance=theirs, owner=bob, outcome="done", verified=False, **finished)
     Run.objects.create(
-        instance=mine, owner=ada, objective="ask", max_iterations=3, status=Run.Status.WAITING,
+        instance=mine,
+        owner=ada,
+        objective="ask",
+        max_iterations=3,
+        status=Run.Status.WAITING,
         outcome_detail="Which branch should I use?",
     )
     return ada
@@ -37,7 +45,9 @@ def looked_yesterday(django_user_model, make_instance):
 def test_the_since_you_last_looked_page(browser, server, looked_yesterday):
     errors = []
     for name, device in DEVICES.items():
-        DigestPreference.objects.filter(user=looked_yesterday).update(last_looked_at=timezone.now() - timedelta(days=1))
+        DigestPreference.objects.filter(user=looked_yesterday).update(
+            last_looked_at=timezone.now() - timedelta(days=1)
+        )
         context = browser.new_context(**device)
         page = context.new_page()
         page.on("pageerror", lambda exc, name=name: errors.append(f"{name}: {exc}"))

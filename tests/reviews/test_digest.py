@@ -18,8 +18,15 @@ YESTERDAY = datetime(2026, 3, 9, 9, 0, tzinfo=UTC)
 
 def finished(instance, owner, at, outcome="done", verified=True, spent=1_000_000):
     return Run.objects.create(
-        instance=instance, owner=owner, objective="work", max_iterations=3, status=Run.Status.FINISHED,
-        outcome=outcome, verified=verified if outcome == "done" else None, finished_at=at, spent_micros=spent,
+        instance=instance,
+        owner=owner,
+        objective="work",
+        max_iterations=3,
+        status=Run.Status.FINISHED,
+        outcome=outcome,
+        verified=verified if outcome == "done" else None,
+        finished_at=at,
+        spent_micros=spent,
     )
 
 
@@ -34,7 +41,9 @@ def day(user, other_user, make_instance):
     for n in range(7):
         runs.append(finished(fixer, user, YESTERDAY + timedelta(minutes=n)))
     for n in range(3):
-        runs.append(finished(writer, user, YESTERDAY + timedelta(hours=1, minutes=n), verified=False, spent=5_000_000))
+        runs.append(
+            finished(writer, user, YESTERDAY + timedelta(hours=1, minutes=n), verified=False, spent=5_000_000)
+        )
     runs.append(finished(writer, user, YESTERDAY + timedelta(hours=2), outcome="escalated"))
     runs.append(finished(fixer, user, YESTERDAY + timedelta(hours=3), outcome="budget_exhausted"))
     # The day before: 2 unverified dones. Just after midnight in Paris: today's, not in it.
@@ -44,7 +53,12 @@ def day(user, other_user, make_instance):
     # What needs ada now: a run waiting for an answer, one waiting for an approval, a sampled review.
     waiting = dict(instance=fixer, owner=user, max_iterations=3, status=Run.Status.WAITING)
     Run.objects.create(objective="ask", outcome_detail="Which branch should I use?", **waiting)
-    Run.objects.create(objective="rm", outcome_detail="wants to run rm", history={"pending_approval": [{"name": "rm"}]}, **waiting)
+    Run.objects.create(
+        objective="rm",
+        outcome_detail="wants to run rm",
+        history={"pending_approval": [{"name": "rm"}]},
+        **waiting,
+    )
     ReviewItem.objects.create(run=runs[0], reason=ReviewItem.Reason.SAMPLED)
     # bob's runs, the same day: never in ada's digest.
     secret = make_instance(other_user, name="bobs-secret-instance")
@@ -108,16 +122,28 @@ def test_the_account_page_sets_the_digest_and_refuses_bad_values(user, client):
     client.force_login(user)
     html = client.get("/account/").content.decode()
     assert 'name="frequency"' in html and 'value="off" selected' in html
-    assert client.post("/reviews/digest/settings", {"frequency": "hourly", "time_zone": "UTC"}).status_code == 400
+    assert (
+        client.post("/reviews/digest/settings", {"frequency": "hourly", "time_zone": "UTC"}).status_code
+        == 400
+    )
     response = client.post("/reviews/digest/settings", {"frequency": "daily", "time_zone": "Mars/Olympus"})
     assert response.status_code == 400 and "not a time zone" in response.content.decode()
     assert not DigestPreference.objects.filter(user=user).exists()
-    assert client.post("/reviews/digest/settings", {"frequency": "weekly", "time_zone": "Asia/Tokyo"}).status_code == 302
+    assert (
+        client.post(
+            "/reviews/digest/settings", {"frequency": "weekly", "time_zone": "Asia/Tokyo"}
+        ).status_code
+        == 302
+    )
     preference = DigestPreference.objects.get(user=user)
     assert (preference.frequency, preference.time_zone) == ("weekly", "Asia/Tokyo")
     client.logout()
-    assert client.post("/reviews/digest/settings", {"frequency": "off", "time_zone": "UTC"}).status_code == 302
-    assert DigestPreference.objects.get(user=user).frequency == "weekly"  # signed out: the login page, nothing set
+    assert (
+        client.post("/reviews/digest/settings", {"frequency": "off", "time_zone": "UTC"}).status_code == 302
+    )
+    assert (
+        DigestPreference.objects.get(user=user).frequency == "weekly"
+    )  # signed out: the login page, nothing set
 
 
 def test_since_you_last_looked_shows_only_ones_own_runs_since_then(day, user, other_user, client):

@@ -29,21 +29,33 @@ def queued(user, make_instance, template):
         items = []
         for _ in range(n):
             run = Run.objects.create(
-                instance=instance or inst, owner=owner or user, objective="fix it", max_iterations=3,
-                status=Run.Status.FINISHED, outcome=Run.Outcome.DONE, verified=True, finished_at=timezone.now(),
+                instance=instance or inst,
+                owner=owner or user,
+                objective="fix it",
+                max_iterations=3,
+                status=Run.Status.FINISHED,
+                outcome=Run.Outcome.DONE,
+                verified=True,
+                finished_at=timezone.now(),
             )
-            items.append(ReviewItem.objects.create(run=run, reason=ReviewItem.Reason.SAMPLED, detail="sampled"))
+            items.append(
+                ReviewItem.objects.create(run=run, reason=ReviewItem.Reason.SAMPLED, detail="sampled")
+            )
         return items
 
     build.instance = inst
     return build
 
 
-def test_a_sample_left_unreviewed_past_the_setting_raises_the_alert(queued, user, other_user, client, settings):
+def test_a_sample_left_unreviewed_past_the_setting_raises_the_alert(
+    queued, user, other_user, client, settings
+):
     [item] = queued(1)
     t0 = timezone.now() - timedelta(hours=30)
     ReviewItem.objects.filter(pk=item.pk).update(created_at=t0)
-    webhook = NotificationTarget.objects.create(owner=user, kind="webhook", address="https://example.com/hook")
+    webhook = NotificationTarget.objects.create(
+        owner=user, kind="webhook", address="https://example.com/hook"
+    )
     NotificationTarget.objects.create(owner=other_user, kind="webhook", address="https://example.com/bob")
 
     mine = ReviewItem.objects.filter(run__owner=user)
@@ -74,7 +86,7 @@ def test_a_sample_left_unreviewed_past_the_setting_raises_the_alert(queued, user
     assert 'data-backlog-template="fixer"' in html and 'data-backlog-reviewer="ada"' in html
     client.force_login(other_user)
     html = client.get("/reviews/").content.decode()
-    assert "data-review-alert" not in html and 'data-waiting>0<' in html and "fixer" not in html
+    assert "data-review-alert" not in html and "data-waiting>0<" in html and "fixer" not in html
 
 
 def test_ten_quick_approvals_without_the_diff_raise_the_signal_and_the_sampling_rate(
@@ -96,8 +108,14 @@ def test_ten_quick_approvals_without_the_diff_raise_the_signal_and_the_sampling_
     Grading.objects.filter(template=template).update(sample_percent=Decimal(0))
     settings.TETHER_REVIEW_SAMPLE_BOOST_PERCENT = 100
     run = Run.objects.create(
-        instance=queued.instance, owner=user, objective="again", max_iterations=3,
-        status=Run.Status.FINISHED, outcome=Run.Outcome.DONE, verified=True, finished_at=timezone.now(),
+        instance=queued.instance,
+        owner=user,
+        objective="again",
+        max_iterations=3,
+        status=Run.Status.FINISHED,
+        outcome=Run.Outcome.DONE,
+        verified=True,
+        finished_at=timezone.now(),
     )
     assert [reason for reason, _ in services.reasons_for(run)] == ["sampled"]
 
@@ -106,7 +124,9 @@ def test_ten_quick_approvals_without_the_diff_raise_the_signal_and_the_sampling_
     assert "data-rubber-stamp" in html and "10 of the last 10 verdicts took under 10 s" in html
 
 
-def test_a_verdict_after_opening_the_diff_is_no_rubber_stamp_and_the_signal_clears(queued, user, template, client):
+def test_a_verdict_after_opening_the_diff_is_no_rubber_stamp_and_the_signal_clears(
+    queued, user, template, client
+):
     items = queued(10)
     client.force_login(user)
     t0 = max(i.created_at for i in items)
@@ -127,7 +147,9 @@ def test_approving_everything_over_the_window_fires_until_a_rejection_clears_it(
     for n, item in enumerate(items[:5], start=1):  # a minute each: read, not stamped
         services.review_decide(item=item, user=user, verdict="accept", now=t0 + timedelta(minutes=n))
     assert watch.signals(user).always_approves and not watch.signals(user).quick
-    services.review_decide(item=items[5], user=user, verdict="reject", note="wrong", now=timezone.now() + timedelta(hours=1))
+    services.review_decide(
+        item=items[5], user=user, verdict="reject", note="wrong", now=timezone.now() + timedelta(hours=1)
+    )
     assert not watch.signals(user).firing
 
 
@@ -140,7 +162,7 @@ def test_the_operator_sees_every_reviewer_signals(queued, user, django_user_mode
     client.force_login(staff)
     html = client.get("/reviews/").content.decode()
     assert 'data-reviewer-signal="ada"' in html and "2 of the last 2 verdicts took under 10 s" in html
-    assert 'data-backlog-reviewer' not in html or 'data-backlog-reviewer="ada"' not in html  # nothing waits
+    assert "data-backlog-reviewer" not in html or 'data-backlog-reviewer="ada"' not in html  # nothing waits
 
 
 def test_opening_another_persons_item_records_nothing(queued, other_user, client):
@@ -172,7 +194,13 @@ def test_a_reopened_approval_counts_as_missed_in_review(queued, user, other_user
     entry = AuditEntry.objects.get(action="review.reopen")
     assert entry.detail["before"]["status"] == "accepted" and entry.via == "console"
     [row] = selectors.fleet_stats(user)
-    assert (row.template, row.accepted, row.missed, row.accepted_results, row.pending) == ("fixer", 0, 1, 0, 1)
+    assert (row.template, row.accepted, row.missed, row.accepted_results, row.pending) == (
+        "fixer",
+        0,
+        1,
+        0,
+        1,
+    )
     html = client.get("/reviews/").content.decode()
     assert "data-missed-in-review>1<" in html
     assert "data-missed" in client.get(f"/reviews/{item.pk}/").content.decode()
