@@ -216,3 +216,25 @@ def test_a_rolled_back_run_marks_its_accepted_review_missed(queued, user):
     assert watch.mark_run_missed(item.run_id, "its work was rolled back to the start") == 1
     item.refresh_from_db()
     assert item.missed_in_review and item.missed_detail == "its work was rolled back to the start"
+
+
+def test_one_django_q_schedule_drives_the_watch_and_the_digests(queued, user):
+    """The periodic work runs from one django-q2 schedule the workers' cluster already runs."""
+    import importlib
+
+    from django.apps import apps
+    from django_q.models import Schedule
+
+    from reviews import tasks
+
+    migration = importlib.import_module("reviews.migrations.0007_review_watch_schedule")
+    Schedule.objects.filter(name=migration.NAME).delete()  # a transactional test before may have flushed it
+    migration.add(apps, None)
+    migration.add(apps, None)  # idempotent
+    [schedule] = Schedule.objects.filter(name=migration.NAME)
+    assert (schedule.func, schedule.schedule_type, schedule.minutes) == ("reviews.tasks.watch_and_digest", "I", 5)
+    [item] = queued(1)
+    ReviewItem.objects.filter(pk=item.pk).update(created_at=timezone.now() - timedelta(days=2))
+    NotificationTarget.objects.create(owner=user, kind="webhook", address="https://example.com/hook")
+    tasks.watch_and_digest()
+    assert Delivery.objects.filter(event="review.waiting").count() == 1
