@@ -232,7 +232,11 @@ def test_one_django_q_schedule_drives_the_watch_and_the_digests(queued, user):
     migration.add(apps, None)
     migration.add(apps, None)  # idempotent
     [schedule] = Schedule.objects.filter(name=migration.NAME)
-    assert (schedule.func, schedule.schedule_type, schedule.minutes) == ("reviews.tasks.watch_and_digest", "I", 5)
+    assert (schedule.func, schedule.schedule_type, schedule.minutes) == (
+        "reviews.tasks.watch_and_digest",
+        "I",
+        5,
+    )
     [item] = queued(1)
     ReviewItem.objects.filter(pk=item.pk).update(created_at=timezone.now() - timedelta(days=2))
     NotificationTarget.objects.create(owner=user, kind="webhook", address="https://example.com/hook")
