@@ -14,7 +14,7 @@ edits such a thing. Reads: `audit_for_run`, `audit_for_pool`, `audit_for_instanc
 
 Actions recorded by Tether (a dotted noun.verb; `ACTIONS`, which docs/guide.md lists too):
 run.start, run.continue, run.interject, run.answer, run.stop, run.resume, run.close,
-review.accept, review.reject,
+review.accept, review.reject, review.reopen,
 pool.create, pool.limit, pool.top_up, pool.period_reset, pool.update, pool.cap,
 instance.create, instance.update, instance.archive, instance.restore, instance.delete,
 template.create, template.update, template.delete,
@@ -61,7 +61,7 @@ NOT_CHANGES = frozenset({"updated_at", "last_login", "last_used_at"})
 ACTIONS = frozenset(
     {
         *("run.start", "run.continue", "run.interject", "run.answer", "run.stop", "run.resume", "run.close"),
-        *("review.accept", "review.reject"),
+        *("review.accept", "review.reject", "review.reopen"),
         *("pool.create", "pool.limit", "pool.top_up", "pool.period_reset", "pool.update", "pool.cap"),
         *("instance.create", "instance.update", "instance.archive", "instance.restore", "instance.delete"),
         *("template.create", "template.update", "template.delete"),

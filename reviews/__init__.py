@@ -22,7 +22,13 @@ The loop's surfaces (REST, console, MCP, CLI) call this app directly for one thi
 - `reviews.rollback.points(run)`, `plan(run=, to=)`, `rollback(run=, user=, to=, via=, request=)` — a
   person rolling a run's workspace back to one of its snapshots.
 
-Pages: `/reviews/` (queue), `/reviews/<item>/` (diff first, verdict), `/reviews/audit.csv`; API:
+Periodic work: one django-q2 schedule (`tether-review-watch`, made by a migration) runs
+`reviews.tasks.watch_and_digest` every 5 minutes: `reviews.watch.notify_alerts` (review items that
+wait too long or pile up) and `reviews.digest.send_due` (each person's daily or weekly digest).
+
+Pages: `/reviews/` (queue, backlog, rubber-stamp signals), `/reviews/<item>/` (diff first, verdict;
+opening it records `diff_opened_at`), `/reviews/<item>/reopen`, `/reviews/digest/` (since you last
+looked), `/reviews/digest/settings` (from the account page), `/reviews/audit.csv`; API:
 `GET /v1/instances/{id}/loop/{run}/receipt`; CLI: `python manage.py loop verify-receipt FILE`.
 For the console: `reviews.selectors.fleet_stats(user)` with `reviews/_trust.html`,
 `audit.trail.audit_for_run(run)` / `for_page(...)` with `reviews/_audit.html`, `reviews.selectors.pending_count(user)`.

@@ -174,6 +174,14 @@ class ReviewItem(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # How the verdict was reached (see `reviews.watch`): when a reviewer first opened the item's diff,
+    # the seconds the verdict took, and whether it was a rubber stamp (quick, the diff never opened).
+    diff_opened_at = models.DateTimeField(null=True, blank=True)
+    seconds_taken = models.FloatField(null=True, blank=True)
+    rubber_stamp = models.BooleanField(default=False)
+    # An accepted item that a person reopened or whose run was rolled back: the review missed it.
+    missed_in_review = models.BooleanField(default=False, db_index=True)
+    missed_detail = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -212,6 +220,8 @@ class NotificationTarget(models.Model):
         FAILED = "run.failed", "A run failed or hit a limit"
         BUDGET_EXHAUSTED = "run.budget_exhausted", "A run ran out of budget"
         THRESHOLD = "pool.threshold", "A pool crossed its soft threshold"
+        REVIEW_WAITING = "review.waiting", "Review items wait too long or pile up"
+        DIGEST = "digest.sent", "Your daily or weekly summary"
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_targets"
@@ -295,3 +305,23 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of {self.delivery}"
+
+
+class DigestPreference(models.Model):
+    """A person's digest: how often (off by default), in which time zone, and what was already sent or seen."""
+
+    class Frequency(models.TextChoices):
+        OFF = "off"
+        DAILY = "daily"
+        WEEKLY = "weekly"
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="digest_preference")
+    frequency = models.CharField(max_length=10, choices=Frequency.choices, default=Frequency.OFF)
+    time_zone = models.CharField(max_length=64, default="UTC", help_text="an IANA time zone, e.g. Europe/Paris")
+    # The end of the last period a digest was made for (sent, or found empty): never made twice.
+    last_period_end = models.DateTimeField(null=True, blank=True)
+    # When the person last opened the "since you last looked" page.
+    last_looked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"digest of {self.user} ({self.frequency})"

@@ -8,7 +8,8 @@ retried with exponential backoff until `TETHER_NOTIFY_ATTEMPTS` attempts were ma
 
 A webhook request carries:
 
-- `X-Tether-Event` (`run.escalated`, `run.failed`, `run.budget_exhausted`, `pool.threshold`),
+- `X-Tether-Event` (`run.escalated`, `run.failed`, `run.budget_exhausted`, `pool.threshold`,
+  `review.waiting` (see `reviews.watch`), `digest.sent` (see `reviews.digest`)),
 - `X-Tether-Delivery` (the delivery's id: the same for every retry of one notification),
 - `X-Tether-Timestamp` (Unix seconds) and
 - `X-Tether-Signature: sha256=HEX`, the HMAC-SHA256 of `TIMESTAMP + "." + BODY` under the secret.
@@ -138,7 +139,7 @@ def notify_run(run: Any) -> list[Delivery]:
     else:
         finished = run.finished_at.isoformat() if run.finished_at else ""
         key = f"{event}:run:{run.pk}:{finished}"
-    return _create(NotificationTarget.objects.filter(owner=run.owner_id), event, key, run_payload(run, event), run)
+    return create(NotificationTarget.objects.filter(owner=run.owner_id), event, key, run_payload(run, event), run)
 
 
 def on_threshold_crossed(sender: Any, crossing: Any, **kwargs: Any) -> None:
@@ -169,12 +170,12 @@ def on_threshold_crossed(sender: Any, crossing: Any, **kwargs: Any) -> None:
     }
     key = f"{Event.THRESHOLD}:pool:{pool.pk}:{pool.period_start.isoformat()}"
     try:
-        _create(targets, Event.THRESHOLD, key, payload, None)
+        create(targets, Event.THRESHOLD, key, payload, None)
     except Exception:  # a notice must never break the settling that triggered it
         log.exception("notifying the threshold crossing of pool %s failed", pool.pk)
 
 
-def _create(targets: Iterable[NotificationTarget], event: str, key: str, payload: dict, run: Any) -> list[Delivery]:
+def create(targets: Iterable[NotificationTarget], event: str, key: str, payload: dict, run: Any) -> list[Delivery]:
     made = []
     with transaction.atomic():
         for target in targets:
@@ -275,6 +276,11 @@ def _email(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | 
 def render_email(payload: dict[str, Any]) -> tuple[str, str]:
     """Return the subject and plain-text body of a notification e-mail."""
     event = payload.get("event", "")
+    if event == Event.DIGEST:
+        return str(payload["subject"])[:200], str(payload["text"])
+    if event == Event.REVIEW_WAITING:
+        review = payload["review"]
+        return f"[Tether] {review['waiting']} review item(s) wait", "\n".join([*review["alerts"], "", review["url"]])
     if event == Event.THRESHOLD:
         pool = payload["pool"]
         return f"[Tether] pool {pool['name']} crossed {pool['threshold_percent']}% of its limit", pool["detail"]

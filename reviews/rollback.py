@@ -55,7 +55,7 @@ from loops import events
 from loops.models import Run
 from loops.schemas import ROLLBACK_POINT, ROLLBACK_POINT_HELP
 from loops.services import Refused
-from reviews import snapshots
+from reviews import snapshots, watch
 from reviews.models import WorkspaceSnapshot
 
 log = logging.getLogger(__name__)
@@ -465,6 +465,16 @@ def rollback(*, run: Run, user: Any, to: Any, via: str = "api", request: Any = N
     return outcome
 
 
+def _missed(run: Run, point: Point) -> None:
+    """An accepted review of a run whose work this rollback undid was missed in review (`reviews.watch`)."""
+    undone = Run.objects.filter(instance_id__in=same_workspace(run), pk__gte=point.run_id)
+    end = WorkspaceSnapshot.objects.filter(run_id=point.run_id).values_list("end_tree", flat=True).first()
+    if end and end == point.tree:
+        undone = undone.exclude(pk=point.run_id)  # back to that run's end: its own work stays
+    for run_id in undone.values_list("pk", flat=True):
+        watch.mark_run_missed(run_id, f"its work was rolled back to {point.label or point.to}")
+
+
 def _apply(
     ws: pinned.Pinned, source: pygit2.Repository, current: Entries, target: Entries, outcome: Outcome
 ) -> None:
@@ -527,3 +537,4 @@ def _record(run: Run, user: Any, outcome: Outcome, via: str, request: Any) -> No
             via=via,
             detail={**data, "tree": outcome.point.tree, "from_run": outcome.point.run_id},
         )
+        _missed(run, outcome.point)

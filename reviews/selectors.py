@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum, Value
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 
 from audit import trail
@@ -156,7 +156,8 @@ class TemplateStats:
     """How far one template's runs can be trusted.
 
     verified rate: finished runs that ended done and verified, over finished runs;
-    acceptance rate: review verdicts that accepted, over all verdicts;
+    acceptance rate: review verdicts that accepted, over all verdicts (an acceptance later found
+    wrong, missed in review, counts as a rejection);
     cost per accepted result: everything its finished runs spent, over its accepted results —
     dones a reviewer accepted, or verified dones no reviewer rejected.
     """
@@ -168,6 +169,7 @@ class TemplateStats:
     accepted: int = 0
     rejected: int = 0
     pending: int = 0
+    missed: int = 0  # accepted, then found wrong (reviews.watch): counted as a rejection
     accepted_results: int = 0
     spent_micros: int = 0
 
@@ -222,10 +224,15 @@ def fleet_stats(user: Any) -> list[TemplateStats]:
         stats.spent_micros = found["spent"] or 0
 
     items = ReviewItem.objects.filter(run__owner=user).annotate(
-        template_name=Coalesce("run__instance__template__name", Value(NO_TEMPLATE))
+        template_name=Coalesce("run__instance__template__name", Value(NO_TEMPLATE)), missed=F("missed_in_review")
     )
-    for found in items.values("template_name", "status").annotate(n=Count("id")):
+    for found in items.values("template_name", "status", "missed").annotate(n=Count("id")):
         stats = row(found["template_name"])
+        if found["missed"]:
+            stats.missed += found["n"]
+            if found["status"] != ReviewItem.Status.PENDING:
+                stats.rejected += found["n"]
+                continue
         if found["status"] == ReviewItem.Status.ACCEPTED:
             stats.accepted += found["n"]
         elif found["status"] == ReviewItem.Status.REJECTED:
@@ -234,8 +241,8 @@ def fleet_stats(user: Any) -> list[TemplateStats]:
             stats.pending += found["n"]
 
     verdicts = ReviewItem.objects.filter(run=OuterRef("pk"))
-    accepted = Exists(verdicts.filter(status=ReviewItem.Status.ACCEPTED))
-    rejected = Exists(verdicts.filter(status=ReviewItem.Status.REJECTED))
+    accepted = Exists(verdicts.filter(status=ReviewItem.Status.ACCEPTED, missed_in_review=False))
+    rejected = Exists(verdicts.filter(Q(status=ReviewItem.Status.REJECTED) | Q(missed_in_review=True)))
     good = runs.filter(outcome=Run.Outcome.DONE).filter((Q(verified=True) & ~rejected) | accepted)
     for found in good.values("template_name").annotate(n=Count("id")):
         row(found["template_name"]).accepted_results = found["n"]

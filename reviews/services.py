@@ -35,7 +35,7 @@ from audit import trail
 from loops import event_kinds
 from loops.models import Run
 from loops.services import Refused
-from reviews import graders, notify, receipts, sampling, snapshots
+from reviews import graders, notify, receipts, sampling, snapshots, watch
 from reviews.models import GradeRecord, ReviewItem
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ def reasons_for(run: Run) -> list[tuple[str, str]]:
             return [(ReviewItem.Reason.NEEDS_HUMAN, f"the judge asks for a person: {said}")]
         if not run.verified:
             return [(ReviewItem.Reason.UNVERIFIED, run.outcome_detail)]
-        percent = graders.config_for(run.instance).sample_percent
+        # Raised while the reviewer's rubber-stamp signals fire (reviews.watch).
+        percent = watch.sample_percent(run.instance, run.owner, graders.config_for(run.instance).sample_percent)
         if sampling.is_sampled(run.pk, percent, sample_seed()):
             return [(ReviewItem.Reason.SAMPLED, f"drawn in the {percent.normalize():f} % sample of verified dones")]
         return []
@@ -143,9 +144,19 @@ def can_review(user: Any, run: Run) -> bool:
 
 
 def review_decide(
-    *, item: ReviewItem, user: Any, verdict: str, note: str = "", request: Any = None, via: str = "console"
+    *,
+    item: ReviewItem,
+    user: Any,
+    verdict: str,
+    note: str = "",
+    request: Any = None,
+    via: str = "console",
+    now: Any = None,
 ) -> ReviewItem:
-    """Accept or reject a review item with a note; audit it; re-sign the run's receipt with the verdict."""
+    """Accept or reject a review item with a note; audit it; re-sign the run's receipt with the verdict.
+
+    Records how long the verdict took and whether it was a rubber stamp (`reviews.watch`).
+    """
     status = VERDICTS.get(verdict)
     if status is None:
         raise Refused(f"a verdict is 'accept' or 'reject', not {verdict!r}")
@@ -162,10 +173,20 @@ def review_decide(
             raise Refused("this run waits for an answer: answer it (or close it) on the run page", 409)
         if status == ReviewItem.Status.REJECTED and not note:
             raise Refused("say why in the note: a rejection without a reason teaches nobody anything")
-        now = timezone.now()
-        ReviewItem.objects.filter(pk=item.pk).update(status=status, note=note, decided_by=user, decided_at=now)
+        now = now or timezone.now()
+        seconds, stamp = watch.judge_verdict(item, user, now)
+        ReviewItem.objects.filter(pk=item.pk).update(
+            status=status, note=note, decided_by=user, decided_at=now, seconds_taken=seconds, rubber_stamp=stamp
+        )
         item.refresh_from_db()
-        detail: dict[str, Any] = {"item": item.pk, "reason": item.reason, "note": note[:2000]}
+        detail: dict[str, Any] = {
+            "item": item.pk,
+            "reason": item.reason,
+            "note": note[:2000],
+            "seconds": round(seconds, 1),
+            "diff_opened": item.diff_opened_at is not None,
+            "rubber_stamp": stamp,
+        }
         if _verifies(item, status):
             # The machine verified everything but the changed evidence; a person has now looked at it.
             Run.objects.filter(pk=item.run_id).update(verified=True, held_for_review=False)
@@ -181,6 +202,41 @@ def review_decide(
         )
         if item.run.status == Run.Status.FINISHED:
             receipts.issue(item.run)
+    return item
+
+
+def review_reopen(*, item: ReviewItem, user: Any, note: str, request: Any = None, via: str = "console") -> ReviewItem:
+    """Reopen an accepted item a person found wrong after all: it was missed in review, and waits again."""
+    note = (note or "").strip()
+    if not note:
+        raise Refused("say what was wrong in the note: a reopened review is counted as missed")
+    if len(note) > NOTE_MAX_CHARS:
+        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
+    with transaction.atomic():
+        item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
+        if not can_review(user, item.run):
+            raise Refused("no such review item", 404)
+        if item.status != ReviewItem.Status.ACCEPTED:
+            raise Refused(f"only an accepted item can be reopened; this one is {item.get_status_display()}", 409)
+        was = {"status": item.status, "decided_by": item.decided_by_id, "note": item.note[:2000]}
+        ReviewItem.objects.filter(pk=item.pk).update(
+            status=ReviewItem.Status.PENDING,
+            missed_in_review=True,
+            missed_detail=f"reopened by {user.get_username()}: {note}"[:500],
+            note="",
+            decided_by=None,
+            decided_at=None,
+            diff_opened_at=None,
+        )
+        item.refresh_from_db()
+        trail.record(
+            user=user,
+            action="review.reopen",
+            run=item.run,
+            detail={"item": item.pk, "reason": item.reason, "note": note[:2000], "before": was},
+            request=request,
+            via=via,
+        )
     return item
 
 
@@ -262,3 +318,20 @@ def notification_target_remove(*, user: Any, target: Any, request: Any = None, v
         detail = {"target": target.pk, "kind": target.kind, "address": target.address}
         target.delete()
         trail.record(user=user, action="notification.remove", detail=detail, request=request, via=via)
+
+
+def digest_preference_set(*, user: Any, frequency: str, time_zone: str) -> Any:
+    """Set how often `user` gets a digest (off, daily, weekly) and in which IANA time zone."""
+    import zoneinfo
+
+    from reviews.models import DigestPreference
+
+    if frequency not in DigestPreference.Frequency.values:
+        raise Refused(f"a digest is {', '.join(DigestPreference.Frequency.values)}; not {frequency[:40]!r}")
+    time_zone = (time_zone or "UTC").strip()
+    if time_zone not in zoneinfo.available_timezones():
+        raise Refused(f"{time_zone[:64]!r} is not a time zone (an IANA name such as Europe/Paris)")
+    preference, _ = DigestPreference.objects.update_or_create(
+        user=user, defaults={"frequency": frequency, "time_zone": time_zone}
+    )
+    return preference

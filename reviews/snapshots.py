@@ -559,6 +559,17 @@ def repository(run_id: int) -> pygit2.Repository | None:
     return _repository(gitdir) if (gitdir / "HEAD").exists() else None
 
 
+def files_changed(snapshot: WorkspaceSnapshot) -> int | None:
+    """How many files the run changed (its start tree against its end tree); None when it is not known."""
+    if not (snapshot.start_tree and snapshot.end_tree):
+        return None
+    try:
+        repo = repository(snapshot.run_id)
+        return None if repo is None else len(repo.diff(snapshot.start_tree, snapshot.end_tree))
+    except (pygit2.GitError, ValueError, KeyError):
+        return None
+
+
 def left_out_paths(run_id: int, tree: str) -> list[str]:
     """What `.gitignore` hides that the run's tree `tree` left out (over its limits): paths, a directory's with '/'."""
     return [str(p) for p in _left_out(git_dir(run_id), tree).get("paths") or []]

@@ -1,8 +1,8 @@
-"""django-q2 entry points for reviews: they take ids and call `reviews.notify`; nothing else."""
+"""django-q2 entry points for reviews: they call `reviews.notify`, `reviews.watch` and `reviews.digest`; nothing else."""
 
 from __future__ import annotations
 
-from reviews import notify
+from reviews import digest, notify, watch
 from reviews.models import Delivery
 
 
@@ -22,3 +22,9 @@ def deliver(delivery_id: int) -> None:
         repeats=1,
         next_run=delivery.next_attempt_at,
     )
+
+
+def watch_and_digest() -> None:
+    """The periodic task (django-q2 schedule `tether-review-watch`, every 5 minutes): alerts, then digests."""
+    watch.notify_alerts()
+    digest.send_due()

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from audit import trail
 from loops.services import Refused
-from reviews import selectors, services
+from reviews import digest, selectors, services, watch
 
 QUEUE_LIMIT = 200
 AUDIT_CSV_LIMIT = 100_000
@@ -33,7 +33,16 @@ def _is_htmx(request: HttpRequest) -> bool:
 def queue(request: HttpRequest) -> HttpResponse:
     decided = request.GET.get("show") == "decided"
     items = list(selectors.queue(request.user, pending=not decided)[:QUEUE_LIMIT])
-    context = {"items": items, "decided": decided, "stats": selectors.fleet_stats(request.user)}
+    mine = selectors.items_for(request.user)
+    context = {
+        "items": items,
+        "decided": decided,
+        "stats": selectors.fleet_stats(request.user),
+        "backlog": watch.backlog(mine),
+        "my_signals": watch.signals(request.user),
+        # The operator's view: every reviewer's signals (staff see every item).
+        "reviewers": watch.reviewers_signals(mine) if request.user.is_staff else [],
+    }
     return render(request, "reviews/queue.html", context)
 
 
@@ -43,7 +52,25 @@ def item_detail(request: HttpRequest, item_id: int) -> HttpResponse:
     item = selectors.item_for(request.user, item_id)
     if item is None:
         raise Http404("no such review item")
-    return render(request, "reviews/item.html", {"view": selectors.item_view(item)})
+    view = selectors.item_view(item)
+    watch.record_opened(item, request.user)  # the page shows the diff and the change card first
+    return render(request, "reviews/item.html", {"view": view})
+
+
+@login_required
+@require_POST
+def item_reopen(request: HttpRequest, item_id: int) -> HttpResponse:
+    """Reopen an accepted item found wrong after all: it counts as missed in review."""
+    item = selectors.item_for(request.user, item_id)
+    if item is None:
+        raise Http404("no such review item")
+    try:
+        services.review_reopen(item=item, user=request.user, note=request.POST.get("note", ""), request=request)
+    except Refused as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Run {item.run_id}: reopened; the accepted review counts as missed.")
+    return redirect("reviews:item", item_id=item.pk)
 
 
 @login_required
@@ -147,3 +174,29 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
     response["Content-Disposition"] = f'attachment; filename="tether-audit-{stamp}.csv"'
     trail.write_csv(entries[:AUDIT_CSV_LIMIT].iterator(), response)
     return response
+
+
+@login_required
+@require_GET
+def since_last_looked(request: HttpRequest) -> HttpResponse:
+    """The digest of what happened to the person's own runs since they last opened this page."""
+    return render(request, "reviews/digest.html", {"digest": digest.since_last_looked(request.user)})
+
+
+@login_required
+@require_POST
+def digest_settings(request: HttpRequest) -> HttpResponse:
+    """Set the person's digest (off, daily or weekly) and time zone, from their account page."""
+    try:
+        preference = services.digest_preference_set(
+            user=request.user,
+            frequency=request.POST.get("frequency", ""),
+            time_zone=request.POST.get("time_zone", ""),
+        )
+    except Refused as exc:
+        return HttpResponse(exc.message, status=exc.status, content_type="text/plain; charset=utf-8")
+    if preference.frequency == "off":
+        messages.success(request, "No digest will be sent.")
+    else:
+        messages.success(request, f"Your {preference.frequency} digest is on ({preference.time_zone}).")
+    return redirect("loops:account")

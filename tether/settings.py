@@ -391,6 +391,32 @@ SECURE_CSP = {
     "frame-ancestors": ["'none'"],
 }
 
+# E-mail (notifications, digests), through Django's mailers: printed to the console unless
+# TETHER_EMAIL_BACKEND names another backend, e.g. django.core.mail.backends.smtp.EmailBackend with
+# TETHER_EMAIL_HOST, TETHER_EMAIL_PORT, TETHER_EMAIL_USERNAME, TETHER_EMAIL_PASSWORD, TETHER_EMAIL_USE_TLS.
+_EMAIL_BACKEND = os.environ.get("TETHER_EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+MAILERS = {
+    "default": {
+        "BACKEND": _EMAIL_BACKEND,
+        "OPTIONS": {
+            "host": os.environ.get("TETHER_EMAIL_HOST", "localhost"),
+            "port": _env_int("TETHER_EMAIL_PORT", 25),
+            "username": os.environ.get("TETHER_EMAIL_USERNAME", ""),
+            "password": os.environ.get("TETHER_EMAIL_PASSWORD", ""),
+            "use_tls": os.environ.get("TETHER_EMAIL_USE_TLS", "") in ("1", "true", "yes"),
+        }
+        if _EMAIL_BACKEND.endswith("smtp.EmailBackend")
+        else {},
+    }
+}
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "tether@localhost")
+# The review watch (reviews.watch) and digests (reviews.digest).
+TETHER_REVIEW_MAX_WAIT_HOURS = _env_float("TETHER_REVIEW_MAX_WAIT_HOURS", 24)
+TETHER_REVIEW_MAX_BACKLOG = _env_int("TETHER_REVIEW_MAX_BACKLOG", 50)
+TETHER_REVIEW_QUICK_SECONDS = _env_float("TETHER_REVIEW_QUICK_SECONDS", 10)
+TETHER_REVIEW_STREAK = _env_int("TETHER_REVIEW_STREAK", 20)
+TETHER_REVIEW_SAMPLE_BOOST_PERCENT = _env_float("TETHER_REVIEW_SAMPLE_BOOST_PERCENT", 25)
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False

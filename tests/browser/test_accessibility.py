@@ -153,6 +153,7 @@ def test_every_console_page_is_clean_under_axe(browser, server, console, device)
         ("tokens", "/tokens/"),
         ("notifications", "/reviews/notifications/"),
         ("review queue", "/reviews/"),
+        ("since you last looked", "/reviews/digest/"),
         ("review item", f"/reviews/{item.pk}/"),
         ("404", "/runs/999999/"),
         ("run out of budget", f"/runs/{console['exhausted'].pk}/"),

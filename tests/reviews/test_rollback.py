@@ -263,3 +263,22 @@ def test_a_run_made_live_while_a_rollback_writes_waits_for_it_before_it_acts(cod
     driver.join(60)
     run.refresh_from_db()
     assert run.outcome == "done" and has("act.finished")
+
+
+def test_an_accepted_run_whose_work_a_rollback_undid_was_missed_in_review(coder, start, drive, user):
+    from reviews import selectors
+    from reviews import services as review_services
+    from reviews.models import ReviewItem
+
+    good, bad = broken_after_verified(coder, start, drive)
+    kept = ReviewItem.objects.create(run=good, reason=ReviewItem.Reason.SAMPLED)
+    wrong = ReviewItem.objects.get_or_create(run=bad, reason=ReviewItem.Reason.FAILED)[0]
+    for item in (kept, wrong):
+        review_services.review_decide(item=item, user=user, verdict="accept", via="api")
+    rollback.rollback(run=bad, user=user, to="verified", via="api")
+    wrong.refresh_from_db()
+    kept.refresh_from_db()
+    assert wrong.missed_in_review and "rolled back" in wrong.missed_detail
+    assert not kept.missed_in_review  # back to its end: the verified run's own work stays
+    [row] = selectors.fleet_stats(user)
+    assert (row.missed, row.accepted, row.rejected) == (1, 1, 1)
