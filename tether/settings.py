@@ -78,6 +78,7 @@ INSTALLED_APPS = [
     "channels",
     "django_q",
     "axes",
+    "django_htmx",
     "instances",
     "budgets",
     "audit",
@@ -99,6 +100,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",  # request.htmx: did htmx send this request?
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",
 ]

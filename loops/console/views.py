@@ -41,10 +41,6 @@ RECENT_RUNS = 20
 HISTORY_PAGE = 25
 
 
-def is_htmx(request: HttpRequest) -> bool:
-    return request.headers.get("HX-Request") == "true"
-
-
 def _instance(request: HttpRequest, instance_id: int) -> Instance:
     instance = selectors.instance_for(request.user, instance_id)
     if instance is None:
@@ -231,7 +227,7 @@ def _actions(
     A `transient` notice ("Sent", "Stopping") hides once the run finishes. A refused resume
     (`resume_form` with its errors) keeps what was typed.
     """
-    if is_htmx(request):
+    if request.htmx:
         run.refresh_from_db()
         context = {
             "run": RunView(run), "form": form, "notice": notice, "transient": transient,
