@@ -264,7 +264,7 @@ def collect() -> str:
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Return the metrics to a caller bearing the metrics token."""
-    token = getattr(settings, "TETHER_METRICS_TOKEN", "")
+    token = settings.TETHER_METRICS_TOKEN
     if not token:
         return HttpResponse(
             "metrics are off: set TETHER_METRICS_TOKEN\n", status=404, content_type=CONTENT_TYPE

@@ -61,18 +61,14 @@ FAILED_OUTCOMES = frozenset(
 USER_AGENT = "Tether-Webhook/1"
 
 
-def _setting(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
-
-
 def max_attempts() -> int:
-    return int(_setting("TETHER_NOTIFY_ATTEMPTS", 5))
+    return int(settings.TETHER_NOTIFY_ATTEMPTS)
 
 
 def backoff(attempts: int) -> float:
     """Return the seconds to wait after the `attempts`-th failed attempt (1, 2, ...)."""
-    base = _setting("TETHER_NOTIFY_BACKOFF_SECONDS", 2.0)
-    return min(_setting("TETHER_NOTIFY_BACKOFF_MAX_SECONDS", 300.0), base * 2 ** max(attempts - 1, 0))
+    base = float(settings.TETHER_NOTIFY_BACKOFF_SECONDS)
+    return min(float(settings.TETHER_NOTIFY_BACKOFF_MAX_SECONDS), base * 2 ** max(attempts - 1, 0))
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -82,7 +78,7 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def public_url(path: str) -> str:
-    return str(getattr(settings, "TETHER_PUBLIC_URL", "")).rstrip("/") + path
+    return str(settings.TETHER_PUBLIC_URL).rstrip("/") + path
 
 
 def _run_path(run_id: int) -> str:
@@ -231,7 +227,7 @@ def _private_host(url: str) -> str:
 
 
 def _post(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | None, str]:
-    if not getattr(settings, "TETHER_WEBHOOK_ALLOW_PRIVATE", False) and (private := _private_host(target.address)):
+    if not settings.TETHER_WEBHOOK_ALLOW_PRIVATE and (private := _private_host(target.address)):
         return False, None, (
             f"refused: the webhook's host resolves to a private address ({private}); "
             "set TETHER_WEBHOOK_ALLOW_PRIVATE = True to allow it"
@@ -251,7 +247,7 @@ def _post(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | N
             "X-Tether-Signature": signature(target.reveal_secret(), stamp, body),
         },
     )
-    timeout = _setting("TETHER_NOTIFY_TIMEOUT_SECONDS", 10.0)
+    timeout = float(settings.TETHER_NOTIFY_TIMEOUT_SECONDS)
     try:
         with _opener.open(request, timeout=timeout) as response:
             response.read(65536)

@@ -47,7 +47,7 @@ NOTE_MAX_CHARS = 4000
 
 def sample_seed() -> bytes:
     """Return the review-sampling seed: `TETHER_REVIEW_SAMPLE_SEED`, else derived from the secret key."""
-    if seed := getattr(settings, "TETHER_REVIEW_SAMPLE_SEED", ""):
+    if seed := settings.TETHER_REVIEW_SAMPLE_SEED:
         return str(seed).encode()
     hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"tether.reviews", info=b"tether review sampling v1")
     return hkdf.derive(settings.SECRET_KEY.encode())

@@ -70,14 +70,10 @@ def _nav(request: HttpRequest) -> dict[str, Any]:
 def console_settings(request: HttpRequest) -> dict[str, Any]:
     """A context processor: what every page's script reads from <body> (see static/console/console.js).
 
-    `TETHER_CONSOLE_TIMEOUT_SECONDS` (default 20): how long an action waits for an answer before the
-    page says there was none.
+    `TETHER_CONSOLE_TIMEOUT_SECONDS`: how long an action waits for an answer before the page says
+    there was none (tether/settings.py refuses a value that is no positive number at start).
     """
-    try:
-        timeout = float(getattr(settings, "TETHER_CONSOLE_TIMEOUT_SECONDS", 20))
-    except (TypeError, ValueError):
-        timeout = 20.0
-    return {"console_timeout_seconds": f"{timeout if timeout > 0 else 20.0:g}"}
+    return {"console_timeout_seconds": f"{float(settings.TETHER_CONSOLE_TIMEOUT_SECONDS):g}"}
 
 
 @login_required

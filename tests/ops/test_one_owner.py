@@ -5,6 +5,7 @@ Each test names the owner; the app code (migrations aside) must reach the fact t
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,3 +30,79 @@ def test_htmx_requests_are_recognised_by_django_htmx_only():
     assert "django_htmx.middleware.HtmxMiddleware" in settings.MIDDLEWARE
     copies = [where(path) for path in app_sources() if "HX-Request" in path.read_text()]
     assert not copies, "read request.htmx instead of the HX-Request header:\n" + "\n".join(copies)
+
+
+# --- settings: declared once, in tether/settings.py -------------------------------------------------
+
+
+def _is_settings(node: ast.expr) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.endswith("settings")
+
+
+def call_site_defaults(source: str) -> list[tuple[int, str]]:
+    """Return (line, what) of each `getattr(settings, NAME, default)` whose NAME is a TETHER_ setting or
+    is computed (a helper taking the name and its default hides a call-site default too)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"):
+            continue
+        if len(node.args) != 3 or not _is_settings(node.args[0]):
+            continue
+        name = node.args[1]
+        if not isinstance(name, ast.Constant):
+            found.append((node.lineno, f"getattr(settings, {ast.unparse(name)}, ...)"))
+        elif str(name.value).startswith("TETHER_"):
+            found.append((node.lineno, f"getattr(settings, {name.value!r}, {ast.unparse(node.args[2])})"))
+    return found
+
+
+def declared_settings() -> set[str]:
+    tree = ast.parse((ROOT / "tether" / "settings.py").read_text())
+    names = set()
+    for node in tree.body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        names |= {t.id for t in targets if isinstance(t, ast.Name)}
+    return names
+
+
+def test_the_scan_finds_a_call_site_default():
+    assert call_site_defaults('x = getattr(settings, "TETHER_X", 3)\n') == [
+        (1, "getattr(settings, 'TETHER_X', 3)")
+    ]
+    assert call_site_defaults("x = getattr(django_settings, name, 3)\n") == [
+        (1, "getattr(settings, name, ...)")
+    ]
+    assert call_site_defaults('x = getattr(settings, "SECRET_KEY_FALLBACKS", [])\n') == []
+    assert call_site_defaults("x = settings.TETHER_X\n") == []
+
+
+def test_no_call_site_gives_a_tether_setting_a_default():
+    found = [
+        f"{where(path)}:{line}: {what}"
+        for path in app_sources()
+        for line, what in call_site_defaults(path.read_text())
+    ]
+    assert not found, "declare the default in tether/settings.py and read settings.TETHER_X:\n" + "\n".join(
+        found
+    )
+
+
+def test_every_tether_setting_the_apps_read_is_declared_in_the_settings_module():
+    declared = declared_settings()
+    read = {
+        (where(path), node.attr)
+        for path in app_sources()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr.startswith("TETHER_") and _is_settings(node.value)
+    }
+    missing = sorted(f"{file}: settings.{name}" for file, name in read if name not in declared)
+    assert not missing, "declare these in tether/settings.py, with their default and meaning:\n" + "\n".join(
+        missing
+    )
