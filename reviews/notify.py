@@ -48,6 +48,7 @@ from django.utils import timezone
 
 from budgets import money
 from budgets.models import Pool
+from loops import outcomes
 from reviews.models import Delivery, DeliveryAttempt, NotificationTarget
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,7 @@ log = logging.getLogger(__name__)
 Event = NotificationTarget.Event
 # Outcomes that count as "the run failed" for notifications: the work did not get done, and
 # it was neither a person's choice (cancelled, escalated) nor money (budget_exhausted).
-FAILED_OUTCOMES = frozenset(
-    {"failed", "no_progress", "max_iterations", "timed_out", "crashed", "credential_error", "provider_error"}
-)
+FAILED_OUTCOMES = outcomes.FAILED_FOR_NOTICE
 USER_AGENT = "Tether-Webhook/1"
 
 
@@ -97,7 +96,7 @@ def run_event(run: Any) -> str | None:
         return Event.ESCALATED
     if run.status != "finished":
         return None
-    if run.outcome == "budget_exhausted":
+    if run.outcome == outcomes.Outcome.BUDGET_EXHAUSTED:
         return Event.BUDGET_EXHAUSTED
     if run.outcome in FAILED_OUTCOMES:
         return Event.FAILED

@@ -32,7 +32,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import trail
-from loops import event_kinds
+from loops import event_kinds, outcomes
 from loops.models import Run
 from loops.services import Refused
 from reviews import graders, notify, receipts, sampling, snapshots
@@ -40,7 +40,7 @@ from reviews.models import GradeRecord, ReviewItem
 
 log = logging.getLogger(__name__)
 
-REVIEW_FAILED_OUTCOMES = frozenset({"failed", "no_progress", "max_iterations"})
+REVIEW_FAILED_OUTCOMES = outcomes.GAVE_UP
 VERDICTS = {"accept": ReviewItem.Status.ACCEPTED, "reject": ReviewItem.Status.REJECTED}
 NOTE_MAX_CHARS = 4000
 

@@ -106,3 +106,65 @@ def test_every_tether_setting_the_apps_read_is_declared_in_the_settings_module()
     assert not missing, "declare these in tether/settings.py, with their default and meaning:\n" + "\n".join(
         missing
     )
+
+
+# --- the ways a run can end: loops/outcomes.py ---------------------------------------------------------
+
+
+def outcome_lists(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """Return (line, text) of each list, tuple, set or dict literal naming three or more outcomes, as text
+    or as `…Outcome.X` (two are a comparison's business: a decider's verdicts share `done` and `failed`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.List | ast.Tuple | ast.Set):
+            items = node.elts
+        elif isinstance(node, ast.Dict):
+            items = [key for key in node.keys if key is not None]
+        else:
+            continue
+        named = [
+            item
+            for item in items
+            if (isinstance(item, ast.Constant) and item.value in names)
+            or (
+                isinstance(item, ast.Attribute)
+                and isinstance(item.value, ast.Attribute)
+                and item.value.attr == "Outcome"
+            )
+        ]
+        if len(named) >= 3:
+            found.append((node.lineno, ast.unparse(node)[:100]))
+    return found
+
+
+def test_the_scan_finds_a_list_of_outcomes():
+    names = {"done", "failed", "cancelled"}
+    assert outcome_lists('X = ("done", "failed", "cancelled")\n', names)
+    assert outcome_lists(
+        "X = {Run.Outcome.DONE: 1, Run.Outcome.FAILED: 2, Run.Outcome.CANCELLED: 3}\n", names
+    )
+    assert not outcome_lists('X = ("continue", "done", "escalate", "failed")\n', names)
+
+
+def test_outcomes_are_listed_only_in_the_outcomes_module():
+    from loops.outcomes import Outcome
+
+    names = {o.value for o in Outcome}
+    found = [
+        f"{where(path)}:{line}: {text}"
+        for path in app_sources()
+        if path != ROOT / "loops" / "outcomes.py"
+        for line, text in outcome_lists(path.read_text(), names)
+    ]
+    assert not found, "name these through loops/outcomes.py (add a set there):\n" + "\n".join(found)
+
+
+def test_every_outcome_is_a_runs_outcome_with_a_label():
+    from loops import event_kinds, outcomes, policy
+    from loops.continuation import CONTINUABLE
+    from loops.models import Run
+
+    assert list(Run.Outcome.values) == [o.value for o in outcomes.Outcome]
+    assert set(outcomes.LABELS) == set(outcomes.Outcome)
+    assert event_kinds.OUTCOME_LABELS is outcomes.LABELS
+    assert policy.OUTCOMES is outcomes.DECIDED and CONTINUABLE is outcomes.CONTINUABLE
