@@ -168,3 +168,28 @@ def test_every_outcome_is_a_runs_outcome_with_a_label():
     assert set(outcomes.LABELS) == set(outcomes.Outcome)
     assert event_kinds.OUTCOME_LABELS is outcomes.LABELS
     assert policy.OUTCOMES is outcomes.DECIDED and CONTINUABLE is outcomes.CONTINUABLE
+
+
+# --- small shared shapes ---------------------------------------------------------------------------------
+
+
+def test_what_no_column_stores_is_defined_once_in_the_schema_module():
+    copies = [
+        where(path)
+        for path in app_sources()
+        if path != ROOT / "tether" / "schema.py" and "\\ud800-\\udfff" in path.read_text()
+    ]
+    assert not copies, "use tether.schema.UNSTORABLE:\n" + "\n".join(copies)
+
+
+def test_every_services_refusal_has_the_one_shape():
+    from instances.services import InstanceRefused
+    from loops.services import Refused
+    from tether.refusals import Refused as Base
+    from triggers.services import TriggerRefused
+
+    for refusal in (Refused, InstanceRefused, TriggerRefused):
+        assert issubclass(refusal, Base) and "__init__" not in vars(refusal), refusal
+        refused = refusal("no", 409, "name")
+        assert (refused.message, refused.status, refused.field, str(refused)) == ("no", 409, "name", "no")
+    assert Refused("no").status == 400 and Refused("no").field is None
