@@ -388,7 +388,7 @@ def _admit(
 def _slice_size() -> int:
     from django.conf import settings
 
-    return usd_to_micros(str(getattr(settings, "TETHER_BUDGET_LEASE_USD", "0.25")))
+    return usd_to_micros(str(settings.TETHER_BUDGET_LEASE_USD))
 
 
 def leasing() -> bool:

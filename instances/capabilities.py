@@ -117,7 +117,7 @@ def check_url(raw: str, *, field: str, allow_private: bool = False) -> str:
     parts = urlsplit(raw)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise CapabilityError(f"{field} must be an http:// or https:// URL with a host; got {raw!r}")
-    if allow_private or getattr(settings, "TETHER_ALLOW_PRIVATE_BASE_URLS", False):
+    if allow_private or settings.TETHER_ALLOW_PRIVATE_BASE_URLS:
         return raw
     host = parts.hostname
     try:

@@ -415,7 +415,7 @@ def _forward(
     outgoing["content-type"] = "application/json"
     outgoing["x-api-key"] = act.key
     outgoing.update(target.headers)
-    timeout = float(getattr(settings, "TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0))
+    timeout = float(settings.TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS)
     client = httpx2.Client(timeout=httpx2.Timeout(timeout, connect=min(timeout, 10.0)))
     watch = _Watch(act, gone)
     handed_off = False

@@ -124,7 +124,7 @@ class Launch:
 
 def mode() -> str:
     """Return "bwrap" or "off" (`TETHER_SANDBOX`)."""
-    return "off" if str(getattr(settings, "TETHER_SANDBOX", "bwrap")).lower() == "off" else "bwrap"
+    return "off" if str(settings.TETHER_SANDBOX).lower() == "off" else "bwrap"
 
 
 def enabled() -> bool:
@@ -189,7 +189,7 @@ def _uid(instance_id: int | None) -> int | None:
 
 def programs() -> list[Path]:
     """Return the operator's directories of programs (agent CLIs, scripts) every sandbox sees read-only."""
-    value = getattr(settings, "TETHER_SANDBOX_PROGRAMS", [])
+    value = settings.TETHER_SANDBOX_PROGRAMS
     if isinstance(value, str):
         value = value.split(":")
     return [Path(p).resolve() for p in value if str(p).strip()]

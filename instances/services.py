@@ -22,19 +22,14 @@ from audit import trail
 from budgets.pricing import UnpricedModel
 from instances import capabilities, prices, templates_loader, validation
 from instances.models import AgentTemplate, Credential, Instance
+from tether.refusals import Refused
 
 # What a copy takes from its source besides what the template gives (never the workspace).
 COPIED = tuple(sorted(templates_loader.OVERRIDABLE - {"workspace", "credential", "credential_id"}))
 
 
-class InstanceRefused(Exception):
+class InstanceRefused(Refused):
     """A write that was refused; `status` is the HTTP status to answer, `field` the field at fault."""
-
-    def __init__(self, message: str, status: int = 400, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.field = field
 
 
 @contextmanager

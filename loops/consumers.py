@@ -62,13 +62,12 @@ LAYER_CALLS_AT_ONCE = 32
 
 def poll_seconds() -> float:
     """How often a socket reads the database when nothing woke it."""
-    default = 2.0 if settings.REDIS_URL else 0.25
-    return float(getattr(settings, "TETHER_CONSOLE_POLL_SECONDS", default))
+    return float(settings.TETHER_CONSOLE_POLL_SECONDS)
 
 
 def session_check_seconds() -> float:
     """How often a socket checks that its user is still signed in (see the module doc)."""
-    return float(getattr(settings, "TETHER_WS_AUTH_RECHECK_SECONDS", 5.0))
+    return float(settings.TETHER_WS_AUTH_RECHECK_SECONDS)
 
 
 class TailingConsumer(AsyncWebsocketConsumer):
@@ -161,7 +160,7 @@ async def signed_in_as(session_key: str) -> Any:
 
 def refresh_seconds() -> float:
     """How often a live run's summary is re-sent when no event came."""
-    return float(getattr(settings, "TETHER_CONSOLE_REFRESH_SECONDS", 5.0))
+    return float(settings.TETHER_CONSOLE_REFRESH_SECONDS)
 
 
 class RunConsumer(TailingConsumer):

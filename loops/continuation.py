@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from loops.memory import Memory
+from loops.outcomes import CONTINUABLE, Outcome
 
-CONTINUABLE = ("cancelled", "max_iterations", "no_progress", "failed", "timed_out", "done")
 # How much of the old run the first instruction repeats: its last iterations, each clipped.
 SHOWN_ITERATIONS = 8
 FIELD_CHARS = 300
@@ -39,18 +39,19 @@ def refusal(*, run_id: int, status: str, outcome: str, verified: bool | None, ne
             f"run {run_id} is still {status}: send it a message (POST …/interject) or stop it first; "
             "only a finished run can be continued"
         )
-    if outcome == "budget_exhausted":
+    if outcome == Outcome.BUDGET_EXHAUSTED:
         hint = (
             f"use resume (POST …/resume, optionally with a higher max_cost_usd): it goes on from iteration "
             f"{next_iteration}" if next_iteration <= max_iterations else "use resume (POST …/resume)"
         )
         return f"run {run_id} ran out of budget; {hint} instead of continuing it as a new run"
-    if outcome == "done" and verified:
+    if outcome == Outcome.DONE and verified:
         return f"run {run_id} is done and verified; there is nothing to continue (start a new run for new work)"
     if outcome not in CONTINUABLE:
+        ended = ", ".join(o.value for o in CONTINUABLE if o != Outcome.DONE)
         return (
-            f"run {run_id} ended {outcome}, which cannot be continued; a run that ended cancelled, max_iterations, "
-            "no_progress, failed, timed_out or done without verification can. Start a new run instead"
+            f"run {run_id} ended {outcome}, which cannot be continued; a run that ended {ended} "
+            "or done without verification can. Start a new run instead"
         )
     return ""
 

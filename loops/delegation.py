@@ -63,10 +63,6 @@ class Refusal(DelegateRefused):
     """A delegate call that cannot be honoured; the message is for the model."""
 
 
-def _limit(name: str, default: int) -> int:
-    return int(getattr(settings, name, default))
-
-
 def _tree(run: Run) -> tuple[Run, int]:
     """Return the tree's root run and how many runs the tree has."""
     root = run
@@ -249,14 +245,14 @@ def vet(run: Run, arguments: dict[str, Any], *, number: int, size: int, carved: 
     (and still not held: an act's calls are vetted before any child starts). The ledger has
     the last word when the child's carve is reserved (`start_children`).
     """
-    if run.depth + 1 > _limit("TETHER_DELEGATION_MAX_DEPTH", 3):
+    if run.depth + 1 > settings.TETHER_DELEGATION_MAX_DEPTH:
         raise Refusal(
             f"delegation is {run.depth + 1} levels deep, past the limit of "
-            f"{_limit('TETHER_DELEGATION_MAX_DEPTH', 3)}: do this part yourself"
+            f"{settings.TETHER_DELEGATION_MAX_DEPTH}: do this part yourself"
         )
-    if number > _limit("TETHER_DELEGATION_MAX_CHILDREN", 4):
-        raise Refusal(f"at most {_limit('TETHER_DELEGATION_MAX_CHILDREN', 4)} children per act")
-    if size >= _limit("TETHER_DELEGATION_MAX_RUNS", 20):
+    if number > settings.TETHER_DELEGATION_MAX_CHILDREN:
+        raise Refusal(f"at most {settings.TETHER_DELEGATION_MAX_CHILDREN} children per act")
+    if size >= settings.TETHER_DELEGATION_MAX_RUNS:
         raise Refusal(f"this tree of runs already has {size}, the limit")
     checked = arguments_of(arguments)
     to, objective, mode = checked.to.strip(), checked.objective.strip(), checked.workspace or "own"

@@ -12,25 +12,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from loops import progress
+from loops import outcomes, progress
 
 STOP_REASONS = ("stopped mid-act", "stopped by a person")
 VERDICT_TONES = {"done": "good", "continue": "", "escalate": "warn", "failed": "bad"}
-OUTCOME_TONES = {"done": "good", "cancelled": "quiet", "escalated": "warn"}
-# How a person names each way a run can end (the keys are `loops.models.Run.Outcome`'s values).
-OUTCOME_LABELS = {
-    "done": "Done",
-    "escalated": "Escalated to a person",
-    "failed": "Failed",
-    "cancelled": "Stopped",
-    "budget_exhausted": "Out of budget",
-    "max_iterations": "Reached the iteration limit",
-    "no_progress": "No progress",
-    "credential_error": "Credential error",
-    "provider_error": "The model provider failed",
-    "timed_out": "Timed out",
-    "crashed": "Crashed",
-}
+OUTCOME_TONES = outcomes.TONES
+OUTCOME_LABELS = outcomes.LABELS  # how a person names each way a run can end
 
 
 # How a run started, after "Started" (the keys are `loops.models.Run.Origin`'s values).

@@ -1,6 +1,8 @@
 from django.conf import settings
 from django.db import models
 
+from loops import outcomes
+
 
 class Run(models.Model):
     """One pursuit of one objective by one instance."""
@@ -11,18 +13,8 @@ class Run(models.Model):
         WAITING = "waiting"
         FINISHED = "finished"
 
-    class Outcome(models.TextChoices):
-        DONE = "done"
-        ESCALATED = "escalated"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-        BUDGET_EXHAUSTED = "budget_exhausted"
-        MAX_ITERATIONS = "max_iterations"
-        NO_PROGRESS = "no_progress"
-        CREDENTIAL_ERROR = "credential_error"
-        PROVIDER_ERROR = "provider_error"
-        TIMED_OUT = "timed_out"
-        CRASHED = "crashed"
+    # The ways a run can end are stated once, in loops/outcomes.py (pure, so the policy reads them too).
+    Outcome = models.TextChoices("Outcome", [(o.name, o.value) for o in outcomes.Outcome])
 
     class Origin(models.TextChoices):
         """How a run started: who or what asked for it (`origin_ref` says which schedule or trigger)."""

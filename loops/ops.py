@@ -6,7 +6,8 @@ clusters publish their status through the shared cache named by Q_CLUSTER["cache
 503 otherwise, with `down` listing what failed and `checks` saying how. `/healthz` (loops.health) stays the liveness probe:
 a load balancer should route on /readyz and restart on /healthz.
 
-`/metrics` speaks the Prometheus text exposition format (version 0.0.4). It is
+`/metrics` speaks the Prometheus text exposition format (version 0.0.4), rendered by
+prometheus_client from one collector (`TetherCollector`). It is
 served only with `Authorization: Bearer <TETHER_METRICS_TOKEN>`; without a
 configured token it does not exist (404). Every figure is read from the database
 at scrape time, so any web process gives the same answer.
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterator
 from datetime import timedelta
 
 from django.conf import settings
@@ -26,6 +27,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from budgets import money
 from budgets.models import Pool, Reservation
@@ -33,7 +38,7 @@ from tether import dbfaults
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 # Upper bounds (seconds) of the iteration duration histogram.
 DURATION_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 
@@ -111,183 +116,155 @@ def _authorized(request: HttpRequest, token: str) -> bool:
     return hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-def _escape(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(labels: dict[str, object]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
-def _number(value: float | int) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if value == float("inf"):
-        return "+Inf"
-    return repr(float(value))
-
-
-class Exposition:
-    """Collect metric families and render them in the Prometheus text format."""
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(
-        self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, object], float | int]]
-    ) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            self.lines.append(f"{name}{_labels(labels)} {_number(value)}")
-
-    def histogram(
-        self, name: str, help_text: str, buckets: list[tuple[float, int]], count: int, total: float
-    ) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} histogram")
-        for bound, cumulative in buckets:
-            self.lines.append(f'{name}_bucket{{le="{_number(float(bound))}"}} {cumulative}')
-        self.lines.append(f'{name}_bucket{{le="+Inf"}} {count}')
-        self.lines.append(f"{name}_sum {_number(float(total))}")
-        self.lines.append(f"{name}_count {count}")
-
-    def render(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
 def _usd(micros: int | None) -> float:
     return float(money.micros_to_decimal(micros or 0))  # a Prometheus sample is a float
 
 
+class TetherCollector(Collector):
+    """Every Tether metric, read from the database at each scrape (prometheus_client renders them)."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._runs()
+        yield from self._iterations()
+        yield from self._money()
+        yield from self._workers()
+
+    def _runs(self) -> Iterator[Metric]:
+        from loops.models import Run
+
+        by_status = dict(Run.objects.values_list("status").annotate(n=Count("id")).order_by())
+        runs = GaugeMetricFamily("tether_runs", "Runs by status.", labels=["status"])
+        for status in Run.Status.values:
+            runs.add_metric([status], int(by_status.get(status, 0)))
+        yield runs
+        by_outcome = dict(
+            Run.objects.filter(status=Run.Status.FINISHED)
+            .values_list("outcome")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        finished = CounterMetricFamily(
+            "tether_runs_finished_total", "Finished runs by outcome.", labels=["outcome"]
+        )
+        for outcome in Run.Outcome.values:
+            finished.add_metric([outcome], int(by_outcome.get(outcome, 0)))
+        yield finished
+        leased = Run.objects.filter(lease_token__isnull=False, lease_expires_at__gt=timezone.now()).count()
+        yield GaugeMetricFamily(
+            "tether_runs_leased", "Runs a worker holds a live lease on right now.", leased
+        )
+
+    def _iterations(self) -> Iterator[Metric]:
+        from loops.models import Iteration
+
+        duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
+        bucket_counts = {
+            f"le_{i}": Count("id", filter=Q(duration__lte=timedelta(seconds=bound)))
+            for i, bound in enumerate(DURATION_BUCKETS)
+        }
+        iterations = Iteration.objects.annotate(duration=duration).aggregate(
+            count=Count("id"), total=Sum("duration"), **bucket_counts
+        )
+        count = int(iterations["count"] or 0)
+        total = iterations["total"] or timedelta(0)
+        yield CounterMetricFamily("tether_iterations_total", "Iterations recorded.", count)
+        buckets = [
+            (floatToGoString(bound), int(iterations[f"le_{i}"] or 0))
+            for i, bound in enumerate(DURATION_BUCKETS)
+        ]
+        yield HistogramMetricFamily(
+            "tether_iteration_duration_seconds",
+            "Wall time of recorded iterations (act, checks and decision).",
+            buckets=[*buckets, ("+Inf", count)],
+            sum_value=total.total_seconds(),
+        )
+
+    def _money(self) -> Iterator[Metric]:
+        # A child run's carve is left out: the child's own reservations count what it spent.
+        calls = Reservation.objects.filter(
+            carved__isnull=True, lease_for__isnull=True
+        )  # not carves or lease slices
+        closed = calls.filter(
+            status__in=[Reservation.Status.SETTLED, Reservation.Status.ABANDONED]
+        ).aggregate(spent=Sum("actual"))
+        yield CounterMetricFamily(
+            "tether_spent_usd_total",
+            "Money settled by iterations, including the conservative settlement of abandoned ones.",
+            _usd(closed["spent"]),
+        )
+        held = calls.filter(status=Reservation.Status.HELD).aggregate(n=Count("id"), amount=Sum("amount"))
+        yield GaugeMetricFamily(
+            "tether_reservations_held", "Reservations currently held.", int(held["n"] or 0)
+        )
+        yield GaugeMetricFamily(
+            "tether_reserved_usd", "Money currently held by reservations.", _usd(held["amount"])
+        )
+        # Pools above instance level only: their number stays small whatever the fleet's size.
+        pools = list(
+            Pool.objects.filter(kind__in=[Pool.Kind.ROOT, Pool.Kind.TEAM]).values_list(
+                "name", "kind", "spent", "limit"
+            )
+        )
+        spent = GaugeMetricFamily(
+            "tether_pool_spent_usd",
+            "Money spent in the current period, by root and team pool.",
+            labels=["pool", "kind"],
+        )
+        limits = GaugeMetricFamily(
+            "tether_pool_limit_usd",
+            "Limits of the root and team pools (absent: unlimited).",
+            labels=["pool", "kind"],
+        )
+        for name, kind, pool_spent, limit in pools:
+            spent.add_metric([name, kind], _usd(pool_spent))
+            if limit is not None:
+                limits.add_metric([name, kind], _usd(limit))
+        yield spent
+        yield limits
+
+    def _workers(self) -> Iterator[Metric]:
+        from django_q.models import OrmQ
+
+        from loops.models import Event
+
+        queue = OrmQ.objects.using(settings.Q_CLUSTER.get("orm", "default"))
+        yield GaugeMetricFamily(
+            "tether_queue_depth", "Tasks waiting in the django-q2 queue (ORM broker).", queue.count()
+        )
+        yield CounterMetricFamily(
+            "tether_reaper_actions_total",
+            "Runs the reaper re-scheduled after their driver died (run.reaped events).",
+            Event.objects.filter(kind="run.reaped").count(),
+        )
+        try:
+            clusters = _live_clusters()
+        except Exception:
+            log.warning("metrics: worker cluster status unavailable", exc_info=True)
+            clusters = []
+        yield GaugeMetricFamily("tether_worker_clusters", "Worker clusters that reported in.", len(clusters))
+        yield GaugeMetricFamily(
+            "tether_worker_processes",
+            "Worker processes of the clusters that reported in.",
+            sum(len(stat.workers) for stat in clusters),
+        )
+
+
+# Tether's own registry: the default one would add the scraping process's own figures (GC, CPU),
+# which differ from one web process to the next.
+REGISTRY = CollectorRegistry(auto_describe=False)
+REGISTRY.register(TetherCollector())
+
+
 def collect() -> str:
     """Return every Tether metric as Prometheus text, read from the database now."""
-    from django_q.models import OrmQ
-
-    from loops.models import Event, Iteration, Run
-
-    out = Exposition()
-
-    by_status = dict(Run.objects.values_list("status").annotate(n=Count("id")).order_by())
-    out.family(
-        "tether_runs",
-        "gauge",
-        "Runs by status.",
-        [({"status": status}, int(by_status.get(status, 0))) for status in Run.Status.values],
-    )
-    by_outcome = dict(
-        Run.objects.filter(status=Run.Status.FINISHED)
-        .values_list("outcome")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    out.family(
-        "tether_runs_finished_total",
-        "counter",
-        "Finished runs by outcome.",
-        [({"outcome": outcome}, int(by_outcome.get(outcome, 0))) for outcome in Run.Outcome.values],
-    )
-    now = timezone.now()
-    out.family(
-        "tether_runs_leased",
-        "gauge",
-        "Runs a worker holds a live lease on right now.",
-        [({}, Run.objects.filter(lease_token__isnull=False, lease_expires_at__gt=now).count())],
-    )
-
-    duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
-    bucket_counts = {
-        f"le_{i}": Count("id", filter=Q(duration__lte=timedelta(seconds=bound)))
-        for i, bound in enumerate(DURATION_BUCKETS)
-    }
-    iterations = Iteration.objects.annotate(duration=duration).aggregate(
-        count=Count("id"), total=Sum("duration"), **bucket_counts
-    )
-    count = int(iterations["count"] or 0)
-    total = iterations["total"] or timedelta(0)
-    out.family("tether_iterations_total", "counter", "Iterations recorded.", [({}, count)])
-    out.histogram(
-        "tether_iteration_duration_seconds",
-        "Wall time of recorded iterations (act, checks and decision).",
-        [(bound, int(iterations[f"le_{i}"] or 0)) for i, bound in enumerate(DURATION_BUCKETS)],
-        count,
-        total.total_seconds(),
-    )
-
-    # A child run's carve is left out: the child's own reservations count what it spent.
-    calls = Reservation.objects.filter(carved__isnull=True, lease_for__isnull=True)  # not carves or lease slices
-    closed = calls.filter(
-        status__in=[Reservation.Status.SETTLED, Reservation.Status.ABANDONED]
-    ).aggregate(spent=Sum("actual"))
-    out.family(
-        "tether_spent_usd_total",
-        "counter",
-        "Money settled by iterations, including the conservative settlement of abandoned ones.",
-        [({}, _usd(closed["spent"]))],
-    )
-    held = calls.filter(status=Reservation.Status.HELD).aggregate(
-        n=Count("id"), amount=Sum("amount")
-    )
-    out.family(
-        "tether_reservations_held", "gauge", "Reservations currently held.", [({}, int(held["n"] or 0))]
-    )
-    out.family(
-        "tether_reserved_usd", "gauge", "Money currently held by reservations.", [({}, _usd(held["amount"]))]
-    )
-    # Pools above instance level only: their number stays small whatever the fleet's size.
-    pools = list(
-        Pool.objects.filter(kind__in=[Pool.Kind.ROOT, Pool.Kind.TEAM]).values_list(
-            "name", "kind", "spent", "limit"
-        )
-    )
-    out.family(
-        "tether_pool_spent_usd",
-        "gauge",
-        "Money spent in the current period, by root and team pool.",
-        [({"pool": name, "kind": kind}, _usd(spent)) for name, kind, spent, _ in pools],
-    )
-    out.family(
-        "tether_pool_limit_usd",
-        "gauge",
-        "Limits of the root and team pools (absent: unlimited).",
-        [({"pool": name, "kind": kind}, _usd(limit)) for name, kind, _, limit in pools if limit is not None],
-    )
-
-    queue = OrmQ.objects.using(settings.Q_CLUSTER.get("orm", "default"))
-    out.family(
-        "tether_queue_depth",
-        "gauge",
-        "Tasks waiting in the django-q2 queue (ORM broker).",
-        [({}, queue.count())],
-    )
-    out.family(
-        "tether_reaper_actions_total",
-        "counter",
-        "Runs the reaper re-scheduled after their driver died (run.reaped events).",
-        [({}, Event.objects.filter(kind="run.reaped").count())],
-    )
-    try:
-        clusters = _live_clusters()
-    except Exception:
-        log.warning("metrics: worker cluster status unavailable", exc_info=True)
-        clusters = []
-    out.family("tether_worker_clusters", "gauge", "Worker clusters that reported in.", [({}, len(clusters))])
-    out.family(
-        "tether_worker_processes",
-        "gauge",
-        "Worker processes of the clusters that reported in.",
-        [({}, sum(len(stat.workers) for stat in clusters))],
-    )
-    return out.render()
+    return generate_latest(REGISTRY).decode()
 
 
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
     """Return the metrics to a caller bearing the metrics token."""
-    token = getattr(settings, "TETHER_METRICS_TOKEN", "")
+    token = settings.TETHER_METRICS_TOKEN
     if not token:
         return HttpResponse(
             "metrics are off: set TETHER_METRICS_TOKEN\n", status=404, content_type=CONTENT_TYPE

@@ -40,8 +40,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loops.decision import Decision, act_failure, backpressure, normalise, scrub
+from loops.outcomes import DECIDED
 
-OUTCOMES = frozenset({"done", "escalated", "failed", "max_iterations", "no_progress", "timed_out"})
+OUTCOMES = DECIDED  # what a Stop may carry (the ways a run can end: loops/outcomes.py)
 # The no-progress rules: how many recent instructions a new one may not repeat, and for how many
 # iterations an unchanged (workspace fingerprint, checks signature) pair means the loop is stuck.
 REPEAT_WINDOW = 2

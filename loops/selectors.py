@@ -15,20 +15,11 @@ from django.db.models import Count, F, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
 from instances.models import Instance
-from loops import event_kinds
+from loops import event_kinds, outcomes
 from loops.models import Event, Iteration, Run
 
 # Outcomes that a person should look at: the loop stopped without doing the work.
-TROUBLE_OUTCOMES = (
-    Run.Outcome.FAILED,
-    Run.Outcome.CRASHED,
-    Run.Outcome.CREDENTIAL_ERROR,
-    Run.Outcome.PROVIDER_ERROR,
-    Run.Outcome.NO_PROGRESS,
-    Run.Outcome.TIMED_OUT,
-    Run.Outcome.BUDGET_EXHAUSTED,
-    Run.Outcome.MAX_ITERATIONS,
-)
+TROUBLE_OUTCOMES = outcomes.TROUBLE
 NEEDS_YOU_DAYS = 7
 NEEDS_YOU_LIMIT = 20
 TIMELINE_WINDOW = 150

@@ -23,16 +23,12 @@ from instances import credentials, prices, sandbox
 from loops import delegation, events, liveness, tasks
 from loops.memory import Memory
 from loops.models import Interjection, Run
+from tether import refusals
 from tether.limits import MAX_ITERATIONS, MAX_MINUTES, MESSAGE_MAX_CHARS
 
 
-class Refused(Exception):
+class Refused(refusals.Refused):
     """A request the service will not carry out; `message` says what to do instead."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
 
 
 def _usd_to_micros(value: Any, field: str) -> int:

@@ -46,7 +46,6 @@ __all__ = ["FinalAct", "Grade", "grade", "on_done_proposed"]
 
 PATTERN_TIMEOUT_CHARS = 200_000  # the answer a pattern is searched in is capped (regexes can be slow)
 DEFAULT_SAMPLE_PERCENT = Decimal(10)
-DEFAULT_CODING_TEMPLATES = ("coder",)
 
 UNCHANGED = "claimed done, changed nothing: the workspace is exactly as it was when the run started"
 
@@ -86,9 +85,9 @@ def config_for(instance: Any) -> Config:
 
     coding = bool(instance.checks) or (
         instance.template is not None
-        and instance.template.name in getattr(settings, "TETHER_CODING_TEMPLATES", DEFAULT_CODING_TEMPLATES)
+        and instance.template.name in settings.TETHER_CODING_TEMPLATES
     )
-    default_percent = Decimal(str(getattr(settings, "TETHER_REVIEW_SAMPLE_PERCENT", DEFAULT_SAMPLE_PERCENT)))
+    default_percent = Decimal(str(settings.TETHER_REVIEW_SAMPLE_PERCENT))
     expects = pick("expects_changes")
     return Config(
         response_schema=pick("response_schema"),

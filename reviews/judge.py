@@ -141,7 +141,7 @@ def judge(
     """Ask the judge to grade a final result; never raises for a provider or key problem."""
     from instances.brains import anthropic as brain
 
-    timeout = float(getattr(settings, "TETHER_JUDGE_TIMEOUT_SECONDS", 120))
+    timeout = float(settings.TETHER_JUDGE_TIMEOUT_SECONDS)
     try:
         session = brain.Session(
             instance,

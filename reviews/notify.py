@@ -49,6 +49,7 @@ from django.utils import timezone
 
 from budgets import money
 from budgets.models import Pool
+from loops import outcomes
 from reviews.models import Delivery, DeliveryAttempt, NotificationTarget
 
 log = logging.getLogger(__name__)
@@ -56,24 +57,18 @@ log = logging.getLogger(__name__)
 Event = NotificationTarget.Event
 # Outcomes that count as "the run failed" for notifications: the work did not get done, and
 # it was neither a person's choice (cancelled, escalated) nor money (budget_exhausted).
-FAILED_OUTCOMES = frozenset(
-    {"failed", "no_progress", "max_iterations", "timed_out", "crashed", "credential_error", "provider_error"}
-)
+FAILED_OUTCOMES = outcomes.FAILED_FOR_NOTICE
 USER_AGENT = "Tether-Webhook/1"
 
 
-def _setting(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
-
-
 def max_attempts() -> int:
-    return int(_setting("TETHER_NOTIFY_ATTEMPTS", 5))
+    return int(settings.TETHER_NOTIFY_ATTEMPTS)
 
 
 def backoff(attempts: int) -> float:
     """Return the seconds to wait after the `attempts`-th failed attempt (1, 2, ...)."""
-    base = _setting("TETHER_NOTIFY_BACKOFF_SECONDS", 2.0)
-    return min(_setting("TETHER_NOTIFY_BACKOFF_MAX_SECONDS", 300.0), base * 2 ** max(attempts - 1, 0))
+    base = float(settings.TETHER_NOTIFY_BACKOFF_SECONDS)
+    return min(float(settings.TETHER_NOTIFY_BACKOFF_MAX_SECONDS), base * 2 ** max(attempts - 1, 0))
 
 
 def signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -83,7 +78,7 @@ def signature(secret: str, timestamp: str, body: bytes) -> str:
 
 
 def public_url(path: str) -> str:
-    return str(getattr(settings, "TETHER_PUBLIC_URL", "")).rstrip("/") + path
+    return str(settings.TETHER_PUBLIC_URL).rstrip("/") + path
 
 
 def _run_path(run_id: int) -> str:
@@ -102,7 +97,7 @@ def run_event(run: Any) -> str | None:
         return Event.ESCALATED
     if run.status != "finished":
         return None
-    if run.outcome == "budget_exhausted":
+    if run.outcome == outcomes.Outcome.BUDGET_EXHAUSTED:
         return Event.BUDGET_EXHAUSTED
     if run.outcome in FAILED_OUTCOMES:
         return Event.FAILED
@@ -232,7 +227,7 @@ def _private_host(url: str) -> str:
 
 
 def _post(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | None, str]:
-    if not getattr(settings, "TETHER_WEBHOOK_ALLOW_PRIVATE", False) and (private := _private_host(target.address)):
+    if not settings.TETHER_WEBHOOK_ALLOW_PRIVATE and (private := _private_host(target.address)):
         return False, None, (
             f"refused: the webhook's host resolves to a private address ({private}); "
             "set TETHER_WEBHOOK_ALLOW_PRIVATE = True to allow it"
@@ -252,7 +247,7 @@ def _post(target: NotificationTarget, delivery: Delivery) -> tuple[bool, int | N
             "X-Tether-Signature": signature(target.reveal_secret(), stamp, body),
         },
     )
-    timeout = _setting("TETHER_NOTIFY_TIMEOUT_SECONDS", 10.0)
+    timeout = float(settings.TETHER_NOTIFY_TIMEOUT_SECONDS)
     try:
         with _opener.open(request, timeout=timeout) as response:
             response.read(65536)

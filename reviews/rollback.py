@@ -51,7 +51,7 @@ from audit import trail
 from instances import pinned, sandbox
 from instances.models import Instance
 from loops import checks as checks_mod
-from loops import events
+from loops import events, outcomes
 from loops.models import Run
 from loops.schemas import ROLLBACK_POINT, ROLLBACK_POINT_HELP
 from loops.services import Refused
@@ -66,8 +66,7 @@ ROLLBACK_LOCK_SECONDS = 10  # a rollback waits this long for an iteration beginn
 ITERATION_WAIT_SECONDS = 600  # an iteration waits at most this long for a rollback to finish writing
 LOCK_POLL_SECONDS = 0.05
 EARLIER_RUNS = 50  # runs on the same workspace searched for the last verified state
-# Outcomes that end a run by a bound or a stop: its page offers the last verified state first.
-BOUND_OR_STOP = frozenset({"cancelled", "max_iterations", "budget_exhausted", "timed_out", "no_progress"})
+BOUND_OR_STOP = outcomes.BOUND_OR_STOP  # its page offers the last verified state first
 
 
 @dataclass(frozen=True)

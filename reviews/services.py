@@ -32,7 +32,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import trail
-from loops import event_kinds
+from loops import event_kinds, outcomes
 from loops.models import Run
 from loops.services import Refused
 from reviews import graders, notify, receipts, sampling, snapshots, watch
@@ -40,14 +40,14 @@ from reviews.models import GradeRecord, ReviewItem
 
 log = logging.getLogger(__name__)
 
-REVIEW_FAILED_OUTCOMES = frozenset({"failed", "no_progress", "max_iterations"})
+REVIEW_FAILED_OUTCOMES = outcomes.GAVE_UP
 VERDICTS = {"accept": ReviewItem.Status.ACCEPTED, "reject": ReviewItem.Status.REJECTED}
 NOTE_MAX_CHARS = 4000
 
 
 def sample_seed() -> bytes:
     """Return the review-sampling seed: `TETHER_REVIEW_SAMPLE_SEED`, else derived from the secret key."""
-    if seed := getattr(settings, "TETHER_REVIEW_SAMPLE_SEED", ""):
+    if seed := settings.TETHER_REVIEW_SAMPLE_SEED:
         return str(seed).encode()
     hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"tether.reviews", info=b"tether review sampling v1")
     return hkdf.derive(settings.SECRET_KEY.encode())

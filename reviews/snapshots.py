@@ -89,7 +89,7 @@ HIDDEN_HEADING = "Files .gitignore hides"
 
 
 def _root() -> Path:
-    return Path(getattr(settings, "TETHER_SNAPSHOTS", settings.TETHER_HOME / "snapshots"))
+    return Path(settings.TETHER_SNAPSHOTS)
 
 
 def git_dir(run_id: int) -> Path:
@@ -98,15 +98,15 @@ def git_dir(run_id: int) -> Path:
 
 def _limits() -> tuple[int, int]:
     return (
-        int(getattr(settings, "TETHER_SNAPSHOT_MAX_BYTES", 100 * 1024 * 1024)),
-        int(getattr(settings, "TETHER_SNAPSHOT_MAX_FILES", 20_000)),
+        int(settings.TETHER_SNAPSHOT_MAX_BYTES),
+        int(settings.TETHER_SNAPSHOT_MAX_FILES),
     )
 
 
 def _hidden_limits() -> tuple[int, int]:
     return (
-        int(getattr(settings, "TETHER_SNAPSHOT_HIDDEN_MAX_BYTES", 20 * 1024 * 1024)),
-        int(getattr(settings, "TETHER_SNAPSHOT_HIDDEN_MAX_FILES", 2_000)),
+        int(settings.TETHER_SNAPSHOT_HIDDEN_MAX_BYTES),
+        int(settings.TETHER_SNAPSHOT_HIDDEN_MAX_FILES),
     )
 
 

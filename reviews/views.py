@@ -24,10 +24,6 @@ QUEUE_LIMIT = 200
 AUDIT_CSV_LIMIT = 100_000
 
 
-def _is_htmx(request: HttpRequest) -> bool:
-    return request.headers.get("HX-Request") == "true"
-
-
 @login_required
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
@@ -84,14 +80,14 @@ def item_decide(request: HttpRequest, item_id: int) -> HttpResponse:
     try:
         item = services.review_decide(item=item, user=request.user, verdict=verdict, note=note, request=request)
     except Refused as exc:
-        if _is_htmx(request):
+        if request.htmx:
             view = selectors.item_view(item)
             return render(
                 request, "reviews/item.html#verdict", {"view": view, "error": exc.message, "note": note}, status=exc.status
             )
         messages.error(request, exc.message)
         return redirect("reviews:item", item_id=item.pk)
-    if _is_htmx(request):
+    if request.htmx:
         return render(request, "reviews/item.html#verdict", {"view": selectors.item_view(item)})
     messages.success(request, f"Run {item.run_id}: {item.get_status_display()}.")
     following = selectors.queue(request.user).exclude(pk=item.pk).first()

@@ -172,7 +172,7 @@ def _install(size: int, wait: float, name: str, min_size: int) -> bool:
 
 def enable() -> bool:
     """Pool a worker process's connections (`TETHER_DB_POOL`); return whether it does."""
-    return _install(int(getattr(settings, "TETHER_DB_POOL", 0)), WAIT_SECONDS, "tether-driver", 0)
+    return _install(int(settings.TETHER_DB_POOL), WAIT_SECONDS, "tether-driver", 0)
 
 
 def enable_web(*, in_tests: bool = False) -> bool:
@@ -184,8 +184,8 @@ def enable_web(*, in_tests: bool = False) -> bool:
     if "pytest" in sys.modules and not in_tests:
         return False
     return _install(
-        int(getattr(settings, "TETHER_WEB_DB_POOL", 0)),
-        float(getattr(settings, "TETHER_WEB_DB_WAIT_SECONDS", 10.0)),
+        int(settings.TETHER_WEB_DB_POOL),
+        float(settings.TETHER_WEB_DB_WAIT_SECONDS),
         "tether-web",
         2,
     )
@@ -258,7 +258,7 @@ def server_room(conn: Any = None) -> tuple[int, str]:
 
 def check(found: Budget, conn: Any = None) -> tuple[bool, str]:
     """Whether `found` fits the server (and the line `serve` prints about it)."""
-    if getattr(settings, "TETHER_DB_PGBOUNCER", False):  # the server's limit bounds PgBouncer's, not ours
+    if settings.TETHER_DB_PGBOUNCER:  # the server's limit bounds PgBouncer's, not ours
         return True, (
             f"database connections: {found.describe()}, through PgBouncer (TETHER_DB_PGBOUNCER=1):"
             " its max_client_conn must allow them"

@@ -253,7 +253,7 @@ def server_keys() -> tuple[str, ...]:
     """Return every key the server itself holds (settings and environment)."""
     keys = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
     keys.append(os.environ.get("ANTHROPIC_API_KEY", ""))
-    keys.append(str(getattr(settings, "TETHER_METRICS_TOKEN", "") or ""))
+    keys.append(str(settings.TETHER_METRICS_TOKEN or ""))
     for database in settings.DATABASES.values():
         keys.append(str(database.get("PASSWORD") or ""))
     if redis_url := getattr(settings, "REDIS_URL", ""):
@@ -281,7 +281,7 @@ class _Stored:
         self.checked = float("-inf")
 
     def get(self) -> tuple[str, ...]:
-        refresh = float(getattr(settings, "TETHER_REDACTION_REFRESH_SECONDS", 5))
+        refresh = float(settings.TETHER_REDACTION_REFRESH_SECONDS)
         if time.monotonic() - self.checked < refresh or getattr(self.local, "busy", False):
             return self.keys
         self.local.busy = True  # the query below may log; its log line must not query again

@@ -62,7 +62,7 @@ _KNOWN_CLASS = (
 )
 INVISIBLE_CLASS = _KNOWN_CLASS[1] if unicodedata.unidata_version == _KNOWN_CLASS[0] else _invisible_class()
 
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # what no database column stores: NUL, lone surrogates
 MAX_ID = 10**18 - 1  # ids are 1 to 18 digits: they fit a signed 64-bit column
 
 
@@ -92,7 +92,7 @@ def clean_text(value: Any, *, max_length: int | None = None, nonblank: bool = Fa
     """Return `value` if it is storable text within bounds; a CRLF counts as one character."""
     if not isinstance(value, str):
         raise refuse(f"must be a string, not {kind_of(value)}")
-    found = _UNSTORABLE.search(value)
+    found = UNSTORABLE.search(value)
     if found:
         what = (
             "a NUL character"

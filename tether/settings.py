@@ -2,6 +2,10 @@
 
 Embedded default: SQLite under TETHER_HOME and the django-q2 ORM broker.
 Scale-out: DATABASE_URL (PostgreSQL) and REDIS_URL (the channels_redis layer).
+
+Every `TETHER_*` setting is declared here, once, with its default and what it means; the apps read
+`settings.TETHER_X` and never give a default of their own (tests/ops/test_one_owner.py). A bad
+value stops Tether at start naming it.
 """
 
 import os
@@ -37,6 +41,19 @@ def _env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+
+
+def _env_json(name: str, default: Any) -> Any:
+    """A value given as JSON (a number, true/false, a list, an object); text that is no JSON is kept as text."""
+    import json
+
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _secret_key() -> str:
@@ -78,6 +95,7 @@ INSTALLED_APPS = [
     "channels",
     "django_q",
     "axes",
+    "django_htmx",
     "instances",
     "budgets",
     "audit",
@@ -99,6 +117,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",  # request.htmx: did htmx send this request?
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "axes.middleware.AxesMiddleware",
 ]
@@ -203,6 +222,19 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# --- the console (loops/console, loops/consumers.py) ----------------------------------------------
+# How often a console socket reads the database when nothing woke it: with Redis a doorbell wakes it,
+# so the poll is only a fallback.
+TETHER_CONSOLE_POLL_SECONDS = _env_float("TETHER_CONSOLE_POLL_SECONDS", 2.0 if REDIS_URL else 0.25)
+# How often a live, quiet run's socket re-sends its summary.
+TETHER_CONSOLE_REFRESH_SECONDS = _env_float("TETHER_CONSOLE_REFRESH_SECONDS", 5.0)
+# How long a console action waits for its answer before the page says there was none.
+TETHER_CONSOLE_TIMEOUT_SECONDS = _env_float("TETHER_CONSOLE_TIMEOUT_SECONDS", 20.0)
+if TETHER_CONSOLE_TIMEOUT_SECONDS <= 0:
+    raise ImproperlyConfigured(
+        f"TETHER_CONSOLE_TIMEOUT_SECONDS must be a positive number, got {TETHER_CONSOLE_TIMEOUT_SECONDS}"
+    )
+
 # --- worker cluster (django-q2, ORM broker in both shapes; see docs/architecture.md) ----
 TETHER_WORKERS = _env_int("TETHER_WORKERS", 1)
 Q_CLUSTER = {
@@ -306,6 +338,61 @@ def _check_dollars(name: str, value: str) -> None:
 
 
 _check_dollars("TETHER_BUDGET_LEASE_USD", TETHER_BUDGET_LEASE_USD)
+# What a `command` agent that reports its own cost reserves per iteration, in dollars.
+TETHER_COMMAND_ITERATION_RESERVE_USD = os.environ.get("TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05").strip()
+_check_dollars("TETHER_COMMAND_ITERATION_RESERVE_USD", TETHER_COMMAND_ITERATION_RESERVE_USD)
+# Brains besides the built-in ones (instances/brains/__init__.py), {kind: "dotted.path.Brain"}, as JSON.
+TETHER_BRAINS: dict[str, str] = _env_json("TETHER_BRAINS", {})
+# Delegation (loops/delegation.py): how deep a tree of runs may go, children per act, runs per tree.
+TETHER_DELEGATION_MAX_DEPTH = _env_int("TETHER_DELEGATION_MAX_DEPTH", 3)
+TETHER_DELEGATION_MAX_CHILDREN = _env_int("TETHER_DELEGATION_MAX_CHILDREN", 4)
+TETHER_DELEGATION_MAX_RUNS = _env_int("TETHER_DELEGATION_MAX_RUNS", 20)
+
+# --- the Claude brain (instances/brains/anthropic.py, the gateway, the judge) -------------------------
+# The model of an instance that names none.
+TETHER_ANTHROPIC_DEFAULT_MODEL = os.environ.get("TETHER_ANTHROPIC_DEFAULT_MODEL") or "claude-sonnet-5-5"
+# A failing model call (429, 529, 5xx, a timeout) is retried this often per act, with jittered
+# exponential backoff from BACKOFF to BACKOFF_MAX seconds, before the act ends in `provider_error`.
+TETHER_ANTHROPIC_RETRIES = _env_int("TETHER_ANTHROPIC_RETRIES", 4)
+TETHER_ANTHROPIC_BACKOFF_SECONDS = _env_float("TETHER_ANTHROPIC_BACKOFF_SECONDS", 1.0)
+TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS = _env_float("TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS", 30.0)
+TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS = _env_float("TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0)  # a call
+TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL = _env_int("TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL", 8192)
+# The history's share of a Claude act's (and the `llm` decider's) prompt, in tokens, and how many
+# of the latest iterations it keeps whole.
+TETHER_CONTEXT_BUDGET_TOKENS = _env_int("TETHER_CONTEXT_BUDGET_TOKENS", 2000)
+TETHER_CONTEXT_RECENT = _env_int("TETHER_CONTEXT_RECENT", 3)
+
+# --- reviews: grading, snapshots, notifications (reviews/) --------------------------------------------
+TETHER_JUDGE_TIMEOUT_SECONDS = _env_float("TETHER_JUDGE_TIMEOUT_SECONDS", 120.0)  # one LLM judge call
+# The share of verified dones sampled into the review queue, in percent (an instance's grading may
+# set its own), and the seed of that draw (empty: derived from the secret key).
+TETHER_REVIEW_SAMPLE_PERCENT = _env_json("TETHER_REVIEW_SAMPLE_PERCENT", 10)
+if isinstance(TETHER_REVIEW_SAMPLE_PERCENT, bool) or not (
+    isinstance(TETHER_REVIEW_SAMPLE_PERCENT, int | float) and 0 <= TETHER_REVIEW_SAMPLE_PERCENT <= 100
+):
+    raise ImproperlyConfigured(
+        f"TETHER_REVIEW_SAMPLE_PERCENT must be a number from 0 to 100, got {TETHER_REVIEW_SAMPLE_PERCENT!r}"
+    )
+TETHER_REVIEW_SAMPLE_SEED = os.environ.get("TETHER_REVIEW_SAMPLE_SEED", "")
+# Templates whose instances are expected to change their workspace when they claim done (JSON list).
+TETHER_CODING_TEMPLATES = _env_json("TETHER_CODING_TEMPLATES", ("coder",))
+# Where runs' workspace snapshots are kept (one git directory per run), and how big a workspace a
+# snapshot takes: its files, then the files .gitignore hides.
+TETHER_SNAPSHOTS = Path(os.environ.get("TETHER_SNAPSHOTS") or TETHER_HOME / "snapshots")
+TETHER_SNAPSHOT_MAX_BYTES = _env_int("TETHER_SNAPSHOT_MAX_BYTES", 100 * 1024 * 1024)
+TETHER_SNAPSHOT_MAX_FILES = _env_int("TETHER_SNAPSHOT_MAX_FILES", 20_000)
+TETHER_SNAPSHOT_HIDDEN_MAX_BYTES = _env_int("TETHER_SNAPSHOT_HIDDEN_MAX_BYTES", 20 * 1024 * 1024)
+TETHER_SNAPSHOT_HIDDEN_MAX_FILES = _env_int("TETHER_SNAPSHOT_HIDDEN_MAX_FILES", 2_000)
+# Notifications by signed webhook: tries per notice, the backoff between them (doubling up to the
+# maximum), one call's timeout; and whether a target may be on a private network (JSON true/false).
+TETHER_NOTIFY_ATTEMPTS = _env_int("TETHER_NOTIFY_ATTEMPTS", 5)
+TETHER_NOTIFY_BACKOFF_SECONDS = _env_float("TETHER_NOTIFY_BACKOFF_SECONDS", 2.0)
+TETHER_NOTIFY_BACKOFF_MAX_SECONDS = _env_float("TETHER_NOTIFY_BACKOFF_MAX_SECONDS", 300.0)
+TETHER_NOTIFY_TIMEOUT_SECONDS = _env_float("TETHER_NOTIFY_TIMEOUT_SECONDS", 10.0)
+TETHER_WEBHOOK_ALLOW_PRIVATE = _env_json("TETHER_WEBHOOK_ALLOW_PRIVATE", False)
+# The address links in notifications start with (e.g. https://tether.example); empty: paths only.
+TETHER_PUBLIC_URL = os.environ.get("TETHER_PUBLIC_URL", "")
 
 # --- the sandbox (instances/sandbox.py) ------------------------------------------
 # "bwrap" (default): every program an agent or a user supplies runs under bubblewrap, and runs
@@ -337,6 +424,8 @@ TETHER_ALLOW_PRIVATE_BASE_URLS = os.environ.get("TETHER_ALLOW_PRIVATE_BASE_URLS"
 # --- operations ----------------------------------------------------------------
 # Bearer token for /metrics (Prometheus); empty: the endpoint is off.
 TETHER_METRICS_TOKEN = os.environ.get("TETHER_METRICS_TOKEN", "")
+# How soon a key stored by another process is redacted here: the stored keys are re-read this often.
+TETHER_REDACTION_REFRESH_SECONDS = _env_float("TETHER_REDACTION_REFRESH_SECONDS", 5.0)
 
 # --- auth & static -----------------------------------------------------------
 LOGIN_URL = "/login/"
@@ -439,21 +528,3 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("TETHER_LOG_LEVEL", "INFO")},
     "loggers": {"django_q": {"level": os.environ.get("TETHER_QUEUE_LOG_LEVEL", "WARNING")}},
 }
-
-# Every other TETHER_* variable in the environment becomes a setting of the same name
-# (JSON-decoded when it parses: numbers, true/false), so tuning knobs read by the
-# apps with getattr(settings, NAME, default) can be set without editing this file.
-def _extra_settings() -> None:
-    import json
-
-    known = globals()
-    for name, raw in os.environ.items():
-        if not name.startswith("TETHER_") or name in known:
-            continue
-        try:
-            known[name] = json.loads(raw)
-        except ValueError:
-            known[name] = raw
-
-
-_extra_settings()

@@ -34,6 +34,8 @@ from tether.limits import (
     HOOK_RATE_DEFAULT,
     OBJECTIVE_MAX_CHARS,
 )
+from tether.refusals import Refused
+from tether.schema import UNSTORABLE
 from triggers import signatures
 from triggers.models import Delivery, Trigger
 
@@ -42,19 +44,12 @@ EVENT_HEADERS = ("X-GitHub-Event", "X-Tether-Event")
 # Headers never kept with a delivery: whatever authenticates a request or could carry a secret.
 _SECRET_HEADER = re.compile(r"authorization|cookie|signature|secret|token|key|password", re.IGNORECASE)
 _DELIVERY_ID = re.compile(rf"[A-Za-z0-9._:-]{{1,{DELIVERY_ID_MAX_CHARS}}}")
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 HEADER_VALUE_CHARS = 500
 HEADERS_KEPT = 50
 
 
-class TriggerRefused(Exception):
+class TriggerRefused(Refused):
     """A change the service will not make; `message` says what to do instead."""
-
-    def __init__(self, message: str, status: int = 400, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.field = field
 
 
 # --- people's changes -------------------------------------------------------------------------------
@@ -219,7 +214,7 @@ def _kept_headers(headers: Mapping[str, str], secret: str) -> dict[str, str]:
 def _clean(text: str, secret: str) -> str:
     if secret:
         text = text.replace(secret, "[secret]")
-    return _UNSTORABLE.sub("\ufffd", text)
+    return UNSTORABLE.sub("\ufffd", text)
 
 
 def _keep(asked: _Request, outcome: str, status: int, reason: str = "", run: Run | None = None) -> Delivery:
@@ -323,7 +318,7 @@ def receive(
         )
     # A sender that echoes a key or the trigger's own secret in its payload does not get it into a run.
     objective = redaction.redact(objective, extra=(secret,))
-    if _UNSTORABLE.search(objective):
+    if UNSTORABLE.search(objective):
         return _refuse(asked, 400, "the payload fills the objective with a NUL character or a lone surrogate")
     return _start(asked, objective)
 

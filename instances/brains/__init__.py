@@ -27,7 +27,7 @@ DEFAULT_BRAINS = {
 
 @cache
 def brain_class(name: str) -> Any:
-    paths = {**DEFAULT_BRAINS, **getattr(settings, "TETHER_BRAINS", {})}
+    paths = {**DEFAULT_BRAINS, **settings.TETHER_BRAINS}
     if name not in paths:
         raise ValueError(f"unknown brain {name!r}; known: {', '.join(sorted(paths))}")
     return import_string(paths[name])

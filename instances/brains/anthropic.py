@@ -33,10 +33,11 @@ Keys: the SDK is always given `api_key` and `base_url` explicitly (it never read
 environment or local profiles); the key is scrubbed from every text this module returns,
 raises or logs, and tools never see it (commands get a minimal environment).
 
-Settings (all optional): TETHER_ANTHROPIC_RETRIES (4), TETHER_ANTHROPIC_BACKOFF_SECONDS (1.0),
-TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS (30), TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS (300),
-TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL (8192), TETHER_ANTHROPIC_DEFAULT_MODEL,
-TETHER_CONTEXT_BUDGET_TOKENS (2000: the history's share of the prompt), TETHER_CONTEXT_RECENT (3).
+Settings (declared, with their defaults, in tether/settings.py): TETHER_ANTHROPIC_RETRIES,
+TETHER_ANTHROPIC_BACKOFF_SECONDS, TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS,
+TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS, TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL,
+TETHER_ANTHROPIC_DEFAULT_MODEL, TETHER_CONTEXT_BUDGET_TOKENS (the history's share of the prompt),
+TETHER_CONTEXT_RECENT.
 """
 
 from __future__ import annotations
@@ -80,7 +81,6 @@ from tether import redaction
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "claude-sonnet-5-5"
 CACHE = {"type": "ephemeral"}
 BILLING_CODES = frozenset(
     {
@@ -145,18 +145,18 @@ class Limits:
 def limits() -> Limits:
     """Return the brain's bounds from settings (read on every act, so tests can override them)."""
     return Limits(
-        retries=int(getattr(settings, "TETHER_ANTHROPIC_RETRIES", 4)),
-        backoff=float(getattr(settings, "TETHER_ANTHROPIC_BACKOFF_SECONDS", 1.0)),
-        backoff_max=float(getattr(settings, "TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS", 30.0)),
-        call_timeout=float(getattr(settings, "TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0)),
-        max_tokens_per_call=int(getattr(settings, "TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL", 8192)),
-        context_tokens=int(getattr(settings, "TETHER_CONTEXT_BUDGET_TOKENS", 2000)),
-        recent=int(getattr(settings, "TETHER_CONTEXT_RECENT", 3)),
+        retries=int(settings.TETHER_ANTHROPIC_RETRIES),
+        backoff=float(settings.TETHER_ANTHROPIC_BACKOFF_SECONDS),
+        backoff_max=float(settings.TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS),
+        call_timeout=float(settings.TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS),
+        max_tokens_per_call=int(settings.TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL),
+        context_tokens=int(settings.TETHER_CONTEXT_BUDGET_TOKENS),
+        recent=int(settings.TETHER_CONTEXT_RECENT),
     )
 
 
 def model_for(instance: Any) -> str:
-    return instance.model or str(getattr(settings, "TETHER_ANTHROPIC_DEFAULT_MODEL", DEFAULT_MODEL))
+    return instance.model or str(settings.TETHER_ANTHROPIC_DEFAULT_MODEL)
 
 
 # --- compaction (pure) ------------------------------------------------------------------------
@@ -730,7 +730,7 @@ class _Act:
         context = ToolContext(
             workspace=request.workspace,
             timeout=float(instance.tool_timeout_seconds),
-            output_cap=int(getattr(settings, "TETHER_OUTPUT_CAP_BYTES", 64 * 1024)),
+            output_cap=int(settings.TETHER_OUTPUT_CAP_BYTES),
             command_allow=tuple(instance.command_allow or ()),
             command_deny=tuple(instance.command_deny or ()),
             stop=request.stop,

@@ -50,7 +50,7 @@ def reported_spend_allowance() -> int:
     """
     from django.conf import settings
 
-    return money.usd_to_micros(str(getattr(settings, "TETHER_COMMAND_ITERATION_RESERVE_USD", "0.05")))
+    return money.usd_to_micros(str(settings.TETHER_COMMAND_ITERATION_RESERVE_USD))
 
 
 class CommandBrain:

@@ -14,7 +14,7 @@ from typing import Any
 from django.urls import reverse
 
 from budgets import money
-from loops import event_kinds, selectors
+from loops import event_kinds, outcomes, selectors
 from loops.models import Event, Run
 
 EXCERPT_CHARS = 600
@@ -26,11 +26,7 @@ STATUS_WORDS = {
     Run.Status.WAITING: "waiting for you",
     Run.Status.FINISHED: "finished",
 }
-OUTCOME_TONE = {
-    Run.Outcome.DONE: "good",
-    Run.Outcome.CANCELLED: "quiet",
-    Run.Outcome.ESCALATED: "warn",
-}
+OUTCOME_TONE = outcomes.TONES
 
 
 def usd(micros: int | None) -> str:

@@ -46,7 +46,7 @@ def states_per_pass() -> int:
     """How many runs' states one pass draws at most (`TETHER_CONSOLE_STATES_PER_PASS`)."""
     from django.conf import settings
 
-    return int(getattr(settings, "TETHER_CONSOLE_STATES_PER_PASS", 20))
+    return int(settings.TETHER_CONSOLE_STATES_PER_PASS)
 
 
 def reading[**P, R](func: Callable[P, R]) -> Callable[P, Any]:

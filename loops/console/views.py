@@ -41,10 +41,6 @@ RECENT_RUNS = 20
 HISTORY_PAGE = 25
 
 
-def is_htmx(request: HttpRequest) -> bool:
-    return request.headers.get("HX-Request") == "true"
-
-
 def _instance(request: HttpRequest, instance_id: int) -> Instance:
     instance = selectors.instance_for(request.user, instance_id)
     if instance is None:
@@ -74,14 +70,10 @@ def _nav(request: HttpRequest) -> dict[str, Any]:
 def console_settings(request: HttpRequest) -> dict[str, Any]:
     """A context processor: what every page's script reads from <body> (see static/console/console.js).
 
-    `TETHER_CONSOLE_TIMEOUT_SECONDS` (default 20): how long an action waits for an answer before the
-    page says there was none.
+    `TETHER_CONSOLE_TIMEOUT_SECONDS`: how long an action waits for an answer before the page says
+    there was none (tether/settings.py refuses a value that is no positive number at start).
     """
-    try:
-        timeout = float(getattr(settings, "TETHER_CONSOLE_TIMEOUT_SECONDS", 20))
-    except (TypeError, ValueError):
-        timeout = 20.0
-    return {"console_timeout_seconds": f"{timeout if timeout > 0 else 20.0:g}"}
+    return {"console_timeout_seconds": f"{float(settings.TETHER_CONSOLE_TIMEOUT_SECONDS):g}"}
 
 
 @login_required
@@ -231,7 +223,7 @@ def _actions(
     A `transient` notice ("Sent", "Stopping") hides once the run finishes. A refused resume
     (`resume_form` with its errors) keeps what was typed.
     """
-    if is_htmx(request):
+    if request.htmx:
         run.refresh_from_db()
         context = {
             "run": RunView(run), "form": form, "notice": notice, "transient": transient,

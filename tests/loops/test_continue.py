@@ -465,9 +465,10 @@ def test_continuation_is_pure():
         ).stdout
     )
     assert [m for m in loaded if m.split(".")[0] in ("django", "datetime", "socket", "subprocess", "sqlite3")] == []
-    # only the other pure modules: the run's memory, and the policy (and its decisions) whose window it keeps
+    # only the other pure modules: the run's memory, the policy (and its decisions) whose window it keeps,
+    # and the ways a run can end
     assert sorted(m for m in loaded if m.startswith("loops.")) == [
-        "loops.continuation", "loops.decision", "loops.memory", "loops.policy"
+        "loops.continuation", "loops.decision", "loops.memory", "loops.outcomes", "loops.policy"
     ]
 
 

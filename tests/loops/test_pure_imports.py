@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE = ["loops.policy", "loops.decision", "loops.memory", "loops.progress"]
+PURE = ["loops.policy", "loops.decision", "loops.memory", "loops.progress", "loops.outcomes"]
 # What the pure modules may import: computation only.
 ALLOWED = {
     "__future__",
     "collections",
     "collections.abc",
     "dataclasses",
+    "enum",
     "hashlib",
     "json",
     "re",
@@ -23,6 +24,7 @@ ALLOWED = {
     "unicodedata",
     "loops.decision",
     "loops.memory",
+    "loops.outcomes",
     "loops.policy",
     "loops.progress",
 }

@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
         ("TETHER_DB_POOL", "many", "TETHER_DB_POOL must be a whole number, got 'many'"),
         ("TETHER_STALL_ITERATIONS", "-1", "TETHER_STALL_ITERATIONS must be 0 (off) or more, got -1"),
         ("TETHER_STALL_ITERATIONS", "few", "TETHER_STALL_ITERATIONS must be a whole number, got 'few'"),
+        ("TETHER_CONSOLE_TIMEOUT_SECONDS", "soon", "TETHER_CONSOLE_TIMEOUT_SECONDS must be a number, got 'soon'"),
+        ("TETHER_CONSOLE_TIMEOUT_SECONDS", "-1", "TETHER_CONSOLE_TIMEOUT_SECONDS must be a positive number, got -1.0"),
+        ("TETHER_DELEGATION_MAX_DEPTH", "deep", "TETHER_DELEGATION_MAX_DEPTH must be a whole number, got 'deep'"),
+        ("TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", "5m", "TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS must be a number"),
+        ("TETHER_COMMAND_ITERATION_RESERVE_USD", "lots", "TETHER_COMMAND_ITERATION_RESERVE_USD must be an amount of"),
+        ("TETHER_REVIEW_SAMPLE_PERCENT", "150", "TETHER_REVIEW_SAMPLE_PERCENT must be a number from 0 to 100, got 150"),
+        ("TETHER_REVIEW_SAMPLE_PERCENT", "half", "TETHER_REVIEW_SAMPLE_PERCENT must be a number from 0 to 100"),
     ],
 )
 def test_a_bad_setting_is_refused_at_start_naming_it(name, value, said, tmp_path):

@@ -163,10 +163,67 @@ def test_buckets_are_cumulative_and_end_at_the_count(client, metrics_token, star
     assert buckets[-1] == (float("inf"), 29)
 
 
-def test_label_values_are_escaped():
-    from loops.ops import Exposition
+def test_label_values_are_escaped(client, metrics_token):
+    from budgets import services
 
-    out = Exposition()
-    out.family("tether_x", "gauge", "x", [({"pool": 'a "quoted"\\ name\nnext'}, 1)])
-    samples = parse_exposition(out.render())
-    assert samples[("tether_x", frozenset({("pool", 'a \\"quoted\\"\\\\ name\\nnext')}))] == 1
+    name = 'a "quoted"\\ name\nnext'
+    services.pool_create(kind="team", name=name, parent=services.root_pool(), limit=2_000_000)
+    samples = scrape(client, metrics_token)
+    escaped = 'a \\"quoted\\"\\\\ name\\nnext'
+    assert value(samples, "tether_pool_limit_usd", pool=escaped, kind="team") == 2.0
+
+
+def test_metrics_are_rendered_by_prometheus_client():
+    """The exposition is prometheus_client's, from one collector: no hand-written text format."""
+    import inspect
+
+    from prometheus_client import CollectorRegistry
+
+    from loops import ops
+
+    assert isinstance(ops.REGISTRY, CollectorRegistry)
+    assert [type(c).__name__ for c in ops.REGISTRY._collector_to_names] == ["TetherCollector"]
+    source = inspect.getsource(ops)
+    assert "# TYPE" not in source and "# HELP" not in source, (
+        "the text format is prometheus_client's to write"
+    )
+
+
+# What dashboards and alerts read: every family's name, type and help, as they were written by hand
+# before prometheus_client rendered them. A change here is a change to every scraper's queries.
+FAMILIES = [
+    "# HELP tether_runs Runs by status.",
+    "# TYPE tether_runs gauge",
+    "# HELP tether_runs_finished_total Finished runs by outcome.",
+    "# TYPE tether_runs_finished_total counter",
+    "# HELP tether_runs_leased Runs a worker holds a live lease on right now.",
+    "# TYPE tether_runs_leased gauge",
+    "# HELP tether_iterations_total Iterations recorded.",
+    "# TYPE tether_iterations_total counter",
+    "# HELP tether_iteration_duration_seconds Wall time of recorded iterations (act, checks and decision).",
+    "# TYPE tether_iteration_duration_seconds histogram",
+    "# HELP tether_spent_usd_total Money settled by iterations, including the conservative settlement of abandoned ones.",
+    "# TYPE tether_spent_usd_total counter",
+    "# HELP tether_reservations_held Reservations currently held.",
+    "# TYPE tether_reservations_held gauge",
+    "# HELP tether_reserved_usd Money currently held by reservations.",
+    "# TYPE tether_reserved_usd gauge",
+    "# HELP tether_pool_spent_usd Money spent in the current period, by root and team pool.",
+    "# TYPE tether_pool_spent_usd gauge",
+    "# HELP tether_pool_limit_usd Limits of the root and team pools (absent: unlimited).",
+    "# TYPE tether_pool_limit_usd gauge",
+    "# HELP tether_queue_depth Tasks waiting in the django-q2 queue (ORM broker).",
+    "# TYPE tether_queue_depth gauge",
+    "# HELP tether_reaper_actions_total Runs the reaper re-scheduled after their driver died (run.reaped events).",
+    "# TYPE tether_reaper_actions_total counter",
+    "# HELP tether_worker_clusters Worker clusters that reported in.",
+    "# TYPE tether_worker_clusters gauge",
+    "# HELP tether_worker_processes Worker processes of the clusters that reported in.",
+    "# TYPE tether_worker_processes gauge",
+]
+
+
+def test_families_keep_their_names_types_and_help(client, metrics_token):
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {metrics_token}"})
+    heads = [line for line in response.content.decode().splitlines() if line.startswith("# ")]
+    assert heads == FAMILIES
