@@ -94,13 +94,8 @@ FAILED_FOR_NOTICE = frozenset(Outcome) - {
 # The agent gave up or went round in circles: the review queue gets the run.
 GAVE_UP = frozenset({Outcome.FAILED, Outcome.NO_PROGRESS, Outcome.MAX_ITERATIONS})
 
+# A bound the person set ended the run (the digest's "stopped by a bound").
+BOUND = frozenset({Outcome.BUDGET_EXHAUSTED, Outcome.MAX_ITERATIONS, Outcome.TIMED_OUT})
+
 # A bound or a stop ended the run: its page offers a rollback to the last verified state first.
-BOUND_OR_STOP = frozenset(
-    {
-        Outcome.CANCELLED,
-        Outcome.MAX_ITERATIONS,
-        Outcome.BUDGET_EXHAUSTED,
-        Outcome.TIMED_OUT,
-        Outcome.NO_PROGRESS,
-    }
-)
+BOUND_OR_STOP = BOUND | {Outcome.CANCELLED, Outcome.NO_PROGRESS}

@@ -31,6 +31,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from budgets import money
+from loops import outcomes
 from loops.memory import Memory
 from loops.models import Run
 from reviews import notify, snapshots
@@ -38,7 +39,7 @@ from reviews.models import DigestPreference, NotificationTarget, ReviewItem, Wor
 
 log = logging.getLogger(__name__)
 
-BOUND_OUTCOMES = frozenset({Run.Outcome.BUDGET_EXHAUSTED, Run.Outcome.MAX_ITERATIONS, Run.Outcome.TIMED_OUT})
+BOUND_OUTCOMES = outcomes.BOUND
 TOP_SPENDERS = 5
 RUN_LINES = 200
 

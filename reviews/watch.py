@@ -35,30 +35,27 @@ from reviews.models import ReviewItem
 
 NO_TEMPLATE = "(no template)"
 DECIDED = (ReviewItem.Status.ACCEPTED, ReviewItem.Status.REJECTED)
-
-
-def _number(name: str, default: float) -> float:
-    return float(getattr(settings, name, default))
+BACKLOG_SCAN = 5_000  # the oldest waiting items one watch reads; a backlog past it is already an alert
 
 
 def max_wait() -> timedelta:
-    return timedelta(hours=_number("TETHER_REVIEW_MAX_WAIT_HOURS", 24))
+    return timedelta(hours=settings.TETHER_REVIEW_MAX_WAIT_HOURS)
 
 
 def max_backlog() -> int:
-    return int(_number("TETHER_REVIEW_MAX_BACKLOG", 50))
+    return int(settings.TETHER_REVIEW_MAX_BACKLOG)
 
 
 def quick_seconds() -> float:
-    return _number("TETHER_REVIEW_QUICK_SECONDS", 10)
+    return float(settings.TETHER_REVIEW_QUICK_SECONDS)
 
 
 def streak() -> int:
-    return max(int(_number("TETHER_REVIEW_STREAK", 20)), 1)
+    return max(int(settings.TETHER_REVIEW_STREAK), 1)
 
 
 def boost() -> Decimal:
-    return Decimal(str(getattr(settings, "TETHER_REVIEW_SAMPLE_BOOST_PERCENT", 25)))
+    return Decimal(str(settings.TETHER_REVIEW_SAMPLE_BOOST_PERCENT))
 
 
 # --- backlog and age ---------------------------------------------------------------------------
@@ -114,7 +111,7 @@ def backlog(items: QuerySet[ReviewItem], now: datetime | None = None) -> Backlog
     pending = items.filter(status=ReviewItem.Status.PENDING).select_related(
         "run__instance__template", "run__owner"
     )
-    for item in pending.order_by("created_at", "id")[:10_000]:
+    for item in pending.order_by("created_at", "id")[:BACKLOG_SCAN]:
         found.total.add(item)
         template = item.run.instance.template
         templates.setdefault(template.name if template else NO_TEMPLATE, Waiting("")).add(item)
