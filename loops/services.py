@@ -409,8 +409,10 @@ def run_continue(
 def _ensure_key_works(run: Run) -> None:
     """Refuse to continue a run that ended credential_error while its instance's key still fails."""
     from instances.brains.anthropic import check_key
+    from instances.models import Instance
 
-    if problem := check_key(run.instance):
+    instance = Instance.objects.select_related("credential").get(pk=run.instance_id)  # the key as it is now
+    if problem := check_key(instance):
         raise Refused(
             f"run {run.pk} ended credential_error, and the instance's key still does not work: {problem}. "
             "Fix the credential (or select another on the instance), then continue the run; nothing was spent",
