@@ -30,7 +30,9 @@ from tests.fakes.messages_server import MessagesServer, text, tool_use, tool_use
 from tests.loops import test_delegation as delegation_tests
 from tests.loops.conftest import drive_in_thread
 
-family = delegation_tests.family  # a Claude lead, its `helper` instance (a command agent), the `fixer` template
+family = (
+    delegation_tests.family
+)  # a Claude lead, its `helper` instance (a command agent), the `fixer` template
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,14 +68,25 @@ def claude(user, make_instance, script, server, price):
     """A Claude agent on the local Messages server, with its own credential; done once REPORT.md exists."""
     credential = Credential.create_for(user, label="mine", secret=KEY)
     return make_instance(
-        user, name="writer", brain="anthropic", decider="checks", base_url=server.url, credential=credential,
-        model="claude-test-1", tools=["write_file"], command=[],
-        checks=[{"name": "report", "command": script(REPORT), "required": True}], max_iterations=3,
+        user,
+        name="writer",
+        brain="anthropic",
+        decider="checks",
+        base_url=server.url,
+        credential=credential,
+        model="claude-test-1",
+        tools=["write_file"],
+        command=[],
+        checks=[{"name": "report", "command": script(REPORT), "required": True}],
+        max_iterations=3,
     )
 
 
 def write_report():
-    return (tool_use("write_file", {"path": "REPORT.md", "content": "the report"}), text("REPORT.md is written."))
+    return (
+        tool_use("write_file", {"path": "REPORT.md", "content": "the report"}),
+        text("REPORT.md is written."),
+    )
 
 
 def spent_and_held():
@@ -88,7 +101,9 @@ def model_calls(server):
 def sent_key(request):
     """The key a request carried (as a Bearer token or an x-api-key header, as the server reads it)."""
     bearer = request.headers.get("authorization", "")
-    return bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else request.headers.get("x-api-key")
+    return (
+        bearer.removeprefix("Bearer ") if bearer.startswith("Bearer ") else request.headers.get("x-api-key")
+    )
 
 
 def key_checks(server):
@@ -99,8 +114,12 @@ def key_checks(server):
 
 
 def test_an_escalated_run_closed_without_an_answer_is_continued_with_the_answer(user, make_instance, script):
-    asker = make_instance(user, name="asker", command=script(ASKER),
-                          checks=[{"name": "greeted", "command": script(GREETED), "required": True}])
+    asker = make_instance(
+        user,
+        name="asker",
+        command=script(ASKER),
+        checks=[{"name": "greeted", "command": script(GREETED), "required": True}],
+    )
     old = drive_in_thread(services.run_start(instance=asker, user=user, objective="write greeting.txt"))
     assert old.status == "waiting" and "What should greeting.txt say?" in old.outcome_detail
     old = services.run_close(run=old, user=user)
@@ -110,14 +129,20 @@ def test_an_escalated_run_closed_without_an_answer_is_continued_with_the_answer(
     new = drive_in_thread(new)
     assert (new.outcome, new.verified) == ("done", True), new.outcome_detail
     first = new.iterations.get(number=1).instruction
-    assert first.startswith(f"This run continues run {old.pk}, which ended escalated: What should greeting.txt say?")
+    assert first.startswith(
+        f"This run continues run {old.pk}, which ended escalated: What should greeting.txt say?"
+    )
     assert first.endswith("- Call it Ada")
     assert (asker.workspace_path() / "greeting.txt").read_text() == "Ada"
 
 
 def test_a_crashed_run_is_continued(user, make_instance, script):
-    counter = make_instance(user, name="counter", command=script(COUNTER),
-                            checks=[{"name": "parts", "command": script(PARTS.format(n=2)), "required": True}])
+    counter = make_instance(
+        user,
+        name="counter",
+        command=script(COUNTER),
+        checks=[{"name": "parts", "command": script(PARTS.format(n=2)), "required": True}],
+    )
     old = services.run_start(instance=counter, user=user, objective="write two parts")
     from loops.runner import finish_run
 
@@ -152,8 +177,9 @@ def test_a_credential_error_is_continued_only_once_the_key_works_and_nothing_is_
     credential = claude.credential
     credential.set_secret(WRONG_KEY)
     credential.save()
-    old = drive_in_thread(services.run_start(instance=claude, user=user, objective="write REPORT.md",
-                                             max_cost_usd="1.00"))
+    old = drive_in_thread(
+        services.run_start(instance=claude, user=user, objective="write REPORT.md", max_cost_usd="1.00")
+    )
     assert old.outcome == "credential_error" and "rejected the API key" in old.outcome_detail
     calls, books = len(model_calls(server)), spent_and_held()
 
@@ -161,7 +187,9 @@ def test_a_credential_error_is_continued_only_once_the_key_works_and_nothing_is_
         services.run_continue(run=old, user=user, message="the key is fixed", max_cost_usd="0.50")
     assert refused.value.status == 409
     said = refused.value.message
-    assert said.startswith(f"run {old.pk} ended credential_error, and the instance's key still does not work: ")
+    assert said.startswith(
+        f"run {old.pk} ended credential_error, and the instance's key still does not work: "
+    )
     assert "Anthropic rejected the API key (401" in said and "nothing was spent" in said
     assert WRONG_KEY not in said and WRONG_KEY[-12:] not in said
     assert Run.objects.count() == 1 and not Run.objects.filter(continued_from=old).exists()
@@ -170,7 +198,9 @@ def test_a_credential_error_is_continued_only_once_the_key_works_and_nothing_is_
     assert sent_key(check) == WRONG_KEY
 
     answer = DjangoClient().post(  # the same refusal through the API, as JSON
-        f"/v1/instances/{claude.pk}/loop/{old.pk}/continue", data="{}", content_type="application/json",
+        f"/v1/instances/{claude.pk}/loop/{old.pk}/continue",
+        data="{}",
+        content_type="application/json",
         headers={"Authorization": f"Bearer {make_token(user)}"},
     )
     assert answer.status_code == 409 and "still does not work" in answer.json()["error"]
@@ -192,8 +222,12 @@ def test_a_credential_error_is_continued_only_once_the_key_works_and_nothing_is_
 
 
 def test_a_verified_done_is_followed_up_with_the_message_as_its_objective(user, make_instance, script):
-    counter = make_instance(user, name="counter", command=script(COUNTER),
-                            checks=[{"name": "parts", "command": script(PARTS.format(n=2)), "required": True}])
+    counter = make_instance(
+        user,
+        name="counter",
+        command=script(COUNTER),
+        checks=[{"name": "parts", "command": script(PARTS.format(n=2)), "required": True}],
+    )
     old = drive_in_thread(services.run_start(instance=counter, user=user, objective="write two parts"))
     assert (old.outcome, old.verified) == ("done", True), old.outcome_detail
     with pytest.raises(services.Refused, match="say what to do next in the message") as refused:
@@ -217,8 +251,13 @@ def test_a_verified_done_is_followed_up_with_the_message_as_its_objective(user, 
 
 def delegate_two(server, then=()):
     server.enqueue(
-        tool_uses([delegation_tests.delegate("helper", "write the first half", 0.20),
-                   delegation_tests.delegate("helper", "write the second half", 0.20)], say="Delegating."),
+        tool_uses(
+            [
+                delegation_tests.delegate("helper", "write the first half", 0.20),
+                delegation_tests.delegate("helper", "write the second half", 0.20),
+            ],
+            say="Delegating.",
+        ),
         *then,
     )
 
@@ -226,10 +265,16 @@ def delegate_two(server, then=()):
 def test_a_child_continued_while_its_parent_waits_is_waited_for_and_its_result_reaches_the_parent(
     user, family, server
 ):
-    delegate_two(server, then=[tool_use("write_file", {"path": "REPORT.md", "content": "fixed by both halves"}),
-                               text("The report is written.")])
-    parent = drive_in_thread(services.run_start(instance=family, user=user, objective="write the report",
-                                                max_cost_usd="1.00"))
+    delegate_two(
+        server,
+        then=[
+            tool_use("write_file", {"path": "REPORT.md", "content": "fixed by both halves"}),
+            text("The report is written."),
+        ],
+    )
+    parent = drive_in_thread(
+        services.run_start(instance=family, user=user, objective="write the report", max_cost_usd="1.00")
+    )
     first, second = delegation_tests.children_of(parent)
     stopped = services.run_cancel(run=first, user=user)  # a person stops one child; the other runs on
     assert stopped.outcome == "cancelled"
@@ -238,7 +283,10 @@ def test_a_child_continued_while_its_parent_waits_is_waited_for_and_its_result_r
 
     again = services.run_continue(run=stopped, user=user, message="write it after all", max_cost_usd="0.30")
     assert (again.parent_id, again.depth, again.continued_from_id, again.max_cost_micros) == (
-        parent.pk, first.depth, first.pk, 300_000,
+        parent.pk,
+        first.depth,
+        first.pk,
+        300_000,
     )
     parent.refresh_from_db()
     assert parent.delegation["children"] == [again.pk, second.pk]  # the parent waits for the continuation now
@@ -261,7 +309,9 @@ def test_a_child_continued_while_its_parent_waits_is_waited_for_and_its_result_r
     parent = drive_in_thread(parent)
     assert (parent.outcome, parent.verified) == ("done", True), parent.outcome_detail
     assert not Reservation.objects.filter(status="held").exists()
-    assert not Delivery.objects.filter(event="run.child_result").exists()  # the parent heard it, not the person
+    assert not Delivery.objects.filter(
+        event="run.child_result"
+    ).exists()  # the parent heard it, not the person
 
 
 def test_a_child_continued_after_its_parent_finished_tells_the_person(user, family, server, settings):
@@ -272,8 +322,9 @@ def test_a_child_continued_after_its_parent_finished_tells_the_person(user, fami
         tool_use("write_file", {"path": "REPORT.md", "content": "fixed without the helper"}),
         text("Done without it."),
     )
-    parent = drive_in_thread(services.run_start(instance=family, user=user, objective="write the report",
-                                                max_cost_usd="1.00"))
+    parent = drive_in_thread(
+        services.run_start(instance=family, user=user, objective="write the report", max_cost_usd="1.00")
+    )
     (child,) = delegation_tests.children_of(parent)
     child = services.run_cancel(run=child, user=user)
     parent = drive_in_thread(Run.objects.get(pk=parent.pk))
@@ -294,7 +345,9 @@ def test_a_child_continued_after_its_parent_finished_tells_the_person(user, fami
 
 def test_a_childs_continuation_must_fit_what_its_waiting_parent_has_left(user, family, server):
     delegate_two(server)
-    parent = drive_in_thread(services.run_start(instance=family, user=user, objective="o", max_cost_usd="0.50"))
+    parent = drive_in_thread(
+        services.run_start(instance=family, user=user, objective="o", max_cost_usd="0.50")
+    )
     first, second = delegation_tests.children_of(parent)
     stopped = services.run_cancel(run=first, user=user)
     runs, books = Run.objects.count(), spent_and_held()
@@ -306,8 +359,12 @@ def test_a_childs_continuation_must_fit_what_its_waiting_parent_has_left(user, f
 
 
 def test_a_continuations_fresh_cap_is_bounded_by_the_pools(user, make_instance, script):
-    counter = make_instance(user, name="counter", command=script(COUNTER),
-                            checks=[{"name": "parts", "command": script(PARTS.format(n=9)), "required": True}])
+    counter = make_instance(
+        user,
+        name="counter",
+        command=script(COUNTER),
+        checks=[{"name": "parts", "command": script(PARTS.format(n=9)), "required": True}],
+    )
     ledger.set_limit(instance_pool(counter), 1_000_000, "operator")
     old = services.run_cancel(run=services.run_start(instance=counter, user=user, objective="o"), user=user)
     with pytest.raises(services.Refused, match="does not fit|headroom|left") as refused:
@@ -322,8 +379,10 @@ def test_a_continuations_fresh_cap_is_bounded_by_the_pools(user, make_instance, 
 
 def rest_continue(instance, run, token):
     return DjangoClient().post(
-        f"/v1/instances/{instance.pk}/loop/{run.pk}/continue", data=json.dumps({"message": "mine now"}),
-        content_type="application/json", headers={"Authorization": f"Bearer {token}"},
+        f"/v1/instances/{instance.pk}/loop/{run.pk}/continue",
+        data=json.dumps({"message": "mine now"}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {token}"},
     )
 
 
@@ -338,16 +397,28 @@ def mcp_continue(user, run):
     return anyio.run(go)
 
 
-@pytest.mark.parametrize("outcome, verified", [("escalated", None), ("crashed", None), ("provider_error", None),
-                                               ("credential_error", None), ("done", True)])
-def test_another_user_cannot_continue_a_run_on_rest_or_mcp(user, other_user, make_instance, outcome, verified):
+@pytest.mark.parametrize(
+    "outcome, verified",
+    [
+        ("escalated", None),
+        ("crashed", None),
+        ("provider_error", None),
+        ("credential_error", None),
+        ("done", True),
+    ],
+)
+def test_another_user_cannot_continue_a_run_on_rest_or_mcp(
+    user, other_user, make_instance, outcome, verified
+):
     from loops.runner import finish_run
 
     instance = make_instance(user, name="adas")
     old = services.run_start(instance=instance, user=user, objective="Ada's private objective")
     old = finish_run(old.pk, None, outcome, "ended for the test", verified)
     answer = rest_continue(instance, old, make_token(other_user))
-    assert answer.status_code == 404 and answer.json() == {"error": f"run {old.pk} of instance {instance.pk} not found"}
+    assert answer.status_code == 404 and answer.json() == {
+        "error": f"run {old.pk} of instance {instance.pk} not found"
+    }
     refused, said = mcp_continue(other_user, old)
     assert refused and "not found" in said and "private" not in said
     with pytest.raises(services.Refused, match="not found") as direct:
@@ -364,17 +435,30 @@ def test_an_agents_token_cannot_continue_a_run_on_rest_or_mcp(user, family, serv
     running = services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00")
     Run.objects.filter(pk=running.pk).update(status=Run.Status.RUNNING)
     meter = metering.RunMeter(running, 1)
-    with gateway.open_act(family, run_id=running.pk, iteration=1, meter=meter, stop=threading.Event(),
-                          delegation=True) as act:
+    with gateway.open_act(
+        family, run_id=running.pk, iteration=1, meter=meter, stop=threading.Event(), delegation=True
+    ) as act:
         assert act is not None
         answer = rest_continue(family, done, act.token)  # an act's token is no API token
         assert answer.status_code == 401 and "not valid" in answer.json()["error"]
-        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                           "params": {"name": "continue_run", "arguments": {"run_id": done.pk}}}).encode()
-        reply = mcp_act.handle("POST", "/mcp", {
-            "authorization": f"Bearer {act.token}", "accept": "application/json, text/event-stream",
-            "content-type": "application/json",
-        }, body)
+        body = json.dumps(
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "tools/call",
+                "params": {"name": "continue_run", "arguments": {"run_id": done.pk}},
+            }
+        ).encode()
+        reply = mcp_act.handle(
+            "POST",
+            "/mcp",
+            {
+                "authorization": f"Bearer {act.token}",
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+            },
+            body,
+        )
     said = json.dumps(json.loads(reply.body))
     assert "continue_run" in said and ("Unknown tool" in said or "not found" in said.lower()), said
     assert not Run.objects.filter(continued_from=done).exists() and Run.objects.count() == 2
