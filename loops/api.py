@@ -210,8 +210,8 @@ def run_resume(request: HttpRequest, instance_id: Id, run_id: Id, payload: schem
     url_name="run-continue",
     response={201: schemas.Run, **errors()},
     summary=(
-        "Continue a finished run (cancelled, max_iterations, no_progress, failed, timed_out or done unverified) "
-        "as a new run with its history, in its workspace, with your message; the old run is not changed. "
+        "Continue any finished run as a new run with its history, in its workspace, with your message (for a "
+        "verified done the message is required: it is the follow-up's objective); the old run is not changed. "
         "A budget_exhausted run is resumed instead"
     ),
 )

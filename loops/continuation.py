@@ -1,9 +1,10 @@
 """Continuing a finished run: which runs may be continued, and what the new run carries.
 
 Pure: no Django, no clock, no I/O. `refusal` says why a run may not be continued (or "" when it
-may): `cancelled`, `max_iterations`, `no_progress`, `failed`, `timed_out` and an unverified `done`
-may; a run still going, waiting for a person, out of budget (resume it) or done and verified may
-not. `carried_history` is the memory the new run starts with: the old run's rolling snapshot,
+may): every finished run may (`CONTINUABLE`: whatever way it ended), except one out of budget,
+which is resumed in place instead; a run still going or waiting for a person may not. A verified
+`done` is continued as a follow-up (`follows_up`): the person's message is the new run's
+objective. `carried_history` is the memory the new run starts with: the old run's rolling snapshot,
 renumbered so that its iterations come before the new run's (the old run's last iteration is 0,
 the one before it -1, …; each entry keeps the run and iteration it came from), and none of the
 old run's no-progress bookkeeping or pending approvals — the new run is judged on its own
@@ -45,15 +46,14 @@ def refusal(*, run_id: int, status: str, outcome: str, verified: bool | None, ne
             f"{next_iteration}" if next_iteration <= max_iterations else "use resume (POST …/resume)"
         )
         return f"run {run_id} ran out of budget; {hint} instead of continuing it as a new run"
-    if outcome == Outcome.DONE and verified:
-        return f"run {run_id} is done and verified; there is nothing to continue (start a new run for new work)"
     if outcome not in CONTINUABLE:
-        ended = ", ".join(o.value for o in CONTINUABLE if o != Outcome.DONE)
-        return (
-            f"run {run_id} ended {outcome}, which cannot be continued; a run that ended {ended} "
-            "or done without verification can. Start a new run instead"
-        )
+        return f"run {run_id} ended {outcome or 'without an outcome'}, which cannot be continued; start a new run instead"
     return ""
+
+
+def follows_up(*, outcome: str, verified: bool | None) -> bool:
+    """Whether continuing a run so ended is a follow-up: new work, the person's message its objective."""
+    return outcome == "done" and bool(verified)
 
 
 def carried_history(history: Mapping[str, Any] | None, *, run_id: int, iterations_done: int) -> dict[str, Any]:
@@ -114,11 +114,22 @@ def first_instruction(
     detail: str,
     carried: Sequence[Mapping[str, Any]],
     last_instruction: str,
+    follow_up: str = "",
 ) -> str:
-    """Return the new run's first instruction: how run `run_id` ended, what it did, what it was told last."""
-    ended = "done, but not verified" if outcome == "done" else outcome.replace("_", " ")
+    """Return the new run's first instruction: how run `run_id` ended, what it did, what it was told last.
+
+    `follow_up`: the new objective, when run `run_id` ended done and verified (`follows_up`); the
+    instruction then ends with it.
+    """
+    if follow_up:
+        ended = "done, and verified"
+    elif outcome == "done":
+        ended = "done, but not verified"
+    else:
+        ended = outcome.replace("_", " ")
     lines = [
-        f"This run continues run {run_id}, which ended {ended}" + (f": {_clip(detail, 1000)}" if detail else "."),
+        f"This run {'follows up on' if follow_up else 'continues'} run {run_id}, which ended {ended}"
+        + (f": {_clip(detail, 1000)}" if detail else "."),
         f"The workspace is as run {run_id} left it; build on what is there rather than starting over.",
     ]
     shown = list(carried)[-SHOWN_ITERATIONS:]
@@ -132,4 +143,6 @@ def first_instruction(
         if len(last) > LAST_INSTRUCTION_CHARS:
             last = last[: LAST_INSTRUCTION_CHARS - 1].rstrip() + "…"
         lines += ["", f"The last instruction run {run_id} was given:", last]
+    if follow_up:
+        lines += ["", "Its work is done. What to do now (the objective of this run):", follow_up]
     return "\n".join(lines)

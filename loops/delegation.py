@@ -515,6 +515,55 @@ def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
     return True
 
 
+def waits_for(parent: Run, child_id: int) -> bool:
+    """Return whether `parent` is parked on a round of children that counts run `child_id` among them."""
+    state = parent.delegation or {}
+    return bool(
+        parent.status == Run.Status.WAITING and state.get("state") == "waiting"
+        and child_id in (state.get("children") or [])
+    )
+
+
+def replace_child(parent: Run, old_id: int, new_id: int, *, by: str) -> None:
+    """Have waiting `parent` wait for run `new_id` (a person's continuation of its child `old_id`) instead.
+
+    Inside the caller's transaction, with `parent` locked (`services.run_continue`): the round's
+    results then carry the continuation's outcome and answer (`render_results`), as they would
+    have carried the child's, and the parent resumes once it (and the round's others) finished.
+    """
+    state = dict(parent.delegation)
+    state["children"] = [new_id if pk == old_id else pk for pk in state.get("children", [])]
+    placed = dict(state.get("placed") or {})
+    if str(old_id) in placed:
+        placed[str(new_id)] = placed.pop(str(old_id))
+    state["placed"] = placed
+    Run.objects.filter(pk=parent.pk).update(delegation=state)
+    parent.delegation = state
+    events.append(parent.pk, "run.child_continued", {"child": old_id, "as": new_id, "by": by})
+
+
+def delegated_by(run: Run, *, limit: int = 100) -> Run | None:
+    """Return the run that delegated the child `run` continues, when `run` is not that run's child itself.
+
+    Follows `continued_from` back to the delegated child (a continuation of a continuation too):
+    the parent no longer waited for it when it was continued, so the continuation ran as a run of
+    its own, and its end is told to the person instead (`reviews.notify`). None for any other run.
+    """
+    if run.parent_id is not None:
+        return None
+    earlier = run.continued_from_id
+    for _ in range(limit):
+        if earlier is None:
+            return None
+        found = Run.objects.filter(pk=earlier).values_list("parent_id", "continued_from_id").first()
+        if found is None:
+            return None
+        parent_id, earlier = found
+        if parent_id is not None:
+            return Run.objects.filter(pk=parent_id).first()
+    return None
+
+
 def resume_instruction(results: str, objective: str) -> str:
     """Return a parent's instruction after its children: this round's results, then the objective."""
     return f"{results}\n\nGo on with the objective of this run:\n{objective}"

@@ -269,6 +269,13 @@ def _child_waiting(d: Mapping[str, Any], ctx: Context) -> Title:
     return Title(f"Child run {_int(d.get('child')) or '?'} needs a person", tone="warn", links=_runs([d.get("child")]))
 
 
+def _child_continued(d: Mapping[str, Any], ctx: Context) -> Title:
+    child, continuation = _int(d.get("child")), _int(d.get("as"))
+    by = f"by {d['by']}" if d.get("by") else ""
+    return Title(f"Child run {child or '?'} continued as run {continuation or '?'}; this run waits for it", by,
+                 links=_runs([d.get("as")]))
+
+
 def _grade(d: Mapping[str, Any], ctx: Context) -> Title:
     outcome = d.get("outcome")
     note = "a person should review it" if d.get("review") else ""
@@ -334,6 +341,8 @@ KINDS: dict[str, Kind] = {
         Kind("run.child_finished", "a child run this run delegated to finished", _child_finished),
         Kind("run.child_waiting", "a child run this run delegated to waits for a person", _child_waiting,
              body="question"),
+        Kind("run.child_continued", "a person continued a finished child run; this run waits for the continuation",
+             _child_continued),
         Kind("interjection.queued", "a person's message, read at the next iteration", _by("Message from"),
              body="quote"),
         Kind("run.stop_requested", "a person asked the run to stop", _by("Stop requested by", "quiet")),

@@ -320,7 +320,9 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         ctx: Context,
         run_id: RunId,
         message: Annotated[
-            schemas.Message, Field(description="what to do differently or next; folded into its first turn")
+            schemas.Message,
+            Field(description="what to do differently or next; folded into its first turn (after a verified done: "
+                  "required, the follow-up's objective)"),
         ] = "",
         max_iterations: Annotated[schemas.Iterations | None, Field(description="default: the old run's")] = None,
         max_cost_usd: Dollars = None,

@@ -59,16 +59,9 @@ DECIDED = frozenset(
     }
 )
 
-# What a finished run may be continued from as a new run (a done one only when not verified), in
-# the order a refusal names them. Out of budget is resumed instead.
-CONTINUABLE = (
-    Outcome.CANCELLED,
-    Outcome.MAX_ITERATIONS,
-    Outcome.NO_PROGRESS,
-    Outcome.FAILED,
-    Outcome.TIMED_OUT,
-    Outcome.DONE,
-)
+# What a finished run may be continued from: every way a run can end but out of budget, which is
+# resumed in place instead (`services.run_resume`). A verified done is continued as a follow-up.
+CONTINUABLE = tuple(o for o in Outcome if o != Outcome.BUDGET_EXHAUSTED)
 
 # The loop stopped without doing the work: a person should look (the console's "needs you").
 TROUBLE = (

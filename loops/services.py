@@ -364,31 +364,67 @@ def run_continue(
     keeps a done from being verified), and the person's `message`, queued for its first
     iteration like any message. The workspace is the instance's, so the new run finds it as `run`
     left it: nothing is copied or undone. Limits default to `run`'s (a fresh cap of the same size).
-    Only cancelled, max_iterations, no_progress, failed, timed_out and unverified done runs can be
-    continued, each at most once; budget_exhausted runs are resumed (`run_resume`).
+
+    Any finished run can be continued, once (`loops.continuation.refusal`), except a budget_exhausted
+    one (resumed in place: `run_resume`). A verified done is followed up: `message` is required and
+    is the new run's objective. A credential_error run is continued only once the instance's key
+    works again (asked of the provider, for free, before anything is reserved). A delegated child is
+    continued as a child of the same parent when that parent still waits for it (the parent then
+    waits for the continuation and reads its result instead, `_continue`); otherwise as a run of its
+    own, whose end is told to the person (`loops.delegation.delegated_by`).
     """
+    from loops import continuation
+
     if run.owner_id != user.pk:
         raise Refused(f"run {run.pk} not found", 404)
     message = _checked_message(message)
     max_iterations = _checked_iterations(run.max_iterations if max_iterations is None else max_iterations)
     new_cap = None if max_cost_usd in (None, "") else _usd_to_micros(max_cost_usd, "max_cost_usd")
     deadline = _deadline(max_minutes)
+    objective = run.objective
+    if continuation.follows_up(outcome=run.outcome, verified=run.verified):
+        if not message:
+            raise Refused(
+                f"run {run.pk} is done and verified: to follow it up, say what to do next in the message "
+                "(it becomes the new run's objective)"
+            )
+        objective = _checked_objective(run.instance, message)
     ensure_startable(run.instance)  # outside the transaction: it may probe the sandbox
+    if run.status == Run.Status.FINISHED and run.outcome == Run.Outcome.CREDENTIAL_ERROR:
+        _ensure_key_works(run)  # outside the transaction too: it asks the provider
     try:
         new = _continue(
-            run=run, user=user, max_iterations=max_iterations, cap=new_cap, deadline=deadline, message=message,
-            via=via, request=request,
+            run=run, user=user, objective=objective, max_iterations=max_iterations, cap=new_cap, deadline=deadline,
+            message=message, via=via, request=request,
         )
     except IntegrityError:  # a second continuation raced this one past the check; the link is unique
         raise Refused(f"run {run.pk} was already continued; reload it to see as which run", 409) from None
     return new
 
 
-def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline, message: str, via: str, request) -> Run:
+def _ensure_key_works(run: Run) -> None:
+    """Refuse to continue a run that ended credential_error while its instance's key still fails."""
+    from instances.brains.anthropic import check_key
+    from instances.models import Instance
+
+    instance = Instance.objects.select_related("credential").get(pk=run.instance_id)  # the key as it is now
+    if problem := check_key(instance):
+        raise Refused(
+            f"run {run.pk} ended credential_error, and the instance's key still does not work: {problem}. "
+            "Fix the credential (or select another on the instance), then continue the run; nothing was spent",
+            409,
+        )
+
+
+def _continue(
+    *, run: Run, user, objective: str, max_iterations: int, cap: int | None, deadline, message: str, via: str, request
+) -> Run:
     """Check, then create the continuation of `run` in one transaction (see `run_continue`)."""
     from loops import continuation
 
     with transaction.atomic():
+        # A child's parent first (the order every path locks a parent and its children in).
+        parent = Run.objects.select_for_update().filter(pk=run.parent_id).first() if run.parent_id else None
         old = _locked(run)
         why = continuation.refusal(
             run_id=old.pk, status=old.status, outcome=old.outcome, verified=old.verified,
@@ -398,6 +434,7 @@ def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline,
             raise Refused(why, 409)
         if (later := Run.objects.filter(continued_from=old).first()) is not None:
             raise Refused(f"run {old.pk} was already continued as run {later.pk}; continue that one instead", 409)
+        follow_up = objective if continuation.follows_up(outcome=old.outcome, verified=old.verified) else ""
         history = continuation.carried_history(old.history, run_id=old.pk, iterations_done=old.iterations_done)
         first = continuation.first_instruction(
             run_id=old.pk,
@@ -405,15 +442,26 @@ def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline,
             detail=old.outcome_detail,
             carried=history.get("snapshot", []),
             last_instruction=old.next_instruction or old.objective,
+            follow_up=follow_up,
         )
         cap = old.max_cost_micros if cap is None else cap
+        # A child whose parent still waits for it: the continuation takes its place among the parent's
+        # children (its cap carved from the parent's budget), and the parent reads its result instead.
+        waits = parent is not None and delegation.waits_for(parent, old.pk)
+        family: dict[str, Any] = (
+            {"parent": parent, "depth": old.depth, "delegation": dict(old.delegation or {})} if waits else {}
+        )
         new = _open(
-            instance=old.instance, user=user, objective=old.objective, max_iterations=max_iterations,
+            instance=old.instance, user=user, objective=objective, max_iterations=max_iterations,
             max_cost=cap, deadline=deadline, via=via, origin=Origin.of(via),
             continued_from=old, next_instruction=first, history=history,
             protected_baseline=old.protected_baseline, protected_changed=list(old.protected_changed or []),
+            **family,
         )
-        if message:
+        if waits:
+            assert parent is not None
+            delegation.replace_child(parent, old.pk, new.pk, by=user.get_username())
+        if message and not follow_up:
             note = Interjection.objects.create(run=new, author=user, text=message)
             events.append(
                 new.pk, "interjection.queued", {"id": note.pk, "text": message[:2000], "by": user.get_username(), "via": via}
@@ -421,7 +469,8 @@ def _continue(*, run: Run, user, max_iterations: int, cap: int | None, deadline,
         trail.record(
             user=user, action="run.continue", run=new, request=request, via=via,
             detail={"continued_from": old.pk, "message": message[:500], "max_iterations": max_iterations,
-                    "max_cost_usd": None if cap is None else money.usd_string(cap)},
+                    "max_cost_usd": None if cap is None else money.usd_string(cap),
+                    **({"parent": parent.pk} if waits and parent is not None else {})},
         )
         tasks.schedule(new.pk, new.next_iteration)
     return new

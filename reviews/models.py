@@ -219,6 +219,7 @@ class NotificationTarget(models.Model):
         ESCALATED = "run.escalated", "A run needs you"
         FAILED = "run.failed", "A run failed or hit a limit"
         BUDGET_EXHAUSTED = "run.budget_exhausted", "A run ran out of budget"
+        CHILD_RESULT = "run.child_result", "A continued child run finished after its parent stopped waiting"
         THRESHOLD = "pool.threshold", "A pool crossed its soft threshold"
         REVIEW_WAITING = "review.waiting", "Review items wait too long or pile up"
         DIGEST = "digest.sent", "Your daily or weekly summary"

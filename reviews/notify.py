@@ -8,8 +8,8 @@ retried with exponential backoff until `TETHER_NOTIFY_ATTEMPTS` attempts were ma
 
 A webhook request carries:
 
-- `X-Tether-Event` (`run.escalated`, `run.failed`, `run.budget_exhausted`, `pool.threshold`,
-  `review.waiting` (see `reviews.watch`), `digest.sent` (see `reviews.digest`)),
+- `X-Tether-Event` (`run.escalated`, `run.failed`, `run.budget_exhausted`, `run.child_result`,
+  `pool.threshold`, `review.waiting` (see `reviews.watch`), `digest.sent` (see `reviews.digest`)),
 - `X-Tether-Delivery` (the delivery's id: the same for every retry of one notification),
 - `X-Tether-Timestamp` (Unix seconds) and
 - `X-Tether-Signature: sha256=HEX`, the HMAC-SHA256 of `TIMESTAMP + "." + BODY` under the secret.
@@ -126,15 +126,35 @@ def run_payload(run: Any, event: str) -> dict[str, Any]:
 
 def notify_run(run: Any) -> list[Delivery]:
     """Create the deliveries a run's escalation or finish calls for; send them after commit."""
+    made = _child_result(run)
     event = run_event(run)
     if event is None:
-        return []
+        return made
     if event == Event.ESCALATED:
         key = f"{event}:run:{run.pk}:iteration:{run.next_iteration - 1}"
     else:
         finished = run.finished_at.isoformat() if run.finished_at else ""
         key = f"{event}:run:{run.pk}:{finished}"
-    return create(NotificationTarget.objects.filter(owner=run.owner_id), event, key, run_payload(run, event), run)
+    return made + create(NotificationTarget.objects.filter(owner=run.owner_id), event, key, run_payload(run, event), run)
+
+
+def _child_result(run: Any) -> list[Delivery]:
+    """Tell the person the result of a continued child whose parent no longer waited for it (whatever it is).
+
+    A child continued while its parent waits is the parent's child again, and the parent reads its
+    result (`loops.delegation.replace_child`); otherwise nobody would hear it but the person.
+    """
+    from loops import delegation
+
+    if run.status != "finished" or (parent := delegation.delegated_by(run)) is None:
+        return []
+    payload = run_payload(run, Event.CHILD_RESULT)
+    payload["parent"] = {"id": parent.pk, "status": parent.status, "outcome": parent.outcome or None,
+                         "url": public_url(_run_path(parent.pk))}
+    payload["continued_from"] = run.continued_from_id
+    finished = run.finished_at.isoformat() if run.finished_at else ""
+    key = f"{Event.CHILD_RESULT}:run:{run.pk}:{finished}"
+    return create(NotificationTarget.objects.filter(owner=run.owner_id), Event.CHILD_RESULT, key, payload, run)
 
 
 def on_threshold_crossed(sender: Any, crossing: Any, **kwargs: Any) -> None:
@@ -284,6 +304,8 @@ def render_email(payload: dict[str, Any]) -> tuple[str, str]:
         Event.ESCALATED: "needs a person",
         Event.FAILED: f"failed ({run.get('outcome')})",
         Event.BUDGET_EXHAUSTED: "ran out of budget",
+        Event.CHILD_RESULT: f"finished ({run.get('outcome')}); run {(payload.get('parent') or {}).get('id')}, "
+        "which delegated the run it continues, no longer waited for it",
     }.get(event, event)
     subject = f"[Tether] run {run['id']} of {run['instance_name']} {what}"
     body = "\n".join(

@@ -382,6 +382,38 @@ def classify(exc: BaseException) -> tuple[str, str, float | None]:
     return "fatal", f"the model call failed ({type(exc).__name__})", None
 
 
+KEY_CHECK_TIMEOUT = 20.0
+
+
+def check_key(instance: Any) -> str:
+    """Ask the provider whether `instance`'s key works now, spending nothing; return "" or why it does not.
+
+    One `count_tokens` request (free, not metered) with the key and endpoint the brain uses: a key
+    Anthropic rejects answers 401 or 403 there as it would on a model call. Any failure — the key
+    refused, no key, the endpoint unreachable — is a "no": the caller must not spend on a maybe.
+    The answer names no key (redacted).
+    """
+    try:
+        key = credentials.resolve_api_key(instance)
+    except credentials.CredentialUnreadable as exc:
+        return f"the instance's credential cannot be read: {exc}"
+    if not key:
+        return credentials.missing_key_message(instance)
+    secrets = tuple(dict.fromkeys([key, *credentials.secrets_for(instance)]))
+    client = anthropic.Anthropic(
+        api_key=key, base_url=credentials.resolve_base_url(instance), max_retries=0,
+        timeout=min(KEY_CHECK_TIMEOUT, limits().call_timeout),
+    )
+    try:
+        client.messages.count_tokens(model=model_for(instance), messages=[{"role": "user", "content": "ping"}])
+    except Exception as exc:  # noqa: BLE001 - every failure is an answer: "it does not work (yet)"
+        _, detail, _ = classify(exc)
+        return redaction.redact(detail, secrets)
+    finally:
+        client.close()
+    return ""
+
+
 class Session:
     """One act's (or one decision's) client, usage tally, retry budget and stop/deadline watch."""
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from budgets import money
 from instances.validation import invisible
-from loops import schemas
+from loops import continuation, schemas
 from loops.models import Run
 from tether import limits
 from tether.schema import Body, describe
@@ -185,6 +185,10 @@ class ContinueRunForm(Checked):
             initial.setdefault("max_cost_usd", money.format_usd(run.max_cost_micros).lstrip("$").replace(",", ""))
         super().__init__(*args, **kwargs)
         self.run = run
+        if continuation.follows_up(outcome=run.outcome, verified=run.verified):  # the message is the new objective
+            self.fields["message"].required = True
+            self.fields["message"].label = "What to do next (the new run's objective)"
+            self.fields["message"].widget.attrs["placeholder"] = "the follow-up: what to do now that this is done"
         if run.max_cost_micros is not None:
             self.fields["max_cost_usd"].widget.attrs["placeholder"] = "same cap as before"
         for name in ("message", "max_iterations", "max_cost_usd"):

@@ -57,7 +57,7 @@ def test_close_without_answering_asks_first(browser, server, worker, ada, make_i
     close.click()
     expect(confirm).to_be_visible()
     expect(confirm).to_contain_text(f"Close run {run.pk} without answering? It ends at once as escalated")
-    expect(confirm).to_contain_text("cannot be answered, resumed or continued later")
+    expect(confirm).to_contain_text("cannot be answered or resumed later, only continued as a new run")
     page.screenshot(path=str(artifacts / f"{name}-close-confirm.png"), full_page=True)
 
     # "Keep it waiting": the confirmation closes, nothing is sent, the run still waits.

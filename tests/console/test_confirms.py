@@ -35,10 +35,10 @@ def test_closing_a_waiting_run_asks_first_and_the_yes_closes_it(signed_in, insta
     run = start_run(instance)
     Run.objects.filter(pk=run.pk).update(status="waiting", outcome_detail="which database?", lease_token=None)
     confirm = _close_confirm(signed_in.get(f"/runs/{run.pk}/").content.decode(), run.pk)
-    # Inside the confirm: what happens, said truly (escalated is neither resumed nor continued), then yes / keep.
+    # Inside the confirm: what happens, said truly (escalated is not resumed, only continued as a new run), then yes / keep.
     said = re.sub(r"<[^>]+>", "", confirm)
     assert f"Close run {run.pk} without answering? It ends at once as escalated" in said
-    assert "cannot be answered, resumed or continued later" in said
+    assert "cannot be answered or resumed later, only continued as a new run" in said
     assert said.index("Yes, close it") < said.index("Keep it waiting")
     assert f'action="/runs/{run.pk}/close"' in confirm and 'name="csrfmiddlewaretoken"' in confirm
     assert re.search(r'<button type="button" data-close-details>Keep it waiting</button>', confirm)

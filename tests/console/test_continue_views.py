@@ -58,21 +58,35 @@ def test_a_second_click_shows_the_run_that_continues_it(signed_in, instance, sta
     assert f"is continued as run {new.pk} already" in signed_in.get(again["Location"]).content.decode()
 
 
-@pytest.mark.parametrize(
-    "outcome, verified, said",
-    [
-        ("budget_exhausted", None, "use resume"),
-        ("done", True, "done and verified"),
-    ],
-)
-def test_runs_that_cannot_be_continued_have_no_form_and_a_post_says_why(
-    signed_in, instance, start_run, outcome, verified, said
-):
-    old = ended(start_run(instance), outcome, verified)
+def test_a_budget_exhausted_run_has_no_form_and_a_post_says_resume(signed_in, instance, start_run):
+    old = ended(start_run(instance), "budget_exhausted")
     assert FORM.format(old.pk) not in signed_in.get(f"/runs/{old.pk}/").content.decode()
     answer = signed_in.post(f"/runs/{old.pk}/continue", {"max_iterations": "3"})
-    assert answer.status_code == 409 and said in answer.content.decode()
+    assert answer.status_code == 409 and "use resume" in answer.content.decode()
     assert Run.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "outcome, verified",
+    [("escalated", None), ("crashed", None), ("credential_error", None), ("provider_error", None), ("done", True),
+     ("cancelled", None), ("failed", None), ("max_iterations", None), ("no_progress", None), ("timed_out", None),
+     ("done", False)],
+)
+def test_every_finished_run_but_one_out_of_budget_has_the_form(signed_in, instance, start_run, outcome, verified):
+    old = ended(start_run(instance), outcome, verified)
+    html = signed_in.get(f"/runs/{old.pk}/").content.decode()
+    assert FORM.format(old.pk) in html and "Continue as a new run" in html
+    assert ("the new run&#x27;s objective" in html) == bool(verified)  # a verified done is followed up
+
+
+def test_a_verified_done_is_followed_up_with_the_message_as_its_objective(signed_in, instance, start_run):
+    old = ended(start_run(instance), "done", verified=True)
+    empty = signed_in.post(f"/runs/{old.pk}/continue", {"max_iterations": "3"})
+    assert empty.status_code == 400 and "This field is required." in empty.content.decode()
+    answer = signed_in.post(f"/runs/{old.pk}/continue", {"max_iterations": "3", "message": "Now add a README"})
+    new = Run.objects.get(continued_from=old)
+    assert answer.status_code == 302 and new.objective == "Now add a README"
+    assert not Interjection.objects.filter(run=new).exists()  # the objective itself, not a message
 
 
 def test_an_unverified_done_has_the_form(signed_in, instance, start_run):

@@ -113,7 +113,8 @@ def test_a_max_iterations_run_continues_with_its_history_workspace_and_message(c
 @pytest.mark.parametrize(
     "outcome, verified",
     [("cancelled", None), ("max_iterations", None), ("no_progress", None), ("failed", None),
-     ("timed_out", None), ("done", False), ("done", None)],
+     ("timed_out", None), ("done", False), ("done", None), ("escalated", None), ("crashed", None),
+     ("provider_error", None)],
 )
 def test_each_continuable_outcome_can_be_continued(counter, start, user, outcome, verified):
     old = finished(start(counter), outcome, verified)
@@ -127,21 +128,20 @@ def test_each_continuable_outcome_can_be_continued(counter, start, user, outcome
 
 
 @pytest.mark.parametrize(
-    "outcome, verified, said",
+    "outcome, verified, message, status, said",
     [
-        ("budget_exhausted", None, "ran out of budget; use resume"),
-        ("done", True, "is done and verified; there is nothing to continue"),
-        ("escalated", None, "ended escalated, which cannot be continued"),
-        ("crashed", None, "ended crashed, which cannot be continued"),
-        ("credential_error", None, "ended credential_error, which cannot be continued"),
+        ("budget_exhausted", None, "go on", 409, "ran out of budget; use resume"),
+        ("done", True, "", 400, "is done and verified: to follow it up, say what to do next in the message"),
     ],
 )
-def test_finished_runs_that_cannot_be_continued_are_refused(counter, start, user, outcome, verified, said):
+def test_finished_runs_that_cannot_be_continued_are_refused(
+    counter, start, user, outcome, verified, message, status, said
+):
     old = finished(start(counter), outcome, verified)
     before = frozen(old)
     with pytest.raises(services.Refused, match=said) as refused:
-        services.run_continue(run=old, user=user, message="go on")
-    assert refused.value.status == 409
+        services.run_continue(run=old, user=user, message=message)
+    assert refused.value.status == status
     assert frozen(old) == before and Run.objects.count() == 1
 
 
@@ -365,13 +365,12 @@ def test_api_continue_without_a_body_uses_the_old_limits(api, counter, start, us
     "outcome, verified, status, said",
     [
         ("budget_exhausted", None, 409, "use resume"),
-        ("done", True, 409, "done and verified"),
-        ("escalated", None, 409, "cannot be continued"),
+        ("done", True, 400, "done and verified: to follow it up, say what to do next"),
     ],
 )
 def test_api_refuses_what_cannot_be_continued(api, counter, start, outcome, verified, status, said):
     old = finished(start(counter), outcome, verified)
-    answer = api("post", f"/v1/instances/{counter.pk}/loop/{old.pk}/continue", {"message": "go on"})
+    answer = api("post", f"/v1/instances/{counter.pk}/loop/{old.pk}/continue", {} if verified else {"message": "go on"})
     assert answer.status_code == status and said in answer.json()["error"]
     assert Run.objects.count() == 1
 
