@@ -41,3 +41,14 @@ def ensure_priced(instance: Any) -> None:
             refused = UnpricedModel(name, who=f"Instance {instance.name!r} {who}")
             refused.field = field
             raise refused from None
+
+
+def template_usable(template: Any) -> bool:
+    """Whether an instance made from `template` as it is would be kept (every model it calls has a price)."""
+    from instances.models import Instance
+
+    try:
+        ensure_priced(Instance(name=template.name, **template.instance_defaults()))
+    except UnpricedModel:
+        return False
+    return True

@@ -372,6 +372,44 @@ class Instances(Schema):
     instances: list[Instance]
 
 
+class Template(Schema):
+    """An agent template: its configuration (what an instance made from it gets), its composition, its use."""
+
+    name: str
+    description: str
+    role: bool = Field(description="a composition names it as a role: delegate starts it, not a person")
+    roles: dict[str, str] = Field(description="a composition's roles: role -> template name")
+    verify_with_role: str | None = Field(description="a composition's done is verified only by this role's pass")
+    brain: str
+    model: str
+    system_prompt: str
+    tools: list[str]
+    decider: str
+    max_iterations: int
+    objective_max_chars: int
+    checks: list[dict[str, Any]]
+    command: list[str]
+    command_allow: list[str]
+    command_deny: list[str]
+    approval_tools: list[str]
+    max_tool_turns: int
+    max_output_tokens: int
+    tool_timeout_seconds: int
+    act_timeout_seconds: int
+    protected_paths: list[str]
+    protect_defaults: bool
+    mcp_servers: list[str]
+    judge_rubric: str
+    judge_model: str
+    judge_pass_threshold: int | None
+    response_schema: dict[str, Any] | None
+    usable: bool = Field(description="an instance made from it as it is would be kept (its models have prices)")
+
+
+class Templates(Schema):
+    templates: list[Template]
+
+
 KEY_CHARS = limits.KEY_CHARS  # how long a stored model key may be (`validation.key_problem` checks its shape too)
 
 

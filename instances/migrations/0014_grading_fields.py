@@ -3,6 +3,25 @@
 import django.core.validators
 from django.db import migrations, models
 
+EMPTY = (None, "", [], {})
+GRADING = ("judge_rubric", "judge_model", "judge_pass_threshold", "response_schema")
+
+
+def fill(apps, schema_editor):
+    """Give the shipped templates their grading (`triage`'s rubric and response schema) where it is still empty."""
+    from instances.templates_loader import read_templates
+
+    AgentTemplate = apps.get_model("instances", "AgentTemplate")
+    for data in read_templates():
+        template = AgentTemplate.objects.filter(name=data["name"]).first()
+        if template is None:
+            continue  # made whole by the post-migrate hook (`ensure_templates`)
+        empty = [name for name in GRADING if data.get(name) not in EMPTY and getattr(template, name) in EMPTY]
+        for name in empty:
+            setattr(template, name, data[name])
+        if empty:
+            template.save(update_fields=empty)
+
 
 class Migration(migrations.Migration):
 
@@ -51,4 +70,5 @@ class Migration(migrations.Migration):
             name='response_schema',
             field=models.JSONField(blank=True, help_text='a JSON Schema the final answer (parsed as JSON) must satisfy', null=True),
         ),
+        migrations.RunPython(fill, migrations.RunPython.noop),
     ]
