@@ -224,8 +224,12 @@ class Grade:
 
     @property
     def assessment(self) -> policy.Assessment:
-        """Return what `loops.policy.verdict` needs of this grade."""
-        return policy.Assessment(self.outcome, self.verified, tuple(self.reasons), self.instruction)
+        """Return what `loops.policy.verdict` needs of this grade (a judge's pass is evidence, like a check's)."""
+        evidence = ""
+        if self.verified and self.judge is not None and self.judge.verdict == "pass":
+            scored = f", scored {self.judge.score}" if self.judge.score is not None else ""
+            evidence = f"an independent judge passed it against its rubric{scored}"
+        return policy.Assessment(self.outcome, self.verified, tuple(self.reasons), self.instruction, evidence)
 
     def as_json(self) -> dict[str, Any]:
         return {
