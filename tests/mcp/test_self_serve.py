@@ -25,19 +25,35 @@ from loops.mcp_server import build_server, stdio_caller
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RUBRIC = "Every report appears once; each severity is justified by the report's own words."
-SCHEMA = {"type": "object", "required": ["reports"], "properties": {"reports": {"type": "array", "minItems": 1}}}
+SCHEMA = {
+    "type": "object",
+    "required": ["reports"],
+    "properties": {"reports": {"type": "array", "minItems": 1}},
+}
 
 
 @pytest.fixture(autouse=True)
 def shipped_prices():
     """The shipped templates' models, priced as migration 0004 prices them (a flushed test database has none)."""
-    for model, rates in {"claude-sonnet-5-5": ("3", "15", "3.75", "0.30"), "claude-haiku-5-5": ("1", "5", "1.25", "0.10")}.items():
+    for model, rates in {
+        "claude-sonnet-5-5": ("3", "15", "3.75", "0.30"),
+        "claude-haiku-5-5": ("1", "5", "1.25", "0.10"),
+    }.items():
         Price.objects.get_or_create(
             model=model,
-            defaults=dict(zip(
-                ("input_usd_per_mtok", "output_usd_per_mtok", "cache_write_usd_per_mtok", "cache_read_usd_per_mtok"),
-                map(Decimal, rates), strict=True,
-            ), effective_from=timezone.now().date().replace(year=2020)),
+            defaults=dict(
+                zip(
+                    (
+                        "input_usd_per_mtok",
+                        "output_usd_per_mtok",
+                        "cache_write_usd_per_mtok",
+                        "cache_read_usd_per_mtok",
+                    ),
+                    map(Decimal, rates),
+                    strict=True,
+                ),
+                effective_from=timezone.now().date().replace(year=2020),
+            ),
         )
 
 
@@ -77,7 +93,11 @@ def test_templates_are_listed_over_mcp_and_rest_with_what_an_instance_gets(user)
     assert status == 200 and body == listed
     by_name = {t["name"]: t for t in listed["templates"]}
     lead = by_name["plan-build-qa"]
-    assert not lead["role"] and lead["roles"] == {"planner": "pbq-planner", "builder": "pbq-builder", "qa": "pbq-qa"}
+    assert not lead["role"] and lead["roles"] == {
+        "planner": "pbq-planner",
+        "builder": "pbq-builder",
+        "qa": "pbq-qa",
+    }
     assert lead["verify_with_role"] == "qa" and lead["usable"]
     assert by_name["pbq-qa"]["role"] and by_name["rwc-checker"]["role"]
     assert by_name["triage"]["judge_rubric"] and by_name["triage"]["response_schema"]["type"] == "object"
@@ -88,12 +108,25 @@ def test_templates_are_listed_over_mcp_and_rest_with_what_an_instance_gets(user)
 
 def test_a_plain_user_creates_from_a_template_with_a_rubric_and_a_schema_over_mcp(user):
     failed, made = one(
-        user, "create_instance", template="triage", name="my triage",
-        settings={"judge_rubric": RUBRIC, "judge_pass_threshold": 70, "response_schema": SCHEMA, "max_iterations": 3},
+        user,
+        "create_instance",
+        template="triage",
+        name="my triage",
+        settings={
+            "judge_rubric": RUBRIC,
+            "judge_pass_threshold": 70,
+            "response_schema": SCHEMA,
+            "max_iterations": 3,
+        },
     )
     assert not failed, made
     stored = Instance.objects.get(pk=made["id"])
-    assert (stored.owner, stored.template.name, stored.judge_rubric, stored.response_schema) == (user, "triage", RUBRIC, SCHEMA)
+    assert (stored.owner, stored.template.name, stored.judge_rubric, stored.response_schema) == (
+        user,
+        "triage",
+        RUBRIC,
+        SCHEMA,
+    )
     assert stored.judge_pass_threshold == 70 and stored.max_iterations == 3 and made["judge_rubric"] == RUBRIC
     entry = AuditEntry.objects.get(action="instance.create")
     assert (entry.via, entry.username) == ("mcp", "ada")
@@ -119,7 +152,9 @@ def test_a_plain_users_command_is_refused_over_mcp_and_rest(user, settings):
 def test_a_user_with_the_capability_may_set_a_check(user):
     user.user_permissions.add(Permission.objects.get(codename="run_programs"))
     checks = [{"name": "report", "command": ["test", "-s", "triage.json"]}]
-    failed, made = one(user, "create_instance", template="triage", name="checked", settings={"checks": checks})
+    failed, made = one(
+        user, "create_instance", template="triage", name="checked", settings={"checks": checks}
+    )
     assert not failed, made
     assert Instance.objects.get(pk=made["id"]).checks[0]["command"] == ["test", "-s", "triage.json"]
 
@@ -129,7 +164,10 @@ def test_update_sets_a_rubric_but_not_a_check_and_archive_archives(user):
     answers = mcp(
         user,
         ("update_instance", {"instance": made["id"], "settings": {"judge_rubric": "the fix has a test"}}),
-        ("update_instance", {"instance": "fixer", "settings": {"checks": [{"name": "t", "command": ["true"]}]}}),
+        (
+            "update_instance",
+            {"instance": "fixer", "settings": {"checks": [{"name": "t", "command": ["true"]}]}},
+        ),
         ("archive_instance", {"instance": made["id"]}),
     )
     (ok, updated), (refused, said), (archived_failed, archived) = answers
@@ -137,17 +175,30 @@ def test_update_sets_a_rubric_but_not_a_check_and_archive_archives(user):
     assert refused and "checks needs the run_programs capability" in said
     assert not archived_failed and archived["archived_at"]
     stored = Instance.objects.get(pk=made["id"])
-    assert stored.judge_rubric == "the fix has a test" and stored.checks[0]["name"] == "tests"  # the template's
-    assert list(AuditEntry.objects.filter(instance_ref=stored.pk).values_list("action", "via").order_by("id")) == [
-        ("instance.create", "mcp"), ("instance.update", "mcp"), ("instance.archive", "mcp"),
+    assert (
+        stored.judge_rubric == "the fix has a test" and stored.checks[0]["name"] == "tests"
+    )  # the template's
+    assert list(
+        AuditEntry.objects.filter(instance_ref=stored.pk).values_list("action", "via").order_by("id")
+    ) == [
+        ("instance.create", "mcp"),
+        ("instance.update", "mcp"),
+        ("instance.archive", "mcp"),
     ]
 
 
 def test_a_judge_model_without_a_price_is_refused_naming_it(user):
-    failed, said = one(user, "create_instance", template="triage", name="t", settings={
-        "judge_rubric": RUBRIC, "judge_model": "claude-unpriced-9"})
+    failed, said = one(
+        user,
+        "create_instance",
+        template="triage",
+        name="t",
+        settings={"judge_rubric": RUBRIC, "judge_model": "claude-unpriced-9"},
+    )
     assert failed and said.startswith("judge_model: ") and "'claude-unpriced-9', which has no price" in said
-    status, body = rest(user, "post", "/instances", {"name": "t", "template": "triage", "judge_model": "claude-unpriced-9"})
+    status, body = rest(
+        user, "post", "/instances", {"name": "t", "template": "triage", "judge_model": "claude-unpriced-9"}
+    )
     assert status == 400 and body["field"] == "judge_model" and "no price" in body["error"]
     _, made = one(user, "create_instance", template="triage", name="t")
     status, body = rest(user, "patch", f"/instances/{made['id']}", {"judge_model": "claude-unpriced-9"})

@@ -29,7 +29,9 @@ RUBRIC = "NOTES.md names the objective word for word."
 def graded(score, verdict="pass"):
     def answer(body):
         assert is_judge_call(body), "only the judge calls Claude in these runs"
-        return tool_use("record_grade", {"verdict": verdict, "reasons": ["NOTES.md names it"], "score": score})
+        return tool_use(
+            "record_grade", {"verdict": verdict, "reasons": ["NOTES.md names it"], "score": score}
+        )
 
     return answer
 
@@ -38,21 +40,41 @@ def graded(score, verdict="pass"):
 def from_file(user, tmp_path, script, server, credential, price, monkeypatch):
     """An instance of `user` made, with no override but its key, from a template file that has a judge's rubric."""
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)  # no base_url override: a plain user may not set one
-    writer = script("import os\nopen('NOTES.md', 'w').write(open(os.environ['TETHER_OBJECTIVE_FILE']).read())\nprint('wrote NOTES.md')")
+    writer = script(
+        "import os\nopen('NOTES.md', 'w').write(open(os.environ['TETHER_OBJECTIVE_FILE']).read())\nprint('wrote NOTES.md')"
+    )
     folder = tmp_path / "templates"
     folder.mkdir()
-    (folder / "noted.json").write_text(json.dumps({
-        "name": "noted", "description": "writes NOTES.md; a judge grades it", "brain": "command", "command": writer,
-        "decider": "checks", "max_iterations": 2,
-        "checks": [{"name": "notes", "command": ["test", "-s", "NOTES.md"], "required": True}],
-        "judge_rubric": RUBRIC, "judge_model": MODEL, "judge_pass_threshold": 60,
-    }))
+    (folder / "noted.json").write_text(
+        json.dumps(
+            {
+                "name": "noted",
+                "description": "writes NOTES.md; a judge grades it",
+                "brain": "command",
+                "command": writer,
+                "decider": "checks",
+                "max_iterations": 2,
+                "checks": [{"name": "notes", "command": ["test", "-s", "NOTES.md"], "required": True}],
+                "judge_rubric": RUBRIC,
+                "judge_model": MODEL,
+                "judge_pass_threshold": 60,
+            }
+        )
+    )
     assert load_templates(folder) == [("noted", True)]
-    return instance_services.instance_create(user=user, values={"name": "noter", "credential": credential.pk}, template="noted")
+    return instance_services.instance_create(
+        user=user, values={"name": "noter", "credential": credential.pk}, template="noted"
+    )
 
 
-def test_a_template_files_rubric_grades_its_runs_and_the_judges_cost_is_in_the_runs_books(from_file, server, start, drive, price):
-    assert (from_file.judge_rubric, from_file.judge_model, from_file.judge_pass_threshold) == (RUBRIC, MODEL, 60)
+def test_a_template_files_rubric_grades_its_runs_and_the_judges_cost_is_in_the_runs_books(
+    from_file, server, start, drive, price
+):
+    assert (from_file.judge_rubric, from_file.judge_model, from_file.judge_pass_threshold) == (
+        RUBRIC,
+        MODEL,
+        60,
+    )
     server.responder = graded(90)
     run = drive(start(from_file, objective="Write the release notes"))
     assert (run.outcome, run.verified) == ("done", True)
@@ -61,13 +83,23 @@ def test_a_template_files_rubric_grades_its_runs_and_the_judges_cost_is_in_the_r
     record = GradeRecord.objects.get(run=run)
     assert record.judge["verdict"] == "pass" and record.judge["score"] == 90
     usage = record.usage
-    paid = cost_micros(Usage(model=MODEL, **{k: usage[k] for k in (
-        "input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")}), price)
+    paid = cost_micros(
+        Usage(
+            model=MODEL,
+            **{
+                k: usage[k]
+                for k in ("input_tokens", "output_tokens", "cache_write_tokens", "cache_read_tokens")
+            },
+        ),
+        price,
+    )
     assert paid > 0
     # The only Claude call of the run is the judge's: what the run spent is exactly it.
     assert run.spent_micros == paid
     assert sum(Iteration.objects.filter(run=run).values_list("cost_micros", flat=True)) == paid
-    assert sum(LedgerEntry.objects.filter(run_id=run.pk).values_list("spent_delta", flat=True)) >= paid  # the pools
+    assert (
+        sum(LedgerEntry.objects.filter(run_id=run.pk).values_list("spent_delta", flat=True)) >= paid
+    )  # the pools
 
 
 def test_a_pass_scored_below_the_threshold_is_not_verified(from_file, server, start, drive):
@@ -82,8 +114,18 @@ def test_a_pass_scored_below_the_threshold_is_not_verified(from_file, server, st
 def test_the_threshold_rule_is_pure():
     assert judge.passes("pass", 75, 70) == ("pass", [])
     assert judge.passes("pass", 69, 70)[0] == "fail"
-    assert judge.passes("pass", None, 70) == ("fail", ["the judge gave no score, below the pass threshold of 70"])
+    assert judge.passes("pass", None, 70) == (
+        "fail",
+        ["the judge gave no score, below the pass threshold of 70"],
+    )
     assert judge.passes("pass", None, 0) == ("pass", [])
     assert judge.passes("needs-human", 99, 70) == ("needs-human", [])
-    assert judge.read_score([{"type": "tool_use", "name": "record_grade", "input": {"verdict": "pass", "score": 101}}]) is None
-    assert judge.read_score([{"type": "text", "text": '{"verdict": "pass", "reasons": [], "score": 88}'}]) == 88
+    assert (
+        judge.read_score(
+            [{"type": "tool_use", "name": "record_grade", "input": {"verdict": "pass", "score": 101}}]
+        )
+        is None
+    )
+    assert (
+        judge.read_score([{"type": "text", "text": '{"verdict": "pass", "reasons": [], "score": 88}'}]) == 88
+    )

@@ -34,16 +34,39 @@ REPORTS = {
     "r3.txt": "Pressing sync wiped every saved file of mine.",
 }
 RIGHT_TRIAGE = [
-    {"report": "r1.txt", "category": "sync", "severity": "critical", "duplicate_of": None, "summary": "Sync deletes saved files."},
-    {"report": "r2.txt", "category": "ui", "severity": "low", "duplicate_of": None, "summary": "The about page logo is misplaced."},
-    {"report": "r3.txt", "category": "sync", "severity": "critical", "duplicate_of": "r1.txt", "summary": "Sync wiped saved files."},
+    {
+        "report": "r1.txt",
+        "category": "sync",
+        "severity": "critical",
+        "duplicate_of": None,
+        "summary": "Sync deletes saved files.",
+    },
+    {
+        "report": "r2.txt",
+        "category": "ui",
+        "severity": "low",
+        "duplicate_of": None,
+        "summary": "The about page logo is misplaced.",
+    },
+    {
+        "report": "r3.txt",
+        "category": "sync",
+        "severity": "critical",
+        "duplicate_of": "r1.txt",
+        "summary": "Sync wiped saved files.",
+    },
 ]
 ROLES = {
-    "You lead a small team": "pbq-lead", "You plan; you do not implement": "planner",
-    "You implement the plan": "builder", "You are QA with fresh eyes": "qa",
-    "You lead a research-and-writing team": "rwc-lead", "Read every file under sources/": "researcher",
-    "Write REPORT.md for the objective": "writer", "You check facts with fresh eyes": "checker",
-    "You are a careful software engineer": "coder", "You are a software engineer working unattended": "pilot",
+    "You lead a small team": "pbq-lead",
+    "You plan; you do not implement": "planner",
+    "You implement the plan": "builder",
+    "You are QA with fresh eyes": "qa",
+    "You lead a research-and-writing team": "rwc-lead",
+    "Read every file under sources/": "researcher",
+    "Write REPORT.md for the objective": "writer",
+    "You check facts with fresh eyes": "checker",
+    "You are a careful software engineer": "coder",
+    "You are a software engineer working unattended": "pilot",
     "You triage reports": "triage",
 }
 
@@ -63,7 +86,9 @@ def instruction(body):
 
 
 def delegate(to, objective):
-    return tool_use("delegate", {"to": to, "objective": objective, "workspace": "shared", "max_cost_usd": 0.5})
+    return tool_use(
+        "delegate", {"to": to, "objective": objective, "workspace": "shared", "max_cost_usd": 0.5}
+    )
 
 
 class Claude:
@@ -78,7 +103,9 @@ class Claude:
         if is_judge_call(body):
             self.judged += 1
             return self.judge(body)
-        if names == ["record_decision"]:  # an llm decider that believes whatever it is told: the graders must not
+        if names == [
+            "record_decision"
+        ]:  # an llm decider that believes whatever it is told: the graders must not
             return tool_use("record_decision", {"verdict": "done", "reason": "the agent says it is done"})
         role = role_of(body)
         play = getattr(self, role.replace("-", "_"), None) if role else None
@@ -89,7 +116,11 @@ class Claude:
     def coder(self, body, n):
         if self.wrong:
             return text("I fixed add() and every test passes. DONE")
-        return tool_use("write_file", {"path": "app.py", "content": FIXED}) if n == 0 else text("Fixed add(); tests pass. DONE")
+        return (
+            tool_use("write_file", {"path": "app.py", "content": FIXED})
+            if n == 0
+            else text("Fixed add(); tests pass. DONE")
+        )
 
     pilot = coder
 
@@ -113,8 +144,17 @@ class Claude:
             by_name[r["report"]]["severity"] == r["severity"] for r in RIGHT_TRIAGE
         )
         if right:
-            return tool_use("record_grade", {"verdict": "pass", "reasons": ["every report, rightly rated"], "score": 92})
-        return tool_use("record_grade", {"verdict": "fail", "reasons": ["r1.txt loses data yet is rated low; r3.txt is missing"], "score": 20})
+            return tool_use(
+                "record_grade", {"verdict": "pass", "reasons": ["every report, rightly rated"], "score": 92}
+            )
+        return tool_use(
+            "record_grade",
+            {
+                "verdict": "fail",
+                "reasons": ["r1.txt loses data yet is rated low; r3.txt is missing"],
+                "score": 20,
+            },
+        )
 
     # --- plan-build-qa: planner, builder, then QA; the wrong lead skips QA ---------------------------
     def pbq_lead(self, body, n):
@@ -129,10 +169,18 @@ class Claude:
 
     def planner(self, body, n):
         plan = "1. Make add return a + b.\n\n## Acceptance checks\n- python -m pytest -q passes\n"
-        return tool_use("write_file", {"path": "PLAN.md", "content": plan}) if n == 0 else text("PLAN.md written.")
+        return (
+            tool_use("write_file", {"path": "PLAN.md", "content": plan})
+            if n == 0
+            else text("PLAN.md written.")
+        )
 
     def builder(self, body, n):
-        return tool_use("write_file", {"path": "app.py", "content": FIXED}) if n == 0 else text("add() fixed; tests pass.")
+        return (
+            tool_use("write_file", {"path": "app.py", "content": FIXED})
+            if n == 0
+            else text("add() fixed; tests pass.")
+        )
 
     def qa(self, body, n):
         if n == 0:
@@ -152,11 +200,19 @@ class Claude:
 
     def researcher(self, body, n):
         notes = "- The bridge opened in 1932. (sources/bridge.txt: 'The bridge opened in 1932.')\n"
-        return tool_use("write_file", {"path": "NOTES.md", "content": notes}) if n == 0 else text("NOTES.md written.")
+        return (
+            tool_use("write_file", {"path": "NOTES.md", "content": notes})
+            if n == 0
+            else text("NOTES.md written.")
+        )
 
     def writer(self, body, n):
         report = "# The bridge\n\nThe bridge opened in 1932 [sources/bridge.txt].\n"
-        return tool_use("write_file", {"path": "REPORT.md", "content": report}) if n == 0 else text("REPORT.md written.")
+        return (
+            tool_use("write_file", {"path": "REPORT.md", "content": report})
+            if n == 0
+            else text("REPORT.md written.")
+        )
 
     def checker(self, body, n):
         if n == 0:
@@ -202,8 +258,12 @@ def make(user, server, monkeypatch, settings):
 
 
 def run_of(instance):
-    run = services.run_start(instance=instance, user=instance.owner, objective=OBJECTIVES[instance.template.name],
-                             max_cost_usd="5.00")
+    run = services.run_start(
+        instance=instance,
+        user=instance.owner,
+        objective=OBJECTIVES[instance.template.name],
+        max_cost_usd="5.00",
+    )
     return drive_tree(run)
 
 
@@ -223,10 +283,12 @@ def test_a_good_agent_ends_verified(make, server, template):
         from loops.models import Run
 
         roles = sorted(Run.objects.filter(parent=run).values_list("instance__template__name", flat=True))
-        expected = ["pbq-builder", "pbq-planner", "pbq-qa"] if template == "plan-build-qa" else ["rwc-checker", "rwc-researcher", "rwc-writer"]
-        assert roles == expected and all(
-            r.outcome == "done" for r in Run.objects.filter(parent=run)
+        expected = (
+            ["pbq-builder", "pbq-planner", "pbq-qa"]
+            if template == "plan-build-qa"
+            else ["rwc-checker", "rwc-researcher", "rwc-writer"]
         )
+        assert roles == expected and all(r.outcome == "done" for r in Run.objects.filter(parent=run))
 
 
 @pytest.mark.parametrize("template", ["coder", "pilot", "triage", "plan-build-qa", "research-write-check"])
@@ -242,8 +304,17 @@ def test_the_program_template_ends_verified_and_a_program_that_only_says_so_does
     assert "Note the objective." in (run.instance.workspace_path() / "NOTES.md").read_text()
 
     user.user_permissions.add(Permission.objects.get(codename="run_programs"))
+    for cached in ("_perm_cache", "_user_perm_cache"):
+        user.__dict__.pop(cached, None)  # has_perm reads the grant afresh
     liar = make("program", name="liar", command=script("print('wrote NOTES.md, all done')"))
     run = run_of(liar)
-    assert run.status == "finished" and run.verified is not True and not re.search(
-        r"\S", (liar.workspace_path() / "NOTES.md").read_text() if (liar.workspace_path() / "NOTES.md").exists() else ""
+    assert (
+        run.status == "finished"
+        and run.verified is not True
+        and not re.search(
+            r"\S",
+            (liar.workspace_path() / "NOTES.md").read_text()
+            if (liar.workspace_path() / "NOTES.md").exists()
+            else "",
+        )
     )
