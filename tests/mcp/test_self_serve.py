@@ -245,3 +245,11 @@ def test_another_users_instance_is_not_found_over_mcp(user, other_user, make_ins
     assert theirs.judge_rubric == "" and theirs.archived_at is None and theirs.max_iterations == 10
     status, _ = rest(user, "patch", f"/instances/{theirs.pk}", {"judge_rubric": "mine now"})
     assert status == 404
+
+
+def test_the_composition_tools_are_listed(user):
+    async def go():
+        async with Client(build_server(stdio_caller(user.pk))) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
+
+    assert {"list_templates", "create_instance", "update_instance", "archive_instance", "rollback"} <= anyio.run(go)
