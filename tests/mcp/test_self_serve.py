@@ -252,4 +252,10 @@ def test_the_composition_tools_are_listed(user):
         async with Client(build_server(stdio_caller(user.pk))) as client:
             return {tool.name for tool in (await client.list_tools()).tools}
 
-    assert {"list_templates", "create_instance", "update_instance", "archive_instance", "rollback"} <= anyio.run(go)
+    assert {
+        "list_templates",
+        "create_instance",
+        "update_instance",
+        "archive_instance",
+        "rollback",
+    } <= anyio.run(go)
