@@ -129,3 +129,20 @@ def test_the_threshold_rule_is_pure():
     assert (
         judge.read_score([{"type": "text", "text": '{"verdict": "pass", "reasons": [], "score": 88}'}]) == 88
     )
+
+
+def test_a_done_without_checks_is_verified_only_by_a_graders_own_evidence():
+    from loops import policy
+
+    state = policy.State(iteration=1, max_iterations=3, act_ok=True)
+    done = policy.Decision("done", "the agent says so")
+    judged = policy.Assessment(
+        "done", True, (), "", "an independent judge passed it against its rubric, scored 92"
+    )
+    formatted = policy.Assessment("done", True)  # a response schema met: the form, not the substance
+    doubted = policy.Assessment("done", False, ("the judge asks for a person",), "", "")
+    verified = policy.verdict(state, done, [], [judged, formatted])
+    assert verified.verified and "(verified: an independent judge passed it" in verified.detail
+    assert not policy.verdict(state, done, [], [formatted]).verified
+    assert not policy.verdict(state, done, [], [judged, doubted]).verified
+    assert not policy.verdict(state, done, []).verified
