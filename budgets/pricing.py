@@ -48,6 +48,7 @@ class UnpricedModel(ValueError):
 
     def __init__(self, model: str, who: str = "") -> None:
         self.model = model
+        self.field = "model"  # the setting that names the model, for a surface to point at
         what = f"{who} model {model!r}, which has no price" if who else f"Model {model!r} has no price"
         super().__init__(
             f"{what}, so Tether cannot cap what its calls cost. Add a price in the admin (/admin/ → Budgets "

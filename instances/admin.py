@@ -100,13 +100,13 @@ class InstanceForm(forms.ModelForm):
         cleaned = super().clean()
         probe = Instance(
             name=cleaned.get("name") or self.instance.name,
-            **{f: cleaned.get(f, getattr(self.instance, f)) for f in ("brain", "decider", "model")},
+            **{f: cleaned.get(f, getattr(self.instance, f)) for f in ("brain", "decider", "model", "judge_rubric", "judge_model")},
         )
         try:
             prices.ensure_priced(probe)
         except UnpricedModel as exc:
             self.price_refused = True
-            self.add_error("model" if "model" in self.fields else None, str(exc))
+            self.add_error(exc.field if exc.field in self.fields else None, str(exc))
         self._check_workspace(cleaned)
         self._check_saved(cleaned)
         return cleaned
@@ -169,6 +169,7 @@ class InstanceAdmin(AuditedAdmin, admin.ModelAdmin):
             },
         ),
         ("Command brain and checks", {"fields": ["command", "env", "checks", "protected_paths", "protect_defaults", "network"]}),
+        ("Grading", {"fields": ["judge_rubric", "judge_model", "judge_pass_threshold", "response_schema"]}),
     ]
     # Every setting is checked against the user's capabilities (the safe ones pass), so a new field
     # needs run_programs until `capabilities.SAFE_OVERRIDES` says otherwise.

@@ -11,8 +11,8 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from instances import protected, schemas, services
-from instances.models import Credential, Instance
+from instances import prices, protected, schemas, services, templates_loader
+from instances.models import AgentTemplate, Credential, Instance
 from loops.rest import ApiError, Id, errors
 
 router = Router(tags=["instances"])
@@ -39,6 +39,39 @@ def instance_json(instance: Instance) -> dict[str, Any]:
         "archived_at": instance.archived_at.isoformat() if instance.archived_at else None,
         "protected": protected.globs_for(instance),
     }
+
+
+def template_json(template: AgentTemplate, *, role: bool) -> dict[str, Any]:
+    """A template as the API and MCP show it: its whole configuration, its composition, and whether it can be used.
+
+    `role`: a composition names it as a role (its agent is started by `delegate`, not on its own).
+    `usable`: an instance made from it as it is would be kept (every model it calls has a price).
+    """
+    return {
+        "name": template.name,
+        "description": template.description,
+        "role": role,
+        "roles": template.roles or {},
+        "verify_with_role": template.verify_with_role or None,
+        **{field: getattr(template, field) for field in AgentTemplate.config_fields()},
+        "usable": prices.template_usable(template),
+    }
+
+
+def templates_json() -> dict[str, Any]:
+    """Every template: the ones to start from first (`templates_loader.grouped`), then the roles."""
+    start, roles = templates_loader.grouped(AgentTemplate.objects.order_by("name"))
+    return {"templates": [template_json(t, role=False) for t in start] + [template_json(t, role=True) for t in roles]}
+
+
+@router.get(
+    "/templates",
+    url_name="templates",
+    response={200: schemas.Templates, **errors()},
+    summary="List the agent templates an instance can be made from (and the roles of compositions)",
+)
+def template_list(request: HttpRequest) -> Any:
+    return templates_json()
 
 
 def credential_json(credential) -> dict[str, Any]:

@@ -5,7 +5,9 @@ have it), lets a user define what runs and where: an instance's `command`, `chec
 `env`, its guardrails (`tools`, allow/deny lists, `approval_tools`, `protected_paths`), a
 workspace outside their own area, a `base_url` and network egress. Without it a user creates
 instances only from templates (the operator's vetted configurations) and overrides only
-`SAFE_OVERRIDES`, the objective cap no higher than the template's.
+`SAFE_OVERRIDES`, the objective cap no higher than the template's. How a done is graded (a
+judge's rubric, model and pass threshold, a response schema) is among them: it runs no program;
+required checks are commands, so they need the capability.
 
 Workspaces live under `TETHER_WORKSPACES/<user id>/<instance id>/`. A user may name a path
 inside their own area; with the capability, also one under an operator-allowed root
@@ -40,7 +42,9 @@ PERMISSION = "instances.run_programs"
 # What a user without the capability may set on an instance made from a template.
 SAFE_OVERRIDES = frozenset(
     {"name", "model", "max_iterations", "objective_max_chars", "max_tool_turns", "max_output_tokens",
-     "credential", "credential_id", "workspace", "mcp_servers"}
+     "credential", "credential_id", "workspace", "mcp_servers",
+     # How a done is graded: a rubric and a response schema run no program (a judge's model is priced).
+     "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema"}
 )
 SYSTEM_DIRS = tuple(
     Path(p) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root",

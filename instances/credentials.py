@@ -152,8 +152,8 @@ def describe_source(instance: Instance) -> str:
 
 
 def needs_key(instance: Instance) -> bool:
-    """Return whether the instance calls Claude: its brain acts with it, or its decider judges with it."""
-    return bool(instance.brain == "anthropic" or instance.decider == "llm")
+    """Return whether the instance calls Claude: its brain acts with it, its decider or its judge judges with it."""
+    return bool(instance.brain == "anthropic" or instance.decider == "llm" or getattr(instance, "judge_rubric", ""))
 
 
 def ensure_usable(instance: Instance) -> None:

@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from django.conf import settings
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, RegexValidator
 from django.db import models
 from django.db.models.signals import post_migrate
 
@@ -99,6 +99,18 @@ class AgentConfig(models.Model):
     )
     mcp_servers = models.JSONField(
         default=list, blank=True, help_text="names of registered MCP servers whose tools the agent gets"
+    )
+    # Grading (`reviews.graders`): what a done must satisfy besides the required checks.
+    judge_rubric = models.TextField(
+        blank=True, help_text="acceptance criteria an independent Claude judge grades each done against; blank: no judge"
+    )
+    judge_model = models.CharField(max_length=100, blank=True, help_text="the judge's model; blank: the agent's")
+    judge_pass_threshold = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MaxValueValidator(100)],
+        help_text="the judge's score (0-100) a pass needs; blank or 0: its verdict alone",
+    )
+    response_schema = models.JSONField(
+        null=True, blank=True, help_text="a JSON Schema the final answer (parsed as JSON) must satisfy"
     )
 
     class Meta:

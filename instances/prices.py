@@ -24,11 +24,31 @@ def claude_model(instance: Any) -> str | None:
 
 
 def ensure_priced(instance: Any) -> None:
-    """Raise `UnpricedModel`, naming the instance, the model and how to add a price, if its model has none."""
-    model = claude_model(instance)
-    if model is None:
-        return
+    """Raise `UnpricedModel`, naming the instance, the model and how to add a price, if a model it calls has none.
+
+    Its judge's model too (`judge_model`, whenever it is named): a judge call that cannot be
+    priced could not be metered. The exception's `field` names the setting at fault.
+    """
+    for field, who, name in (
+        ("model", "calls Claude with", claude_model(instance)),
+        ("judge_model", "has its done judged by", getattr(instance, "judge_model", "")),
+    ):
+        if not name:
+            continue
+        try:
+            selectors.price_for_model(name)
+        except UnpricedModel:
+            refused = UnpricedModel(name, who=f"Instance {instance.name!r} {who}")
+            refused.field = field
+            raise refused from None
+
+
+def template_usable(template: Any) -> bool:
+    """Whether an instance made from `template` as it is would be kept (every model it calls has a price)."""
+    from instances.models import Instance
+
     try:
-        selectors.price_for_model(model)
+        ensure_priced(Instance(name=template.name, **template.instance_defaults()))
     except UnpricedModel:
-        raise UnpricedModel(model, who=f"Instance {instance.name!r} calls Claude with") from None
+        return False
+    return True

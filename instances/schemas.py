@@ -155,6 +155,27 @@ def _base_url(value: Any) -> str:
     return url
 
 
+def _response_schema(value: Any) -> dict[str, Any]:
+    import json
+
+    from instances.validation import json_schema_problem
+
+    if not isinstance(value, dict):
+        raise refuse(f"must be a JSON Schema (an object; {{}} for none), not {kind_of(value)}")
+    if why := json_schema_problem(value):
+        raise refuse(why)
+    if len(json.dumps(value)) > limits.PROMPT_MAX_CHARS:
+        raise refuse(f"must be at most {limits.PROMPT_MAX_CHARS:,} characters as JSON")
+    return value
+
+
+ResponseSchema = Annotated[
+    dict[str, Any],
+    BeforeValidator(_response_schema),
+    Field(description="a JSON Schema the final answer (parsed as JSON) must satisfy; {} for none"),
+]
+
+
 def _bounded(field: str) -> Any:
     low, high = BOUNDS[field]
     return whole(low, high, between=True)
@@ -269,6 +290,11 @@ class InstanceChange(Body):
     protect_defaults: flag() | None = None  # type: ignore[valid-type]
     network: flag() | None = None  # type: ignore[valid-type]
     mcp_servers: McpServers | None = None
+    # Grading: a person without run_programs may set these too (`capabilities.SAFE_OVERRIDES`).
+    judge_rubric: text(max_length=limits.PROMPT_MAX_CHARS, description="acceptance criteria an independent Claude judge grades each done against; empty: no judge") | None = None  # type: ignore[valid-type]
+    judge_model: text(max_length=limits.NAME_MAX_CHARS, description="the judge's model (it must have a price); empty: the agent's") | None = None  # type: ignore[valid-type]
+    judge_pass_threshold: whole(0, 100, between=True, description="the judge's score (0-100) a pass needs; 0: its verdict alone") | None = None  # type: ignore[valid-type]
+    response_schema: ResponseSchema | None = None
 
 
 class InstanceIn(InstanceChange):
@@ -334,12 +360,54 @@ class Instance(Schema):
     protected: list[str] = Field(description="everything protected: protected_paths and, with checks, the defaults")
     network: bool
     mcp_servers: list[str]
+    judge_rubric: str
+    judge_model: str
+    judge_pass_threshold: int | None
+    response_schema: dict[str, Any] | None
     created_at: str
     archived_at: str | None
 
 
 class Instances(Schema):
     instances: list[Instance]
+
+
+class Template(Schema):
+    """An agent template: its configuration (what an instance made from it gets), its composition, its use."""
+
+    name: str
+    description: str
+    role: bool = Field(description="a composition names it as a role: delegate starts it, not a person")
+    roles: dict[str, str] = Field(description="a composition's roles: role -> template name")
+    verify_with_role: str | None = Field(description="a composition's done is verified only by this role's pass")
+    brain: str
+    model: str
+    system_prompt: str
+    tools: list[str]
+    decider: str
+    max_iterations: int
+    objective_max_chars: int
+    checks: list[dict[str, Any]]
+    command: list[str]
+    command_allow: list[str]
+    command_deny: list[str]
+    approval_tools: list[str]
+    max_tool_turns: int
+    max_output_tokens: int
+    tool_timeout_seconds: int
+    act_timeout_seconds: int
+    protected_paths: list[str]
+    protect_defaults: bool
+    mcp_servers: list[str]
+    judge_rubric: str
+    judge_model: str
+    judge_pass_threshold: int | None
+    response_schema: dict[str, Any] | None
+    usable: bool = Field(description="an instance made from it as it is would be kept (its models have prices)")
+
+
+class Templates(Schema):
+    templates: list[Template]
 
 
 KEY_CHARS = limits.KEY_CHARS  # how long a stored model key may be (`validation.key_problem` checks its shape too)

@@ -42,7 +42,7 @@ def _refusals() -> Iterator[None]:
     except validation.InvalidInstance as exc:
         raise InstanceRefused(exc.message, exc.status, exc.field) from None
     except UnpricedModel as exc:
-        raise InstanceRefused(str(exc), 400, "model") from None
+        raise InstanceRefused(str(exc), 400, exc.field) from None
     except templates_loader.TemplateError as exc:
         raise InstanceRefused(str(exc), 400) from None
 

@@ -7,7 +7,8 @@ new data file — no code. Each file is one JSON object validated against `SCHEM
 field of an agent's configuration (`instances.models.AgentConfig`: `model`, `system_prompt`,
 `tools`, `decider`, `checks` ([{name, command: [argv], required}]), `command`, the guardrails
 and bounds, `protected_paths` — workspace-relative globs of the files that grade the agent —
-and `mcp_servers`, names of MCP servers an operator registered), and for a composition `roles`
+`mcp_servers`, names of MCP servers an operator registered, and the grading of a done:
+`judge_rubric`, `judge_model`, `judge_pass_threshold` and `response_schema`), and for a composition `roles`
 (role -> template name, reached with `delegate(to=ROLE)`) and `verify_with_role` (its done is
 verified only when that role's latest run passed). A template a composition names as a role is
 shown apart from the ones to start from (`grouped`). An instance made from a template copies
@@ -76,6 +77,10 @@ SCHEMA: dict[str, Any] = {
         "roles": {"type": "object", "additionalProperties": {"type": "string", "minLength": 1}},
         "verify_with_role": {"type": "string"},
         "mcp_servers": _STRINGS,
+        "judge_rubric": {"type": "string"},
+        "judge_model": {"type": "string"},
+        "judge_pass_threshold": {"type": "integer", "minimum": 0, "maximum": 100},
+        "response_schema": {"type": "object"},
     },
 }
 
@@ -87,6 +92,7 @@ class TemplateError(ValueError):
 def validate(data: Any, *, source: str = "template") -> dict[str, Any]:
     """Return `data` if it is a valid template, else raise TemplateError naming the problem."""
     from instances.tools import check_names
+    from instances.validation import json_schema_problem
 
     try:
         jsonschema.validate(data, SCHEMA)
@@ -103,6 +109,8 @@ def validate(data: Any, *, source: str = "template") -> dict[str, Any]:
     role = data.get("verify_with_role")
     if role and role not in (data.get("roles") or {}):
         raise TemplateError(f"{source}: verify_with_role {role!r} is not one of its roles")
+    if "response_schema" in data and (why := json_schema_problem(data["response_schema"])):
+        raise TemplateError(f"{source}: response_schema {why}")
     if data.get("roles") and "delegate" not in (data.get("tools") or []):
         raise TemplateError(f"{source}: a composition's agent needs the 'delegate' tool to reach its roles")
     checked: dict[str, Any] = data

@@ -37,7 +37,7 @@ from instances.schemas import BOUNDS, KEY_CHARS, InstanceIn
 from tether.schema import INVISIBLE, describe
 
 __all__ = [
-    "BOUNDS", "InvalidInstance", "check_saved", "check_workspace_apart", "invisible", "key_problem", "name_taken",
+    "BOUNDS", "InvalidInstance", "json_schema_problem", "check_saved", "check_workspace_apart", "invisible", "key_problem", "name_taken",
     "unrunnable", "validate", "workspace_conflict",
 ]
 
@@ -54,6 +54,19 @@ class InvalidInstance(ValueError):
 
 
 
+
+
+def json_schema_problem(schema: Any) -> str:
+    """Return why `schema` is not a JSON Schema a final answer can be checked against ("" when it is)."""
+    import jsonschema
+
+    if not isinstance(schema, dict | bool):
+        return f"must be a JSON Schema (an object), not {type(schema).__name__}"
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return f"is not a JSON Schema ({exc.message[:300]})"
+    return ""
 
 
 def invisible(text: str) -> str | None:

@@ -16,10 +16,9 @@ from django.urls import URLPattern, path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
 
 from budgets.models import Price
-from budgets.pricing import UnpricedModel
 from instances import api as instances_api
 from instances import prices
-from instances.models import AgentTemplate, Instance
+from instances.models import AgentTemplate
 from loops import api as loops_api
 from loops import rest
 from loops.auth import error
@@ -75,7 +74,7 @@ def openapi(request: HttpRequest) -> HttpResponse:
         response["Allow"] = "GET"
         return response
     spec = rest.api.get_openapi_schema(path_prefix="/v1")
-    names = sorted(t.name for t in AgentTemplate.objects.all() if _usable(t))
+    names = sorted(t.name for t in AgentTemplate.objects.all() if prices.template_usable(t))
     schemas = spec["components"]["schemas"]
     schemas["InstanceIn"]["properties"]["template"] = {
         "anyOf": [{"enum": names}, {"type": "null"}],
@@ -91,13 +90,6 @@ def openapi(request: HttpRequest) -> HttpResponse:
     return Response(spec)
 
 
-def _usable(template: Any) -> bool:
-    """Whether an instance made from `template` as it is would be kept (its model has a price)."""
-    try:
-        prices.ensure_priced(Instance(name=template.name, **template.instance_defaults()))
-    except UnpricedModel:
-        return False
-    return True
 
 
 def _patterns() -> list[Any]:

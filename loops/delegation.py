@@ -594,7 +594,9 @@ class RoleCheck:
         from loops.policy import Assessment
 
         self.passed = passed
-        self.assessment = Assessment(outcome="done", verified=passed, reasons=() if passed else (reason,))
+        self.assessment = Assessment(
+            outcome="done", verified=passed, reasons=() if passed else (reason,), evidence=reason if passed else ""
+        )
         self.usage = Usage()
         self.reason = reason
 

@@ -1,4 +1,5 @@
-"""Tether's run API as MCP tools: list, start, read, follow, interject, answer, stop, continue and roll back runs.
+"""Tether's API as MCP tools: make instances from templates and change or archive them; list, start, read,
+follow, interject, answer, stop, continue and roll back runs.
 
 The tools call the same selectors and services as the REST API (loops.api), with the same
 owner rules (another user's instance or run reads as not found) and every action audited
@@ -23,6 +24,9 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field, ValidationError
 
 from budgets.selectors import headroom_for_run
+from instances import api as instances_api
+from instances import schemas as instance_schemas
+from instances import services as instance_services
 from instances.models import Instance
 from loops import events, schemas, selectors, services
 from loops.models import Run
@@ -44,6 +48,13 @@ Dollars = Annotated[
     Field(description="the run's own cost cap in US dollars, like 2.50; omitted: only the pools above cap it"),
 ]
 Iterations = Annotated[schemas.Iterations | None, Field(description="at most this many turns")]
+# An instance's settings are the REST API's (`instances.schemas.InstanceChange`): checked by the same service.
+SETTINGS = frozenset(instance_schemas.InstanceChange.model_fields) - {"name"}
+Settings = Annotated[
+    dict[str, Any] | None,
+    Field(description="settings that override the template, as the REST API names them (POST /v1/instances), "
+                      'e.g. {"max_iterations": 5, "judge_rubric": "..."}'),
+]
 Minutes = Annotated[schemas.Minutes | None, Field(description="wall-clock limit in minutes")]
 DELEGATE_IS_FOR_AGENTS = (
     "delegate is an agent's tool: it makes a child run of the run whose act is calling it, and it takes only "
@@ -51,7 +62,8 @@ DELEGATE_IS_FOR_AGENTS = (
     "To start a run yourself, use start_run."
 )
 INSTRUCTIONS = (
-    "Tether runs durable, governed agent loops. Each instance is an agent; a run pursues one objective "
+    "Tether runs durable, governed agent loops. Each instance is an agent (list_templates, then create_instance "
+    "makes one from a template; update_instance and archive_instance change it); a run pursues one objective "
     "until it is done and verified, needs a person, or hits a bound. Start a run, then follow it with "
     "run_events (pass the last seq you have as `after`); interject to steer it, answer a run that waits "
     "for a person, cancel to stop it, continue_run to pick a finished run up again, rollback to put a finished run's "
@@ -135,6 +147,24 @@ def _instance(user: Any, ref: int | str):
     if found is None:
         raise ToolError(f"instance {ref!r} not found; list_instances shows yours")
     return found
+
+
+def _settings(given: dict[str, Any] | None) -> dict[str, Any]:
+    """Return an instance's settings as given to create_instance or update_instance; refuse a name none has."""
+    values = dict(given or {})
+    unknown = sorted(set(values) - SETTINGS)
+    if unknown:
+        raise ToolError(f"unknown setting {', '.join(map(repr, unknown))}; the settings are {', '.join(sorted(SETTINGS))}")
+    return values
+
+
+def _instance_write(write: Callable[[], Any]) -> dict[str, Any]:
+    """Make an instance write through `instances.services`; its refusal is the tool's error, said as it is."""
+    try:
+        return instances_api.instance_json(write())
+    except instance_services.InstanceRefused as exc:
+        where = f"{exc.field}: " if exc.field and not exc.message.startswith(exc.field) else ""
+        raise ToolError(where + exc.message) from None
 
 
 def _instance_json(instance: Any) -> dict[str, Any]:
@@ -363,6 +393,59 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             if dry_run:
                 return rollbacks.plan(run=run, to=to).as_json()
             return rollbacks.rollback(run=run, user=user, to=to, via="mcp", request=device).as_json()
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def list_templates(ctx: Context) -> dict[str, Any]:
+        """List the agent templates an instance can be made from (then the roles compositions start by delegate),
+        each with the configuration an instance made from it gets and whether it can be used (its models are priced)."""
+
+        def work(user, device):
+            return instances_api.templates_json()
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def create_instance(
+        ctx: Context,
+        template: Annotated[str, Field(min_length=1, max_length=50, description="a template's name (list_templates)")],
+        name: Annotated[str, Field(min_length=1, max_length=100, description="the new instance's name")],
+        settings: Settings = None,
+    ) -> dict[str, Any]:
+        """Create an instance (an agent) of yours from a template, with settings that override it. Without the
+        run_programs capability only the safe settings may be given (model, bounds, workspace, judge rubric,
+        response schema...); a command, checks or tools are refused."""
+
+        def work(user, device):
+            values = {**_settings(settings), "name": name}
+            return _instance_write(lambda: instance_services.instance_create(
+                user=user, values=values, template=template, via="mcp", request=device,
+            ))
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def update_instance(ctx: Context, instance: InstanceRef, settings: Settings = None) -> dict[str, Any]:
+        """Change settings of one of your instances (only those given); the same capability rules as create_instance."""
+
+        def work(user, device):
+            found, values = _instance(user, instance), _settings(settings)
+            return _instance_write(lambda: instance_services.instance_update(
+                instance=found, user=user, values=values, via="mcp", request=device,
+            ))
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def archive_instance(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
+        """Archive one of your instances: it starts no new run; its runs and receipts stay (refused while one is live)."""
+
+        def work(user, device):
+            found = _instance(user, instance)
+            return _instance_write(lambda: instance_services.instance_archive(
+                instance=found, user=user, via="mcp", request=device,
+            ))
 
         return await _call(ctx, identify, work)
 

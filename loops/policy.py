@@ -156,6 +156,9 @@ class Assessment:
     verified: bool = True
     reasons: tuple[str, ...] = ()
     instruction: str = ""
+    # What the grader itself established, when it is evidence like a passing check: an independent
+    # judge's pass against a rubric, a verifying role's pass. A done with no required check is verified by it.
+    evidence: str = ""
 
 
 def checks_signature(checks: Sequence[Check]) -> str:
@@ -414,7 +417,8 @@ def verdict(
 
     Required checks that fail send the agent back (or fail the run on its last allowed iteration);
     a grader's retry or failure wins next; otherwise the run is done, verified only when required
-    checks ran and passed, every grader vouches for it and no protected path changed.
+    checks ran and passed (or, with none, a grader's own evidence: a judge's or a verifying role's
+    pass), every grader vouches for it and no protected path changed.
     """
     failing = [check for check in checks if check.required and not check.passed]
     if failing:
@@ -434,16 +438,19 @@ def verdict(
             return Stop("failed", "; ".join(grade.reasons) or "the graders rejected the result")
     ran_required = any(check.required for check in checks)
     by_checks = state.has_checks and ran_required
+    vouched = [grade.evidence for grade in grades if grade.evidence and grade.verified]
     detail = decision.reason.strip() or "the decider reported the objective done"
     if by_checks:
         detail += f" (verified: {_evidence([c for c in checks if c.required])})"
+    elif vouched:
+        detail += f" (verified: {'; '.join(vouched)})"
     elif not state.has_checks:
         detail += " (unverified: no checks configured)"
     else:
         detail += " (unverified: no required check ran)"
     reasons = [reason for grade in grades for reason in grade.reasons]
-    verified = by_checks and all(grade.verified for grade in grades)
-    if by_checks and not verified:
+    verified = (by_checks or bool(vouched)) and all(grade.verified for grade in grades)
+    if (by_checks or vouched) and not verified:
         detail += " — but not verified: " + "; ".join(reasons or ["a grader did not vouch for it"])
     elif reasons and not verified:
         detail += " — " + "; ".join(reasons)

@@ -19,8 +19,11 @@ also applies the command checks and the protected evidence). What the graders lo
 4. **LLM rubric judge** (`Grading.judge`): `fail` is turned back into the loop like a failed
    response check; `needs-human` keeps the done but unverified and routes it to review.
 
-Configuration lives on `reviews.models.Grading`, keyed by instance, falling back to the row of
-the instance's agent template, then to the defaults (no response check, no judge).
+What grades a done is set where the agent is configured: the instance's own fields
+(`judge_rubric`, `judge_model`, `judge_pass_threshold`, `response_schema`; from its template's
+JSON, the console, the API or MCP) come first. The admin's `reviews.models.Grading` rows, keyed by
+instance then by the instance's agent template, fill what those leave empty (and hold the
+pattern, the sampling and `expects_changes`); then the defaults (no response check, no judge).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import jsonschema
 from django.conf import settings
 
 from instances.brains.base import Usage
+from instances.validation import json_schema_problem
 from loops import policy, tamper
 from loops.signals import FinalAct
 from reviews.judge import Verdict
@@ -59,15 +63,27 @@ class Config:
     judge: bool = False
     judge_criteria: str = ""
     judge_model: str = ""
+    judge_pass_threshold: int = 0
     sample_percent: Decimal = DEFAULT_SAMPLE_PERCENT
     expects_changes: bool = False
 
 
 def config_for(instance: Any) -> Config:
-    """Return the grading configuration of `instance`: its own row, then its template's, then defaults."""
+    """Return the grading configuration of `instance`: its own fields, its admin row, its template's, then defaults."""
+    from types import SimpleNamespace
+
     from reviews.models import Grading
 
-    rows = []
+    fields = SimpleNamespace(
+        response_schema=instance.response_schema or None,
+        response_pattern="",
+        judge=True if instance.judge_rubric else None,
+        judge_criteria=instance.judge_rubric,
+        judge_model=instance.judge_model,
+        sample_percent=None,
+        expects_changes=None,
+    )
+    rows: list[Any] = [fields]
     own = Grading.objects.filter(instance=instance).first()
     if own is not None:
         rows.append(own)
@@ -95,6 +111,7 @@ def config_for(instance: Any) -> Config:
         judge=bool(pick("judge", False)),
         judge_criteria=pick("judge_criteria", ""),
         judge_model=pick("judge_model", ""),
+        judge_pass_threshold=instance.judge_pass_threshold or 0,
         sample_percent=Decimal(pick("sample_percent", default_percent)),
         expects_changes=coding if expects is None else bool(expects),
     )
@@ -149,11 +166,8 @@ def _misconfigured(schema: Any, pattern: str) -> str:
             re.compile(pattern)
         except re.error as exc:
             return f"the pattern is not a regular expression ({exc})"
-    if schema is not None:
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            return f"the schema is not a JSON Schema ({exc.message[:300]})"
+    if schema is not None and (why := json_schema_problem(schema)):
+        return f"the schema {why}"
     return ""
 
 
@@ -209,8 +223,12 @@ class Grade:
 
     @property
     def assessment(self) -> policy.Assessment:
-        """Return what `loops.policy.verdict` needs of this grade."""
-        return policy.Assessment(self.outcome, self.verified, tuple(self.reasons), self.instruction)
+        """Return what `loops.policy.verdict` needs of this grade (a judge's pass is evidence, like a check's)."""
+        evidence = ""
+        if self.verified and self.judge is not None and self.judge.verdict == "pass":
+            scored = f", scored {self.judge.score}" if self.judge.score is not None else ""
+            evidence = f"an independent judge passed it against its rubric{scored}"
+        return policy.Assessment(self.outcome, self.verified, tuple(self.reasons), self.instruction, evidence)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -300,6 +318,7 @@ def grade(
             checks=checks,
             diff=snapshots.diff(run, max_chars=judge_mod.DIFF_CHARS),
             model=config.judge_model,
+            pass_threshold=config.judge_pass_threshold,
             stop=stop,
             meter=meter,
         )

@@ -38,7 +38,7 @@ agent made to its workspace. Grade the final result against the acceptance crite
 
 A confident, well-formatted answer is not evidence. An agent that says it changed something the diff
 does not show has not done it. Give short, specific reasons. Answer by calling the record_grade tool
-once. If you cannot call it, answer with only a JSON object: {"verdict": "...", "reasons": ["..."]}."""
+once. If you cannot call it, answer with only a JSON object: {"verdict": "...", "reasons": ["..."], "score": 0-100}."""
 GRADE_TOOL = {
     "name": "record_grade",
     "description": "Record the grade of the agent's final result, with the reasons.",
@@ -47,6 +47,10 @@ GRADE_TOOL = {
         "properties": {
             "verdict": {"type": "string", "enum": list(VERDICTS)},
             "reasons": {"type": "array", "items": {"type": "string"}, "description": "one line each"},
+            "score": {
+                "type": "integer", "minimum": 0, "maximum": 100,
+                "description": "how fully the acceptance criteria are met, 0 (not at all) to 100 (entirely)",
+            },
         },
         "required": ["verdict", "reasons"],
     },
@@ -61,9 +65,10 @@ class Verdict:
     reasons: list[str]
     usage: Usage = field(default_factory=Usage)
     error: str = ""  # set when the judge could not grade (then verdict is needs-human)
+    score: int | None = None  # 0-100, when the judge gave one
 
     def as_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reasons": self.reasons, "error": self.error or None}
+        return {"verdict": self.verdict, "reasons": self.reasons, "error": self.error or None, "score": self.score}
 
 
 def _clip(text: str, limit: int) -> str:
@@ -97,8 +102,24 @@ def render_prompt(*, objective: str, criteria: str, answer: str, checks: Sequenc
     return "\n\n".join(parts)
 
 
-def read_answer(content: Sequence[dict[str, Any]]) -> tuple[str, list[str]] | None:
-    """Return (verdict, reasons) from the judge's response content, or None if it says neither clearly."""
+def read_score(content: Sequence[dict[str, Any]]) -> int | None:
+    """Return the judge's score (0-100) from its response content, or None when it gave none."""
+    found = _answer(content)
+    score = found.get("score") if isinstance(found, dict) else None
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 100:
+        return None
+    return int(score)
+
+
+def passes(verdict: str, score: int | None, threshold: int) -> tuple[str, list[str]]:
+    """Return the verdict a pass threshold leaves (a pass scored below it fails), and the reason it adds (pure)."""
+    if verdict != "pass" or not threshold or (score is not None and score >= threshold):
+        return verdict, []
+    said = "gave no score" if score is None else f"scored it {score}"
+    return "fail", [f"the judge {said}, below the pass threshold of {threshold}"]
+
+
+def _answer(content: Sequence[dict[str, Any]]) -> Any:
     found: Any = None
     for block in content:
         if block.get("type") == "tool_use" and block.get("name") == GRADE_TOOL["name"]:
@@ -113,6 +134,12 @@ def read_answer(content: Sequence[dict[str, Any]]) -> tuple[str, list[str]] | No
             found = json.loads(text[start : end + 1])
         except ValueError:
             return None
+    return found
+
+
+def read_answer(content: Sequence[dict[str, Any]]) -> tuple[str, list[str]] | None:
+    """Return (verdict, reasons) from the judge's response content, or None if it says neither clearly."""
+    found = _answer(content)
     if not isinstance(found, dict):
         return None
     verdict = str(found.get("verdict", "")).strip().lower().replace("_", "-").replace(" ", "-")
@@ -135,10 +162,14 @@ def judge(
     checks: Sequence[Any],
     diff: str,
     model: str = "",
+    pass_threshold: int = 0,
     stop: threading.Event | None = None,
     meter: Any = None,
 ) -> Verdict:
-    """Ask the judge to grade a final result; never raises for a provider or key problem."""
+    """Ask the judge to grade a final result; never raises for a provider or key problem.
+
+    With `pass_threshold` (1-100) a pass needs the judge's score to reach it, else it is a fail.
+    """
     from instances.brains import anthropic as brain
 
     timeout = float(settings.TETHER_JUDGE_TIMEOUT_SECONDS)
@@ -176,5 +207,7 @@ def judge(
     read = read_answer(body.get("content") or [])
     if read is None:
         return Verdict("needs-human", [], session.usage, "the judge's answer could not be read")
-    verdict, reasons = read
-    return Verdict(verdict, [session.scrub(r) for r in reasons], session.usage)
+    said, reasons = read
+    score = read_score(body.get("content") or [])
+    verdict, below = passes(said, score, pass_threshold)
+    return Verdict(verdict, [session.scrub(r) for r in reasons] + below, session.usage, score=score)

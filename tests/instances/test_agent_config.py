@@ -77,6 +77,10 @@ SHAPED = {
     "checks": [{"name": "t", "command": ["true"], "required": False, "timeout": 60}],
     "mcp_servers": ["notes"],
     "base_url": "https://models.example.com",
+    "model": "claude-test-1",  # priced (the `price` fixture): a rubric has Claude judge the program's dones
+    "judge_model": "claude-test-1",
+    "judge_pass_threshold": 70,
+    "response_schema": {"type": "object", "required": ["answer"]},
 }
 
 
@@ -103,7 +107,7 @@ def test_an_instance_from_a_template_gets_its_whole_configuration(user):
 
 
 @pytest.mark.django_db
-def test_every_setting_goes_through_the_api_and_comes_back(client, user, settings):
+def test_every_setting_goes_through_the_api_and_comes_back(client, user, settings, price):
     from django.contrib.auth.models import Permission
 
     settings.TETHER_ALLOW_PRIVATE_BASE_URLS = True  # no name lookup for the example host
@@ -119,7 +123,7 @@ def test_every_setting_goes_through_the_api_and_comes_back(client, user, setting
     shown = client.get(f"/v1/instances/{made.json()['id']}", headers=headers).json()
     if values.get("brain") == "command":  # a program keeps no Claude settings (services.fit_to_brain)
         values = {**values, "system_prompt": "", "tools": [], "approval_tools": []}
-        if values.get("decider") != "llm":
+        if values.get("decider") != "llm" and not values.get("judge_rubric"):  # a judge uses the model too
             values["model"] = ""
     assert {name: shown[name] for name in values} == values
     stored = Instance.objects.get(pk=shown["id"])

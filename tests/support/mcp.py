@@ -17,7 +17,7 @@ from tests.support.cluster import worker_env
 
 TOOLS = {
     "list_instances", "start_run", "get_run", "list_runs", "run_events", "interject", "answer", "cancel",
-    "continue_run", "delegate",
+    "continue_run", "delegate", "list_templates", "create_instance", "update_instance", "archive_instance",
 }
 INITIALIZE = {
     "jsonrpc": "2.0",
