@@ -212,6 +212,7 @@ class NotificationTarget(models.Model):
         FAILED = "run.failed", "A run failed or hit a limit"
         BUDGET_EXHAUSTED = "run.budget_exhausted", "A run ran out of budget"
         THRESHOLD = "pool.threshold", "A pool crossed its soft threshold"
+        SCHEDULE_SKIPPED = "schedule.skipped", "A schedule's firing was skipped: its pools cannot cover it"
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_targets"
