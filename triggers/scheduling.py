@@ -243,8 +243,7 @@ def schedule_change(
         Schedule.objects.filter(pk=schedule.pk).update(**changed)
         schedule.refresh_from_db()
         active = schedule.active
-        schedule.next_fire_at = schedule_timing(schedule).next_after(now) if active else None
-        schedule.save(update_fields=["next_fire_at"])
+        reschedule(schedule, now)
         action = "schedule.change"
         if set(changed) == {"active"}:
             action = "schedule.resume" if active else "schedule.pause"
@@ -256,6 +255,12 @@ def schedule_change(
             detail=_detail(schedule, changed=_shown(changed)),
         )
     return schedule
+
+
+def reschedule(schedule: Schedule, now: datetime) -> None:
+    """Count the schedule's firings from `now` (none while paused): a resumed schedule catches nothing up."""
+    schedule.next_fire_at = schedule_timing(schedule).next_after(now) if schedule.active else None
+    schedule.save(update_fields=["next_fire_at"])
 
 
 def schedule_delete(*, user: Any, schedule: Schedule, via: str = "api", request: Any = None) -> None:

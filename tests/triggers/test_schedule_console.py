@@ -105,3 +105,23 @@ def test_another_users_schedules_are_404(client, user, other_user, instance):
     schedule.refresh_from_db()
     assert schedule.active and schedule.cron == "* * * * *" and not Firing.objects.exists()
     assert Schedule.objects.filter(instance__owner=other_user).count() == 0
+
+
+def test_pausing_and_deleting_in_the_admin_is_audited(client, django_user_model, user, instance):
+    schedule = scheduling.schedule_create(
+        user=user, instance=instance, name="s", objective_template="x", cron="* * * * *"
+    )
+    root = django_user_model.objects.create_superuser("root", email="")
+    client.force_login(root)
+    assert client.get("/admin/triggers/schedule/").status_code == 200
+    assert client.get(f"/admin/triggers/schedule/{schedule.pk}/change/").status_code == 200
+    inline = {"firings-TOTAL_FORMS": "0", "firings-INITIAL_FORMS": "0", "firings-MAX_NUM_FORMS": "0"}
+    page = client.post(f"/admin/triggers/schedule/{schedule.pk}/change/", inline)  # `active` unticked
+    assert page.status_code == 302, page.content.decode()[-2000:]
+    schedule.refresh_from_db()
+    assert not schedule.active and schedule.next_fire_at is None
+    entry = AuditEntry.objects.get(action="schedule.change", via="admin")
+    assert entry.user == root and entry.detail["after"]["active"] is False
+    assert client.post(f"/admin/triggers/schedule/{schedule.pk}/delete/", {"post": "yes"}).status_code == 302
+    assert AuditEntry.objects.filter(action="schedule.delete", via="admin").exists()
+    assert not Schedule.objects.exists()
