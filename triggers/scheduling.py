@@ -22,6 +22,7 @@ nothing else; the instance, its tools, workspace and budget are the schedule's o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,6 +42,8 @@ from tether.limits import FIRINGS_KEPT, OBJECTIVE_MAX_CHARS, SCHEDULE_MISSED_REC
 from triggers.models import Firing, Schedule
 from triggers.services import TriggerRefused, cap, check_instance, checked_template
 from triggers.timing import Timing, TimingError
+
+log = logging.getLogger(__name__)
 
 # django-q2's scheduler looks for due schedules about every 30 s and the tick's own schedule is every
 # minute: a firing handled this late is on time, whatever its catch-up window.
@@ -212,9 +215,11 @@ def schedule_change(
         raise TriggerRefused(f"schedule {schedule.pk} not found", 404)
     changed: dict[str, Any] = {}
     for name in CHANGEABLE:
-        if name not in changes or (changes[name] is None and name not in ("starts_at", "ends_at")):
-            continue
+        if name not in changes or (changes[name] is None and name not in TIMING):
+            continue  # None leaves a field as it is; a part of the timing given as None is cleared
         value = changes[name]
+        if name == "cron" and value is None:
+            value = ""
         if name == "objective_template":
             value = checked_template(value)
         elif name == "name":
@@ -309,7 +314,13 @@ def tick(now: datetime | None = None) -> int:
             "schedule_id", flat=True
         )
     )
-    return sum(len(fire_due(pk, now)) for pk in sorted(due))
+    made = 0
+    for pk in sorted(due):
+        try:
+            made += len(fire_due(pk, now))
+        except Exception:  # one schedule's failure (its firing rolled back, retried next tick) stops no other
+            log.exception("firing schedule %s failed; the next tick tries again", pk)
+    return made
 
 
 def fire_due(schedule_id: int, now: datetime | None = None) -> list[Firing]:

@@ -48,6 +48,10 @@ def test_the_owner_creates_previews_changes_fires_and_deletes(api, user, instanc
     changed = api(user, "patch", one, {"interval_minutes": 30, "overlap": "buffer_one", "active": True})
     assert changed.status_code == 200, changed.content
     assert changed.json()["cron"] is None and changed.json()["interval_minutes"] == 30
+    back = api(user, "patch", one, {"cron": "*/5 * * * *", "interval_minutes": None})
+    assert (back.json()["cron"], back.json()["interval_minutes"]) == ("*/5 * * * *", None)
+    again = api(user, "patch", one, {"cron": None, "interval_minutes": 30})
+    assert again.status_code == 200 and (again.json()["cron"], again.json()["interval_minutes"]) == (None, 30)
     fired = api(user, "post", f"{one}/run")
     assert (
         fired.status_code == 201 and fired.json()["outcome"] == "started" and fired.json()["manual"] is True
@@ -69,6 +73,8 @@ def test_the_owner_creates_previews_changes_fires_and_deletes(api, user, instanc
     assert actions == [
         "schedule.create",
         "schedule.pause",
+        "schedule.change",
+        "schedule.change",
         "schedule.change",
         "schedule.run_now",
         "schedule.delete",

@@ -244,3 +244,12 @@ def test_the_tick_is_a_django_q_schedule():
     assert (
         tick.func == "triggers.tasks.tick" and tick.schedule_type == QSchedule.MINUTES and tick.minutes == 1
     )
+
+
+def test_one_broken_schedule_stops_no_other(every_minute, caplog):
+    broken = every_minute(name="broken")
+    fine = every_minute(name="fine")
+    Schedule.objects.filter(pk=broken.pk).update(timezone="Mars/Olympus")  # a row no service would write
+    assert scheduling.tick(at(1)) == 1
+    assert outcomes(fine) == ["started"] and outcomes(broken) == []
+    assert f"firing schedule {broken.pk} failed" in caplog.text
