@@ -139,3 +139,21 @@ def test_another_users_schedules_are_404(api, user, other_user, instance, make_i
     assert schedule.active and not Run.objects.exists() and Schedule.objects.count() == 1
     # Bob cannot schedule on his instance a schedule of Ada's either, nor see it from there.
     assert api(other_user, "get", f"/v1/instances/{theirs.pk}/schedules").json() == {"schedules": []}
+
+
+def test_a_scheduled_run_reads_in_the_run_api_with_its_firing(api, user, instance):
+    base = f"/v1/instances/{instance.pk}/schedules"
+    made = api(user, "post", base, BODY).json()
+    fired = api(user, "post", f"{base}/{made['id']}/run").json()
+    listed = api(user, "get", f"/v1/instances/{instance.pk}/loop?origin=schedule")
+    assert listed.status_code == 200, listed.content
+    assert listed.json()["runs"][0]["origin"] == {
+        "kind": "schedule",
+        "schedule": made["id"],
+        "firing": fired["id"],
+        "trigger": None,
+        "delivery": None,
+        "parent": None,
+    }
+    one = api(user, "get", f"/v1/instances/{instance.pk}/loop/{fired['run']}")
+    assert one.status_code == 200 and one.json()["origin"]["firing"] == fired["id"]
