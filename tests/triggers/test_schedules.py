@@ -10,6 +10,7 @@ from budgets import services as budget_services
 from loops import services
 from loops.models import Run
 from reviews.models import Delivery, NotificationTarget
+from reviews.notify import render_email
 from triggers import scheduling
 from triggers.models import Firing, Schedule
 from triggers.services import TriggerRefused
@@ -168,6 +169,8 @@ def test_a_pool_without_headroom_skips_the_firing_and_tells_the_owner(every_minu
     told = Delivery.objects.get(target=target)
     assert told.event == "schedule.skipped" and told.payload["schedule"]["id"] == schedule.pk
     assert "has $0.50" in told.payload["reason"]
+    subject, body = render_email(told.payload)
+    assert subject == "[Tether] schedule minutely of triage skipped a firing" and "has $0.50" in body
 
 
 def test_paused_schedules_do_not_fire_and_resume_from_now(every_minute, user):
