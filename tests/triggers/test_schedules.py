@@ -240,9 +240,13 @@ def test_bad_timing_is_refused_with_a_sentence(user, instance, values, field, wo
     assert not Schedule.objects.exists()
 
 
-def test_the_tick_is_a_django_q_schedule():
+@pytest.mark.django_db(transaction=True)
+def test_the_tick_is_a_django_q_schedule_made_again_after_a_flush():
+    from django.core.management import call_command
     from django_q.models import Schedule as QSchedule
 
+    assert QSchedule.objects.filter(name="tether.schedules.tick").exists()
+    call_command("flush", interactive=False, verbosity=0)
     tick = QSchedule.objects.get(name="tether.schedules.tick")
     assert (
         tick.func == "triggers.tasks.tick" and tick.schedule_type == QSchedule.MINUTES and tick.minutes == 1
