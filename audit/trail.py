@@ -27,7 +27,8 @@ token.issue, token.revoke,
 signin.locked_out,
 notification.add, notification.update, notification.remove,
 workspace.rollback,
-trigger.create, trigger.change, trigger.pause, trigger.resume, trigger.rotate, trigger.delete.
+trigger.create, trigger.change, trigger.pause, trigger.resume, trigger.rotate, trigger.delete,
+schedule.create, schedule.change, schedule.pause, schedule.resume, schedule.run_now, schedule.delete.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ ACTIONS = frozenset(
         *("notification.add", "notification.update", "notification.remove"),
         "workspace.rollback",
         *("trigger.create", "trigger.change", "trigger.pause", "trigger.resume", "trigger.rotate", "trigger.delete"),
+        *("schedule.create", "schedule.change", "schedule.pause", "schedule.resume", "schedule.run_now"),
+        "schedule.delete",
     }
 )
 

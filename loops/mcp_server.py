@@ -32,6 +32,7 @@ from loops import events, schemas, selectors, services
 from loops.models import Run
 from reviews import rollback as rollbacks
 from tether.schema import describe
+from triggers import mcp_tools
 
 EVENTS_PAGE = 1000
 RUNS_PAGE = 200
@@ -460,4 +461,6 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         (TETHER_TOKEN); with your own API token it is refused, and start_run is how you start a run."""
         raise ToolError(DELEGATE_IS_FOR_AGENTS)
 
+    # An instance's webhook triggers and schedules: list, create, pause, delete (and run a schedule now).
+    mcp_tools.register(server, lambda ctx, work: _call(ctx, identify, work), _instance)
     return server

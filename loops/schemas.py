@@ -179,7 +179,7 @@ class RunOrigin(Schema):
 
     kind: str = Field(json_schema_extra={"enum": list(RunModel.Origin.values)})
     schedule: int | None = None
-    firing: str | None = None
+    firing: int | None = None
     trigger: int | None = None
     delivery: str | None = None
     parent: int | None = None

@@ -1,4 +1,4 @@
-"""Tell people when a run escalates, fails or exhausts a budget, and when a pool crosses its threshold.
+"""Tell people when a run escalates, fails or exhausts a budget, a pool crosses its threshold, or a schedule cannot afford a firing.
 
 Writes `Delivery` rows (one per configured `NotificationTarget` and event, idempotent by key)
 and hands them to the worker queue after commit. Each delivery is then attempted with
@@ -9,7 +9,7 @@ retried with exponential backoff until `TETHER_NOTIFY_ATTEMPTS` attempts were ma
 A webhook request carries:
 
 - `X-Tether-Event` (`run.escalated`, `run.failed`, `run.budget_exhausted`, `run.child_result`,
-  `pool.threshold`, `review.waiting` (see `reviews.watch`), `digest.sent` (see `reviews.digest`)),
+  `pool.threshold`, `schedule.skipped`, `review.waiting` (see `reviews.watch`), `digest.sent` (see `reviews.digest`)),
 - `X-Tether-Delivery` (the delivery's id: the same for every retry of one notification),
 - `X-Tether-Timestamp` (Unix seconds) and
 - `X-Tether-Signature: sha256=HEX`, the HMAC-SHA256 of `TIMESTAMP + "." + BODY` under the secret.
@@ -190,6 +190,12 @@ def on_threshold_crossed(sender: Any, crossing: Any, **kwargs: Any) -> None:
         log.exception("notifying the threshold crossing of pool %s failed", pool.pk)
 
 
+def notify_firing_skipped(*, owner_id: int, key: str, schedule: dict[str, Any], reason: str) -> list[Delivery]:
+    """Tell a schedule's owner that a firing started no run because its pools cannot cover it (sent after commit)."""
+    payload = {"event": Event.SCHEDULE_SKIPPED, "schedule": schedule, "reason": reason, "at": timezone.now().isoformat()}
+    return create(NotificationTarget.objects.filter(owner=owner_id), Event.SCHEDULE_SKIPPED, key, payload, None)
+
+
 def create(targets: Iterable[NotificationTarget], event: str, key: str, payload: dict, run: Any) -> list[Delivery]:
     made = []
     with transaction.atomic():
@@ -299,6 +305,10 @@ def render_email(payload: dict[str, Any]) -> tuple[str, str]:
     if event == Event.THRESHOLD:
         pool = payload["pool"]
         return f"[Tether] pool {pool['name']} crossed {pool['threshold_percent']}% of its limit", pool["detail"]
+    if event == Event.SCHEDULE_SKIPPED:
+        schedule = payload["schedule"]
+        subject = f"[Tether] schedule {schedule['name']} of {schedule['instance_name']} skipped a firing"
+        return subject[:200], f"{payload['reason']}\n\nScheduled for {schedule['scheduled_for']}."
     run = payload["run"]
     what = {
         Event.ESCALATED: "needs a person",

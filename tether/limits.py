@@ -21,6 +21,10 @@ HOOK_RATE = (1, 600)  # runs a trigger may start in a minute, lowest and highest
 HOOK_RATE_DEFAULT = 30
 DELIVERY_ID_MAX_CHARS = 200  # a delivery's id (`X-GitHub-Delivery` is a 36-character GUID)
 DELIVERY_EXCERPT_CHARS = 2_000  # how much of a delivery's body is kept to show on the trigger's page
+SCHEDULE_INTERVAL_MINUTES = (1, 60 * 24 * 366)  # a schedule's interval, shortest and longest, in minutes
+SCHEDULE_CATCH_UP_MINUTES = (0, 60 * 24 * 7)  # how late a missed firing may still run after downtime
+SCHEDULE_MISSED_RECORDED = 60  # missed firings recorded one by one after downtime; the rest as one row
+FIRINGS_KEPT = 500  # firings kept per schedule, newest first (older ones are deleted)
 DELIVERIES_KEPT = 200  # deliveries kept per trigger, newest first (older ones are deleted)
 
 # --- money ----------------------------------------------------------------------------------------

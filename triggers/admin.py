@@ -1,9 +1,11 @@
-"""Django admin for triggers: the secret is never shown (rotate it from the console or the API)."""
+"""Django admin for triggers (the secret is never shown: rotate it from the console or the API) and schedules."""
 
 from django.contrib import admin
+from django.utils import timezone
 
 from audit.trail import AuditedAdmin
-from triggers.models import Delivery, Trigger
+from triggers import scheduling
+from triggers.models import Delivery, Firing, Schedule, Trigger
 
 
 class DeliveryInline(admin.TabularInline):
@@ -67,3 +69,64 @@ class DeliveryAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+class FiringInline(admin.TabularInline):
+    model = Firing
+    extra = 0
+    can_delete = False
+    fields = ("scheduled_for", "fired_at", "outcome", "reason", "manual", "run")
+    readonly_fields = fields
+    ordering = ("-scheduled_for",)
+    max_num = 0
+
+
+@admin.register(Schedule)
+class ScheduleAdmin(AuditedAdmin, admin.ModelAdmin):
+    audit_noun = "schedule"  # a change (pausing, resuming) or a delete, before and after
+    audit_verbs = ("create", "change", "delete")
+    list_display = (
+        "id",
+        "name",
+        "instance",
+        "owner",
+        "active",
+        "cron",
+        "interval_minutes",
+        "timezone",
+        "next_fire_at",
+    )
+    list_filter = ("active", "overlap")
+    search_fields = ("name", "instance__name", "owner__username")
+    # An operator may pause a schedule or delete it; when and what it runs is its owner's to change.
+    fields = (
+        "instance",
+        "owner",
+        "name",
+        "objective_template",
+        "cron",
+        "interval_minutes",
+        "timezone",
+        "starts_at",
+        "ends_at",
+        "max_iterations",
+        "max_cost_micros",
+        "overlap",
+        "catch_up_minutes",
+        "active",
+        "next_fire_at",
+        "created_at",
+    )
+    readonly_fields = tuple(f for f in fields if f != "active")
+    inlines = [FiringInline]
+
+    def has_add_permission(
+        self, request
+    ):  # made where its timing is checked and previewed: the console or the API
+        return False
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        scheduling.reschedule(
+            obj, timezone.now()
+        )  # paused: no next firing; resumed: from now, nothing caught up

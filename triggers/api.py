@@ -17,10 +17,11 @@ from budgets import money
 from loops.api import owned_instance
 from loops.rest import ApiError, Id, errors
 from loops.schemas import Empty
-from triggers import schemas, services
+from triggers import schedules_api, schemas, services
 from triggers.models import Delivery, Trigger
 
 router = Router(tags=["triggers"])
+router.add_router("", schedules_api.router)  # an instance's schedules, beside its triggers
 
 TRIGGERS = "/instances/{id:instance_id}/triggers"
 TRIGGER = TRIGGERS + "/{id:trigger_id}"

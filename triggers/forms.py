@@ -1,4 +1,4 @@
-"""The console's trigger form: checked by the API's own schema (`triggers.schemas.TriggerIn`)."""
+"""The console's trigger and schedule forms: checked by the API's own schemas (`triggers.schemas`)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from typing import Any
 
 from django import forms
 
-from loops.console.forms import Checked, normalise_newlines
+from budgets import money
+from loops.console.forms import Checked, _cost_cap_field, _max_iterations_field, normalise_newlines
 from tether import limits
-from triggers import schemas
+from triggers import schemas, timing
+from triggers.models import Schedule
 
 
 def _names(text: str) -> list[str]:
@@ -57,3 +59,101 @@ class TriggerForm(Checked):
 
     def values(self) -> dict[str, Any]:
         return {name: self.cleaned_data[name] for name in self.FIELDS}
+
+
+class ScheduleForm(Checked):
+    """A schedule, made or changed: checked by the API's schema; the timing and the budget by the service."""
+
+    SCHEMA = schemas.ScheduleIn
+    FIELDS = {
+        "name": ("name", "The name"),
+        "objective_template": ("objective_template", "The objective template"),
+        "cron": ("cron", "The cron expression"),
+        "interval_minutes": ("interval_minutes", "The interval"),
+        "timezone": ("timezone", "The time zone"),
+        "max_iterations": ("max_iterations", "Max iterations"),
+        "max_cost_usd": ("max_cost_usd", "The cost cap"),
+        "overlap": ("overlap", "The overlap policy"),
+        "catch_up_minutes": ("catch_up_minutes", "The catch-up window"),
+    }
+
+    name = forms.CharField(max_length=limits.NAME_MAX_CHARS, strip=True)
+    objective_template = forms.CharField(
+        strip=True,
+        label="Objective template",
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Fields in braces: {date}, {time}, {schedule.name}, {last_run.id}, {last_run.outcome}",
+    )
+    cron = forms.CharField(
+        required=False,
+        label="Cron expression",
+        help_text="five fields, read in the time zone, e.g. 0 9 * * 1-5 (weekdays at 09:00); or give an interval",
+    )
+    interval_minutes = forms.IntegerField(
+        required=False,
+        label="Or every … minutes",
+        widget=forms.NumberInput(
+            attrs={"min": limits.SCHEDULE_INTERVAL_MINUTES[0], "max": limits.SCHEDULE_INTERVAL_MINUTES[1]}
+        ),
+    )
+    timezone = forms.CharField(initial="UTC", label="Time zone", help_text="an IANA name, e.g. Europe/Paris")
+    starts_at = forms.DateTimeField(
+        required=False,
+        label="Starts",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="optional, in the time zone",
+    )
+    ends_at = forms.DateTimeField(
+        required=False,
+        label="Ends",
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}),
+        help_text="optional, in the time zone",
+    )
+    max_iterations = _max_iterations_field(
+        required=False, label="Max iterations", help_text="empty: the instance's"
+    )
+    max_cost_usd = _cost_cap_field()
+    overlap = forms.ChoiceField(
+        choices=Schedule.Overlap.choices,
+        initial=Schedule.Overlap.SKIP,
+        label="When the previous run is still live",
+    )
+    catch_up_minutes = forms.IntegerField(
+        initial=0,
+        label="Catch-up window (minutes)",
+        help_text="after downtime, the latest missed firing this recent still runs, once; older ones are recorded missed",
+        widget=forms.NumberInput(
+            attrs={"min": limits.SCHEDULE_CATCH_UP_MINUTES[0], "max": limits.SCHEDULE_CATCH_UP_MINUTES[1]}
+        ),
+    )
+
+    def clean_objective_template(self) -> str:
+        return normalise_newlines(self.cleaned_data["objective_template"])
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean()
+        # The dates are typed as wall-clock times in the schedule's time zone.
+        try:
+            zone = timing.check_time_zone(data.get("timezone") or "UTC")
+        except timing.TimingError:
+            return data  # the service names the time zone
+        for name in ("starts_at", "ends_at"):
+            if data.get(name) is not None:
+                data[name] = data[name].replace(tzinfo=None).replace(tzinfo=zone)
+        return data
+
+    def values(self) -> dict[str, Any]:
+        return {name: self.cleaned_data.get(name) for name in (*self.FIELDS, "starts_at", "ends_at")}
+
+    @classmethod
+    def of(cls, schedule: Schedule) -> ScheduleForm:
+        """The form filled with a saved schedule, to edit."""
+        zone = timing.check_time_zone(schedule.timezone)
+        initial = {name: getattr(schedule, name) for name in cls.FIELDS if hasattr(schedule, name)}
+        initial["max_cost_usd"] = (
+            None if schedule.max_cost_micros is None else money.micros_to_decimal(schedule.max_cost_micros)
+        )
+        for name in ("starts_at", "ends_at"):
+            value = getattr(schedule, name)
+            initial[name] = value.astimezone(zone).replace(tzinfo=None) if value else None
+        return cls(initial=initial)

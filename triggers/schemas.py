@@ -1,18 +1,24 @@
-"""The schemas of the trigger API: what creating or changing a trigger takes, and what it answers.
+"""The schemas of the trigger and schedule API: what creating or changing one takes, and what it answers.
 
 Bounds come from `tether.limits`; the console's form validates through these schemas too.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
-from pydantic import BeforeValidator, Field
+from pydantic import AwareDatetime, BeforeValidator, Field
 
 from loops.objective_template import TemplateError, fields
 from loops.schemas import Cap, Iterations
-from tether.limits import HOOK_RATE, NAME_MAX_CHARS, OBJECTIVE_MAX_CHARS
+from tether.limits import (
+    HOOK_RATE,
+    NAME_MAX_CHARS,
+    OBJECTIVE_MAX_CHARS,
+    SCHEDULE_CATCH_UP_MINUTES,
+    SCHEDULE_INTERVAL_MINUTES,
+)
 from tether.schema import SPACE, Body, clean_text, flag, refuse, text, whole
 
 Name = text(nonblank=True, max_length=NAME_MAX_CHARS)
@@ -131,3 +137,103 @@ class Deliveries(Schema):
 
 class Deleted(Schema):
     deleted: int
+
+
+# --- schedules --------------------------------------------------------------------------------------
+
+Cron = text(
+    max_length=100,
+    description="five cron fields read in `timezone`, e.g. 0 9 * * 1-5; or give interval_minutes",
+)
+Interval = whole(
+    *SCHEDULE_INTERVAL_MINUTES, unit=" of minutes", description="fire every this many minutes; or give cron"
+)
+TimeZone = text(
+    nonblank=True, max_length=64, description="an IANA time zone, e.g. Europe/Paris (default UTC)"
+)
+CatchUp = whole(
+    *SCHEDULE_CATCH_UP_MINUTES,
+    unit=" of minutes",
+    description="after downtime, the latest missed firing at most this old still runs, once; 0: only on-time firings",
+)
+OverlapPolicy = Literal["skip", "buffer_one", "cancel_other", "allow_all"]
+ScheduleTemplate = Annotated[
+    str,
+    BeforeValidator(_template),
+    Field(
+        json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
+        description="the objective, with {date}, {time}, {schedule.name}, {last_run.id} or {last_run.outcome}; "
+        "{{ and }} are literal braces",
+    ),
+]
+
+
+class ScheduleTiming(Body):
+    cron: Cron | None = None  # type: ignore[valid-type]
+    interval_minutes: Interval | None = None  # type: ignore[valid-type]
+    timezone: TimeZone | None = None  # type: ignore[valid-type]
+    starts_at: AwareDatetime | None = None
+    ends_at: AwareDatetime | None = None
+
+
+class ScheduleIn(ScheduleTiming):
+    name: Name  # type: ignore[valid-type]
+    objective_template: ScheduleTemplate
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    max_cost_usd: Cap = None  # type: ignore[valid-type]
+    overlap: OverlapPolicy = "skip"
+    catch_up_minutes: CatchUp | None = None  # type: ignore[valid-type]
+    active: flag(description="false: made paused") | None = None  # type: ignore[valid-type]
+
+
+class ScheduleChange(ScheduleTiming):
+    """The fields of a schedule to change (absent or null: as it is)."""
+
+    name: Name | None = None  # type: ignore[valid-type]
+    objective_template: ScheduleTemplate | None = None
+    max_iterations: Iterations | None = None  # type: ignore[valid-type]
+    max_cost_usd: Cap = None  # type: ignore[valid-type]
+    overlap: OverlapPolicy | None = None
+    catch_up_minutes: CatchUp | None = None  # type: ignore[valid-type]
+    active: flag(description="false pauses the schedule; true resumes it from now") | None = None  # type: ignore[valid-type]
+
+
+class Schedule(Schema):
+    id: int
+    instance: int
+    name: str
+    objective_template: str
+    cron: str | None
+    interval_minutes: int | None
+    timezone: str
+    starts_at: str | None
+    ends_at: str | None
+    max_iterations: int | None
+    max_cost_usd: str | None
+    overlap: str
+    catch_up_minutes: int
+    active: bool
+    next_firings: list[str]
+    created_at: str
+
+
+class Schedules(Schema):
+    schedules: list[Schedule]
+
+
+class Preview(Schema):
+    next_firings: list[str]
+
+
+class Firing(Schema):
+    id: int
+    scheduled_for: str
+    fired_at: str
+    outcome: str
+    reason: str
+    manual: bool
+    run: int | None
+
+
+class Firings(Schema):
+    firings: list[Firing]

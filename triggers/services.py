@@ -55,7 +55,15 @@ class TriggerRefused(Refused):
 # --- people's changes -------------------------------------------------------------------------------
 
 
-def _checked_template(template: str) -> str:
+def check_instance(user: Any, instance: Any) -> None:
+    """Refuse a trigger or schedule on an instance that is not `user`'s (404) or is archived (409)."""
+    if instance.owner_id != user.pk:
+        raise TriggerRefused(f"instance {instance.pk} not found", 404)
+    if instance.archived_at is not None:
+        raise TriggerRefused(f"instance {instance.name!r} is archived: it starts no new runs", 409)
+
+
+def checked_template(template: str) -> str:
     template = template.replace("\r\n", "\n").strip()
     try:
         objective_template.fields(template)
@@ -64,7 +72,7 @@ def _checked_template(template: str) -> str:
     return template
 
 
-def _cap(value: Any) -> int | None:
+def cap(value: Any) -> int | None:
     return None if value in (None, "") else money.usd_to_micros(value, exact=True)
 
 
@@ -87,19 +95,16 @@ def trigger_create(
     request: Any = None,
 ) -> tuple[Trigger, str]:
     """Create a trigger on `user`'s `instance`; return it and its secret (shown this once)."""
-    if instance.owner_id != user.pk:
-        raise TriggerRefused(f"instance {instance.pk} not found", 404)
-    if instance.archived_at is not None:
-        raise TriggerRefused(f"instance {instance.name!r} is archived: it starts no new runs", 409)
+    check_instance(user, instance)
     trigger = Trigger(
         instance=instance,
         owner=user,
         name=name.strip(),
-        objective_template=_checked_template(objective_template),
+        objective_template=checked_template(objective_template),
         events=list(dict.fromkeys(events or [])),
         actions=list(dict.fromkeys(actions or [])),
         max_iterations=max_iterations,
-        max_cost_micros=_cap(max_cost_usd),
+        max_cost_micros=cap(max_cost_usd),
         max_per_minute=max_per_minute or HOOK_RATE_DEFAULT,
     )
     secret = trigger.new_secret()
@@ -130,7 +135,7 @@ def trigger_change(
         if value is None:
             continue
         if name == "objective_template":
-            value = _checked_template(value)
+            value = checked_template(value)
         elif name == "name":
             value = value.strip()
         elif name in ("events", "actions"):
@@ -138,9 +143,9 @@ def trigger_change(
         if getattr(trigger, name) != value:
             changed[name] = value
     if changes.get("max_cost_usd") is not None:
-        cap = _cap(changes["max_cost_usd"])
-        if cap != trigger.max_cost_micros:
-            changed["max_cost_micros"] = cap
+        micros = cap(changes["max_cost_usd"])
+        if micros != trigger.max_cost_micros:
+            changed["max_cost_micros"] = micros
     if not changed:
         return trigger
     with transaction.atomic():

@@ -523,6 +523,7 @@ def test_every_admin_that_shapes_agents_or_spend_records_through_the_hook():
         "GradingAdmin",
         "NotificationTargetAdmin",
         "TriggerAdmin",
+        "ScheduleAdmin",
     } <= hooked
     assert _hook_actions() <= set(trail.ACTIONS)  # record() refuses any other: a new admin must be listed
 

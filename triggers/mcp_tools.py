@@ -1,0 +1,243 @@
+"""MCP tools for an instance's webhook triggers and schedules: list, create, pause (or resume), delete, and run
+a schedule now. `loops.mcp_server.build_server` adds them to Tether's MCP server.
+
+The same services and owner rules as the REST API: another user's trigger, schedule or instance
+reads as not found; every change is audited with the interface `mcp`. A trigger's secret is in
+the answer to `create_trigger` and nowhere else (listing never shows it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from loops import schemas as loop_schemas
+from reviews.notify import public_url
+from triggers import scheduling, schemas, services
+from triggers.api import hook_url, trigger_json
+from triggers.models import Schedule, Trigger
+from triggers.schedules_api import firing_json, schedule_json
+
+Call = Callable[[Context, Callable[[Any, Any], Any]], Awaitable[Any]]
+FindInstance = Callable[[Any, int | str], Any]
+
+ItemId = Annotated[
+    int, Field(ge=1, le=2**53, description="its id (list_triggers / list_schedules show them)")
+]
+InstanceRef = Annotated[
+    int | str,
+    Field(description="the instance's id, or its name when no other instance of yours has that name"),
+]
+Dollars = Annotated[loop_schemas.Cap, Field(description="each run's own cost cap in US dollars, like 2.50")]
+Iterations = Annotated[loop_schemas.Iterations | None, Field(description="each run's turns at most")]
+
+
+def _trigger(user: Any, trigger_id: int) -> Trigger:
+    found = Trigger.objects.filter(owner=user, pk=trigger_id).first()
+    if found is None:
+        raise ToolError(f"trigger {trigger_id} not found; list_triggers shows yours")
+    return found
+
+
+def _schedule(user: Any, schedule_id: int) -> Schedule:
+    found = Schedule.objects.filter(owner=user, pk=schedule_id).first()
+    if found is None:
+        raise ToolError(f"schedule {schedule_id} not found; list_schedules shows yours")
+    return found
+
+
+def _trigger_answer(trigger: Trigger) -> dict[str, Any]:
+    return {**trigger_json(None, trigger), "url": public_url(hook_url(None, trigger))}
+
+
+def _refusals(work: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    def guarded(user: Any, device: Any) -> Any:
+        try:
+            return work(user, device)
+        except services.TriggerRefused as exc:
+            raise ToolError(exc.message) from None
+
+    return guarded
+
+
+def register(server: MCPServer, call: Call, instance_of: FindInstance) -> None:
+    """Add the trigger and schedule tools to `server`; `call` runs a tool body as the caller."""
+
+    async def run(ctx: Context, work: Callable[[Any, Any], Any]) -> Any:
+        return await call(ctx, _refusals(work))
+
+    @server.tool()
+    async def list_triggers(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
+        """List the webhook triggers of one of your instances (never their secrets)."""
+
+        def work(user, device):
+            found = instance_of(user, instance)
+            return {
+                "triggers": [_trigger_answer(t) for t in Trigger.objects.filter(instance=found, owner=user)]
+            }
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def create_trigger(
+        ctx: Context,
+        instance: InstanceRef,
+        name: schemas.Name,  # type: ignore[valid-type]
+        objective_template: schemas.Template,
+        events: schemas.Events | None = None,
+        actions: schemas.Actions | None = None,
+        max_iterations: Iterations = None,
+        max_cost_usd: Dollars = None,
+        max_per_minute: schemas.Rate | None = None,  # type: ignore[valid-type]
+    ) -> dict[str, Any]:
+        """Make a webhook trigger on one of your instances: a signed POST to its url starts a run. The answer holds
+        its secret, shown this once: put it in the sender's webhook settings now."""
+
+        def work(user, device):
+            found = instance_of(user, instance)
+            trigger, secret = services.trigger_create(
+                user=user,
+                instance=found,
+                name=name,
+                objective_template=objective_template,
+                events=events,
+                actions=actions,
+                max_iterations=max_iterations,
+                max_cost_usd=max_cost_usd,
+                max_per_minute=max_per_minute,
+                via="mcp",
+                request=device,
+            )
+            return {**_trigger_answer(trigger), "secret": secret}
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def pause_trigger(ctx: Context, trigger_id: ItemId, paused: bool = True) -> dict[str, Any]:
+        """Pause one of your triggers (its deliveries are refused), or resume it with paused=false."""
+
+        def work(user, device):
+            trigger = services.trigger_change(
+                user=user,
+                trigger=_trigger(user, trigger_id),
+                changes={"active": not paused},
+                via="mcp",
+                request=device,
+            )
+            return _trigger_answer(trigger)
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def delete_trigger(ctx: Context, trigger_id: ItemId) -> dict[str, Any]:
+        """Delete one of your triggers: its url answers 404 from then on; the runs it started stay."""
+
+        def work(user, device):
+            services.trigger_delete(user=user, trigger=_trigger(user, trigger_id), via="mcp", request=device)
+            return {"deleted": trigger_id}
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def list_schedules(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
+        """List the schedules of one of your instances, each with its next five firings."""
+
+        def work(user, device):
+            found = instance_of(user, instance)
+            return {
+                "schedules": [schedule_json(s) for s in Schedule.objects.filter(instance=found, owner=user)]
+            }
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def create_schedule(
+        ctx: Context,
+        instance: InstanceRef,
+        name: schemas.Name,  # type: ignore[valid-type]
+        objective_template: schemas.ScheduleTemplate,
+        cron: schemas.Cron | None = None,  # type: ignore[valid-type]
+        interval_minutes: schemas.Interval | None = None,  # type: ignore[valid-type]
+        timezone: schemas.TimeZone | None = None,  # type: ignore[valid-type]
+        max_iterations: Iterations = None,
+        max_cost_usd: Dollars = None,
+        overlap: schemas.OverlapPolicy = "skip",
+        catch_up_minutes: schemas.CatchUp | None = None,  # type: ignore[valid-type]
+    ) -> dict[str, Any]:
+        """Make a schedule on one of your instances: a cron expression (five fields, in `timezone`) or an
+        interval starts a run each firing, within the instance's budget. The answer shows the next five firings."""
+
+        def work(user, device):
+            found = instance_of(user, instance)
+            schedule = scheduling.schedule_create(
+                user=user,
+                instance=found,
+                name=name,
+                objective_template=objective_template,
+                cron=cron,
+                interval_minutes=interval_minutes,
+                timezone=timezone or "UTC",
+                max_iterations=max_iterations,
+                max_cost_usd=max_cost_usd,
+                overlap=overlap,
+                catch_up_minutes=catch_up_minutes or 0,
+                via="mcp",
+                request=device,
+            )
+            return schedule_json(schedule)
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def pause_schedule(ctx: Context, schedule_id: ItemId, paused: bool = True) -> dict[str, Any]:
+        """Pause one of your schedules, or resume it with paused=false (it fires again from now; nothing is caught up)."""
+
+        def work(user, device):
+            schedule = scheduling.schedule_change(
+                user=user,
+                schedule=_schedule(user, schedule_id),
+                changes={"active": not paused},
+                via="mcp",
+                request=device,
+            )
+            return schedule_json(schedule)
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def delete_schedule(ctx: Context, schedule_id: ItemId) -> dict[str, Any]:
+        """Delete one of your schedules and its firing history; the runs it started stay."""
+
+        def work(user, device):
+            scheduling.schedule_delete(
+                user=user, schedule=_schedule(user, schedule_id), via="mcp", request=device
+            )
+            return {"deleted": schedule_id}
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def run_schedule(ctx: Context, schedule_id: ItemId) -> dict[str, Any]:
+        """Fire one of your schedules now (within its budget, whatever its overlap policy); the firing says what it
+        did: the run it started, or why it started none."""
+
+        def work(user, device):
+            firing = scheduling.run_now(
+                user=user, schedule=_schedule(user, schedule_id), via="mcp", request=device
+            )
+            return firing_json(firing)
+
+        return await run(ctx, work)
+
+    @server.tool()
+    async def schedule_firings(ctx: Context, schedule_id: ItemId) -> dict[str, Any]:
+        """The latest firings of one of your schedules, newest first: started (which run), skipped and why, missed."""
+
+        def work(user, device):
+            return {"firings": [firing_json(f) for f in _schedule(user, schedule_id).firings.all()[:100]]}
+
+        return await run(ctx, work)
