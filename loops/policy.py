@@ -56,6 +56,8 @@ class Check:
     output: str = ""
     evidence: str = "exit code"  # "report" (a test report from outside the workspace) or "exit code"
     evidence_detail: str = ""  # e.g. "3 of 3 tests present at the start ran and passed"
+    tests_ran: int | None = None  # from the test report, when there is one
+    tests_failed: tuple[str, ...] = ()  # the failing tests' ids the report names
 
 
 @dataclass(frozen=True)
