@@ -29,7 +29,7 @@ from django.views.decorators.http import require_GET
 
 from budgets import money
 from budgets.models import Pool, Reservation
-from tether import dbfaults
+from tether import dbfaults, tracing
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +279,12 @@ def collect() -> str:
         "gauge",
         "Worker processes of the clusters that reported in.",
         [({}, sum(len(stat.workers) for stat in clusters))],
+    )
+    out.family(
+        "tether_trace_spans_dropped_total",
+        "counter",
+        "Trace spans that could not be exported to the OTLP collector (tether.tracing), every process's.",
+        [({}, tracing.dropped())],
     )
     return out.render()
 

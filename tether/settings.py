@@ -331,6 +331,9 @@ TETHER_ALLOW_PRIVATE_BASE_URLS = os.environ.get("TETHER_ALLOW_PRIVATE_BASE_URLS"
 # --- operations ----------------------------------------------------------------
 # Bearer token for /metrics (Prometheus); empty: the endpoint is off.
 TETHER_METRICS_TOKEN = os.environ.get("TETHER_METRICS_TOKEN", "")
+# Traces (tether/tracing.py) go out when OTEL_EXPORTER_OTLP_ENDPOINT is set; prompt and completion
+# text go with them only when this is 1 (then redacted).
+TETHER_OTEL_CAPTURE_CONTENT = os.environ.get("TETHER_OTEL_CAPTURE_CONTENT", "") == "1"
 
 # --- auth & static -----------------------------------------------------------
 LOGIN_URL = "/login/"
