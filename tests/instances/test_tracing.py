@@ -188,13 +188,63 @@ def test_a_run_moved_to_another_worker_and_its_child_are_one_trace(receiver, use
     iterations = [s for s in receiver.spans if s.name.startswith("iteration")]
     assert all(s.parent_span_id == run_span.span_id for s in iterations)
 
-    # A delegated run is in its parent's trace, its run span a child of the parent's.
-    child = services.run_start(instance=inst, user=user, objective="count again")
-    type(child).objects.filter(pk=child.pk).update(parent=run)
-    child.refresh_from_db()
-    ids, parent_ids = runner.trace_ids(child), runner.trace_ids(run)
-    assert ids.trace_id == parent_ids.trace_id == int.from_bytes(run_span.trace_id, "big")
-    assert ids.parent_span_id == parent_ids.span_id == int.from_bytes(run_span.span_id, "big")
+
+def test_a_delegated_run_moved_across_a_restart_is_one_trace(
+    receiver, user, make_instance, script, server, price
+):
+    credential = Credential.create_for(user, label="k", secret=KEY)
+    lead = make_instance(
+        user,
+        name="lead",
+        brain="anthropic",
+        decider="checks",
+        base_url=server.url,
+        credential=credential,
+        model=MODEL,
+        tools=["write_file", "delegate"],
+        command=[],
+        max_iterations=4,
+        checks=[
+            {
+                "name": "report",
+                "command": script("sys.exit(0 if pathlib.Path('REPORT.md').exists() else 1)\n"),
+            }
+        ],
+    )
+    lead.workspace_path().mkdir(parents=True, exist_ok=True)
+    make_instance(user, name="helper", command=script("print('I helped')\n"))
+    server.enqueue(
+        tool_use("delegate", {"to": "helper", "objective": "help", "max_cost_usd": 0.2, "workspace": "own"}),
+        tool_use("write_file", {"path": "REPORT.md", "content": "the helper helped"}),
+        text("The report is written."),
+    )
+    run = services.run_start(instance=lead, user=user, objective="write the report", max_cost_usd="1.00")
+    run = drive(run, holder="worker-1")
+    assert run.status == "waiting", run.outcome_detail
+    [child] = type(run).objects.filter(parent=run)
+    assert drive(child, holder="worker-1").outcome == "done"
+    tracing.reset()  # the parent resumes after a restart, on another worker
+    run = drive(run, holder="worker-2")
+    assert run.outcome == "done", run.outcome_detail
+    assert tracing.flush()
+
+    spans = receiver.spans
+    assert len({span.trace_id for span in spans}) == 1
+    by_id = {span.span_id: span for span in spans}
+    [parent_span] = [s for s in spans if s.name == f"run {run.pk}"]
+    [child_span] = [s for s in spans if s.name == f"run {child.pk}"]
+    assert parent_span.parent_span_id == b"" and child_span.parent_span_id == parent_span.span_id
+    iterations = [s for s in spans if s.name.startswith("iteration")]
+    assert sorted(by_id[s.parent_span_id].name for s in iterations) == sorted(
+        [f"run {run.pk}", f"run {run.pk}", f"run {child.pk}"]
+    )
+    assert any(s.name == "execute_tool write_file" for s in spans)  # (a delegate call ends the act: no tool span)
+    calls = [attrs(s) for s in spans if s.name == f"chat {MODEL}"]
+    assert len(calls) == 3 and all(
+        c["gen_ai.request.model"] == MODEL and "tether.cost_usd" in c for c in calls
+    )
+    sent = b"".join(receiver.bodies)
+    assert KEY.encode() not in sent and b"the helper helped" not in sent and b"write the report" not in sent
 
 
 def test_a_down_collector_neither_fails_the_run_nor_goes_uncounted(
