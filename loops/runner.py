@@ -562,7 +562,7 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     begun = begun or _begin(lease)
     if begun is None:
         return False
-    with tracing.iteration(trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
+    with tracing.iteration(lambda: trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
         return _iterate(lease, begun, fuse_until)
 
 

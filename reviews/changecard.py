@@ -75,13 +75,16 @@ def _steps(values: Sequence[str]) -> str:
 
 
 def trajectory(iterations: Iterable[tuple[int, Sequence[Mapping[str, Any]]]]) -> dict[str, Any]:
-    """Each check over the iterations: `{"checks": [{name, steps: [{iteration, passed, failing}]}],
-    "lines": ["tests: failing tests 7 → 3 → 0"]}`. `failing` is the failing tests' count where the
-    check's test report gave it, else None. Pure."""
+    """Each check over the iterations: `{"checks": [{name, steps: [{iteration, passed, failing}],
+    failing_at_end}], "lines": ["tests: failing tests 7 → 3 → 0"]}`. `failing` is the failing tests'
+    count where the check's test report gave it, else None; `failing_at_end` the failing tests the
+    report of its last run names. Pure."""
     by_name: dict[str, list[dict[str, Any]]] = {}
+    failing_at_end: dict[str, list[str]] = {}
     for number, checks in iterations:
         for check in checks:
             tests = check.get("tests") if isinstance(check.get("tests"), dict) else None
+            failing_at_end[str(check.get("name"))] = [str(n) for n in (tests or {}).get("failed_names") or []]
             by_name.setdefault(str(check.get("name")), []).append(
                 {
                     "iteration": number,
@@ -98,7 +101,10 @@ def trajectory(iterations: Iterable[tuple[int, Sequence[Mapping[str, Any]]]]) ->
         else:
             lines.append(f"{name}: {_steps(['passed' if step['passed'] else 'failed' for step in steps])}")
     return {
-        "checks": [{"name": name, "steps": steps[-TRAJECTORY_MAX:]} for name, steps in by_name.items()],
+        "checks": [
+            {"name": name, "steps": steps[-TRAJECTORY_MAX:], "failing_at_end": failing_at_end.get(name, [])}
+            for name, steps in by_name.items()
+        ],
         "lines": lines,
     }
 

@@ -28,7 +28,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -219,12 +219,16 @@ class Span:
 
 
 @contextmanager
-def iteration(ids: RunIds, run_id: int, number: int, attempt: int = 1) -> Iterator[Span]:
-    """The span of one iteration, a child of the run span (wherever the run span is written)."""
+def iteration(run_ids_of: Callable[[], RunIds], run_id: int, number: int, attempt: int = 1) -> Iterator[Span]:
+    """The span of one iteration, a child of the run span (wherever the run span is written).
+
+    `run_ids_of` is only called when tracing is on (it may read the run's delegation chain).
+    """
     found = tracer()
     if found is None:
         yield Span()
         return
+    ids = run_ids_of()
     attributes = {"tether.run_id": run_id, "tether.iteration": number, "tether.attempt": attempt}
     with found.start_as_current_span(
         f"iteration {number}", context=_remote(ids.trace_id, ids.span_id), attributes=attributes

@@ -90,6 +90,7 @@ def test_the_card_shows_exactly_what_the_run_did_and_the_receipt_signs_it(finish
 
     assert card["checks"]["lines"] == ["tests: failing tests 2 → 0"]
     assert [step["passed"] for step in card["checks"]["checks"][0]["steps"]] == [False, True]
+    assert card["checks"]["checks"][0]["failing_at_end"] == []
     assert card["iterations"] == 2 and card["cost_usd"] == receipts.money.usd_string(run.spent_micros)
     assert card["agent_claim"]["text"] == "Fixed add and mul, and added a test for mul."
     assert "not verified" in card["agent_claim"]["note"]
@@ -174,6 +175,13 @@ def test_test_names_see_added_removed_and_edited_tests_by_node_id():
 
 
 def test_a_trajectory_without_test_reports_says_passed_or_failed():
+    failing = {
+        "ran": 3,
+        "failed": 2,
+        "failed_names": ["test_calc.py::test_mul", "test_calc.py::test_mul_zero"],
+    }
+    named = changecard.trajectory([(1, [{"name": "tests", "passed": False, "tests": failing}])])
+    assert named["checks"][0]["failing_at_end"] == failing["failed_names"]
     steps = [(1, [{"name": "lint", "passed": False}]), (2, [{"name": "lint", "passed": True}])]
     assert changecard.trajectory(steps)["lines"] == ["lint: failed → passed"]
     long = [(n, [{"name": "t", "passed": False, "tests": {"failed": 30 - n}}]) for n in range(1, 31)]
