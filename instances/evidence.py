@@ -87,6 +87,24 @@ def reports(directory: Path) -> list[dict[str, Any]]:
     return found
 
 
+FAILED_NAMED = 50  # failing tests a check's result names; the rest are counted
+
+
+def tally(found: Sequence[dict[str, Any]]) -> tuple[int, tuple[str, ...]] | None:
+    """How many tests the reports say ran, and which failed (None without a report). Pure.
+
+    Stored with the check's result, so a run's change card can show the failing tests over the
+    iterations without running anything again.
+    """
+    if not found:
+        return None
+    outcomes: dict[str, str] = {}
+    for report in found:
+        raw = report.get("outcomes")
+        outcomes.update({str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {})
+    return len(outcomes), tuple(sorted(nodeid for nodeid, outcome in outcomes.items() if outcome == "failed"))
+
+
 @dataclass(frozen=True)
 class Judgement:
     evidence: str  # REPORT or EXIT_CODE

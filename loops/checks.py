@@ -49,6 +49,7 @@ def run_checks(
             baseline=(baseline or {}).get(str(spec["name"])),
             required=spec.get("evidence") == evidence.REPORT,
         )
+        tests = evidence.tally(found)
         exited_ok = done.exit_code == 0 and not done.timed_out and not done.stopped
         output = redact((done.stdout + done.stderr)[-OUTPUT_TAIL:])
         if done.spawn_error:
@@ -66,6 +67,8 @@ def run_checks(
                 evidence=judgement.evidence,
                 evidence_detail=judgement.summary,
                 progress=progress.of_check(output, exited_ok and judgement.ok, timed_out=done.timed_out or done.stopped),
+                tests_ran=None if tests is None else tests[0],
+                tests_failed=() if tests is None else tests[1],
             )
         )
     return results
@@ -157,6 +160,17 @@ def as_json(checks: list[Check]) -> list[dict[str, Any]]:
         {
             "name": c.name, "required": c.required, "passed": c.passed, "output": c.output,
             "evidence": c.evidence, "evidence_detail": c.evidence_detail, "progress": c.progress,
+            **({} if c.tests_ran is None else {"tests": _tests_json(c)}),
         }
         for c in checks
     ]
+
+
+def _tests_json(check: Check) -> dict[str, Any]:
+    """What the check's test report said: tests ran, how many failed, and the first failing ids (redacted)."""
+    failed = check.tests_failed
+    return {
+        "ran": check.tests_ran,
+        "failed": len(failed),
+        "failed_names": [redact(nodeid) for nodeid in failed[: evidence.FAILED_NAMED]],
+    }

@@ -30,6 +30,7 @@ from instances import services as instance_services
 from instances.models import Instance
 from loops import events, schemas, selectors, services
 from loops.models import Run
+from reviews import changecard as changecards
 from reviews import rollback as rollbacks
 from tether.schema import describe
 from triggers import mcp_tools
@@ -367,6 +368,20 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 max_cost_usd=max_cost_usd, max_minutes=max_minutes, via="mcp", request=device,
             )
             return _run_json(new)
+
+        return await _call(ctx, identify, work)
+
+    @server.tool()
+    async def change_card(ctx: Context, run_id: RunId) -> dict[str, Any]:
+        """What one of your finished (or waiting) runs changed, at a glance: files with line counts, tests,
+        protected paths touched, the checks over the iterations, cost, and the agent's own claim."""
+
+        def work(user, device):
+            run = _run(user, run_id)
+            found = changecards.for_run(run)
+            if found is None:
+                raise ToolError(f"run {run_id} is {run.status}; its change card is made when it finishes or waits")
+            return found
 
         return await _call(ctx, identify, work)
 

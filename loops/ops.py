@@ -34,7 +34,7 @@ from prometheus_client.utils import floatToGoString
 
 from budgets import money
 from budgets.models import Pool, Reservation
-from tether import dbfaults
+from tether import dbfaults, tracing
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +246,11 @@ class TetherCollector(Collector):
             "tether_worker_processes",
             "Worker processes of the clusters that reported in.",
             sum(len(stat.workers) for stat in clusters),
+        )
+        yield CounterMetricFamily(
+            "tether_trace_spans_dropped_total",
+            "Trace spans that could not be exported to the OTLP collector (tether.tracing), every process's.",
+            tracing.dropped(),
         )
 
 

@@ -75,6 +75,8 @@ class Check:
     evidence: str = "exit code"  # "report" (a test report from outside the workspace) or "exit code"
     evidence_detail: str = ""  # e.g. "3 of 3 tests present at the start ran and passed"
     progress: int | None = None  # what is left to fix by its output (`loops.progress.of_check`); None: unknown
+    tests_ran: int | None = None  # from the test report, when there is one
+    tests_failed: tuple[str, ...] = ()  # the failing tests' ids the report names
 
 
 @dataclass(frozen=True)

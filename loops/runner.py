@@ -39,7 +39,7 @@ from loops import delegation, events, journal, policy, progress, signals
 from loops.event_kinds import changed_names
 from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run
-from tether import dbfaults, dbpool, jsonlog
+from tether import dbfaults, dbpool, jsonlog, tracing
 
 log = logging.getLogger(__name__)
 
@@ -448,7 +448,32 @@ def finish_run(
     run = Run.objects.get(pk=run_id)
     events.append(run.pk, "run.finished", finished_data(run))
     after_finish(run.pk)
+    if tracing.enabled():
+        transaction.on_commit(lambda: _traced_finish(run))
     return run
+
+
+def trace_ids(run: Run) -> tracing.RunIds:
+    """The run's trace ids, derived from it and its delegation root (`tether.tracing`)."""
+    chain = [run]
+    while chain[-1].parent_id is not None and len(chain) < 100:
+        chain.append(Run.objects.only("pk", "created_at", "parent_id").get(pk=chain[-1].parent_id))
+    parent = chain[1] if len(chain) > 1 else None
+    return tracing.run_ids(
+        tracing.run_key(run.pk, run.created_at),
+        tracing.run_key(chain[-1].pk, chain[-1].created_at),
+        tracing.run_key(parent.pk, parent.created_at) if parent else None,
+    )
+
+
+def _traced_finish(run: Run) -> None:
+    tracing.run_finished(
+        trace_ids(run), run.pk, started=run.started_at or run.created_at, finished=run.finished_at,
+        attributes={
+            "tether.outcome": run.outcome, "tether.verified": run.verified, "tether.iterations": run.iterations_done,
+            "tether.cost_usd": run.spent_micros / 1_000_000, "tether.instance_id": run.instance_id,
+        },
+    )
 
 
 def after_finish(run_id: int) -> None:
@@ -537,6 +562,11 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     begun = begun or _begin(lease)
     if begun is None:
         return False
+    with tracing.iteration(lambda: trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
+        return _iterate(lease, begun, fuse_until)
+
+
+def _iterate(lease: Lease, begun: Begun, fuse_until: float | None) -> Begun | bool:
     if (refused := _refused_workspace(begun)) is not None:
         return _record(lease, begun, refused)
     _open_iteration(lease, begun)
@@ -600,7 +630,8 @@ def _act(lease: Lease, begun: Begun, meter: metering.RunMeter) -> Reply | Ended:
     )
     acting = time.monotonic()
     try:
-        reply = get_brain(instance).act(request)
+        with tracing.span("act", tether__brain=instance.brain):
+            reply = get_brain(instance).act(request)
     except BrainError as exc:  # what the act said and called so far is kept in its record
         reply = Reply(ok=False, text=exc.text, usage=exc.usage, detail=exc.detail, tool_calls=exc.tool_calls)
         return _failed(reply, policy.Stop(exc.outcome, exc.detail), exc.detail)
@@ -660,16 +691,19 @@ def _judged(lease: Lease, begun: Begun, reply: Reply, meter: metering.RunMeter) 
     run, instance = begun.run, begun.run.instance
     workspace = instance.workspace_path()
     changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
-    checks = checks_mod.run_checks(
-        list(instance.checks or []), workspace, lease.stop, instance=instance, baseline=run.evidence_baseline
-    )
+    with tracing.span("checks") as traced:
+        checks = checks_mod.run_checks(
+            list(instance.checks or []), workspace, lease.stop, instance=instance, baseline=run.evidence_baseline
+        )
+        traced.set(tether__checks__passed=sum(c.passed for c in checks), tether__checks__total=len(checks))
     if lease.stop.is_set():  # a stop during the checks: what ran is no verdict, and a stop is never a done
         _confirm_stop(lease, run.pk)
         stopped = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the checks of iteration {begun.number}")
         return _failed(reply, stopped, "stopped by a person during the checks", checks=checks)
     fingerprint = checks_mod.fingerprint(workspace)
     recent = begun.memory.recent_instructions(begun.base_instruction)
-    decided = _decide(lease, begun, reply, checks, recent, meter, fingerprint)
+    with tracing.span("decider", tether__decider=instance.decider):
+        decided = _decide(lease, begun, reply, checks, recent, meter, fingerprint)
     if isinstance(decided, Ended):
         return decided
     decision, decider_usage = decided
@@ -738,7 +772,8 @@ def _graders(
 ) -> list[Any]:
     """What the graders report of a proposed done (each with its assessment, its usage and its event)."""
     final = signals.FinalAct(begun.number, reply.text, fingerprint)
-    sent = signals.done_proposed.send(sender=Run, run=begun.run, final=final, checks=checks, stop=lease.stop, meter=meter)
+    with tracing.span("judge"):
+        sent = signals.done_proposed.send(sender=Run, run=begun.run, final=final, checks=checks, stop=lease.stop, meter=meter)
     return [report for _, report in sent if report is not None]
 
 

@@ -1,4 +1,4 @@
-"""REST: a finished run's signed receipt (a ninja Router mounted by loops.api_urls)."""
+"""REST: a finished run's signed receipt and its change card (a ninja Router mounted by loops.api_urls)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router, Schema
 
+from loops import selectors
 from loops.models import Run
 from loops.rest import ApiError, Id, errors
-from reviews import receipts
+from reviews import changecard, receipts
 
 router = Router(tags=["receipts"])
 
@@ -42,3 +43,22 @@ def receipt(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
             f"run {run_id} has not finished ({run.status}); its receipt is written when it does", 409
         )
     return envelope
+
+
+@router.get(
+    "/instances/{id:instance_id}/loop/{id:run_id}/card",
+    url_name="run-card",
+    response={200: dict[str, Any], **errors()},
+    summary="What the run changed, at a glance: files, tests, protected paths, checks, cost, the agent's claim",
+)
+def card(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
+    """The run's change card (409 while it is live: it is computed from its end)."""
+    run = selectors.run_for(request.user, run_id)
+    if run is None or run.instance_id != instance_id:
+        raise ApiError(f"run {run_id} of instance {instance_id} not found", 404)
+    found = changecard.for_run(run)
+    if found is None:
+        raise ApiError(
+            f"run {run_id} is {run.status}; its change card is made when it finishes or waits", 409
+        )
+    return found

@@ -4,7 +4,8 @@ A receipt is a JSON envelope `{"receipt": DOCUMENT, "signature": SIGNATURE}`. DO
 objective, the instance and its template, every iteration (its instruction's SHA-256, decision,
 checks with output digests, cost and times), the attempts lost to a dead worker (what was closed
 for each and what it changed), the outcome and its detail, verified or not, the
-graders' verdict, the review verdict when one was given, the cost (with its calls, tokens and
+graders' verdict, the review verdict when one was given, the change card (`reviews.changecard`:
+what the run changed, at a glance), the cost (with its calls, tokens and
 overdrafts summed per model) and the run's times. SIGNATURE holds a SHA-256 digest of every
 field (`fields`: top-level fields, and one level down — `instance.name`, `iterations[2].decision`)
 and an HMAC-SHA256 over that digest map, under a key derived from `settings.SECRET_KEY` with HKDF
@@ -32,6 +33,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from budgets import money, spending
+from reviews import changecard
 from reviews.models import GradeRecord, Receipt, ReviewItem
 from tether.redaction import redact_data
 
@@ -285,6 +287,7 @@ def document(run: Any) -> dict[str, Any]:
             "by": verdict.decided_by.get_username() if verdict.decided_by else None,
             "at": _at(verdict.decided_at),
         },
+        "change_card": changecard.for_run(run),
         "cost": {
             "spent_usd": _usd(run.spent_micros),
             "spent_micros": run.spent_micros,

@@ -16,7 +16,7 @@ from audit.models import AuditEntry
 from budgets import money
 from loops import event_kinds
 from loops.models import Iteration, Run
-from reviews import snapshots
+from reviews import changecard, snapshots
 from reviews.models import GradeRecord, ReviewItem, WorkspaceSnapshot
 
 NO_TEMPLATE = "(no template)"
@@ -75,6 +75,7 @@ class ItemView:
     # The changes to files .gitignore hides: shown under their own heading, never left out.
     hidden_diff: str = ""
     hidden_heading: str = snapshots.HIDDEN_HEADING
+    change_card: dict[str, Any] | None = None  # reviews.changecard: what the run changed, at a glance
 
     @property
     def cost_text(self) -> str:
@@ -145,6 +146,7 @@ def item_view(item: ReviewItem) -> ItemView:
             event_kinds.describe("attempt.lost", data).text
             for data in run.events.filter(kind="attempt.lost").order_by("seq").values_list("data", flat=True)
         ],
+        change_card=changecard.for_run(run),
     )
 
 

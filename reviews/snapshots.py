@@ -908,3 +908,61 @@ def changed_sources(run: Any, suffixes: tuple[str, ...] = (".py", ".pyw")) -> tu
             obj = repo.get(blob.id) if blob.id != NO_OBJECT else None
             side[path] = obj.data[:TAMPER_SCAN_BYTES] if isinstance(obj, pygit2.Blob) else None
     return before, after
+
+
+DELTAS_MAX = 2000  # changed files a run's file deltas measure (line counts); the rest are counted
+_DELTA_STATUS = {"A": "added", "D": "removed", "M": "changed", "T": "changed", "R": "changed", "C": "added"}
+
+
+@dataclass(frozen=True)
+class FileDelta:
+    """One file the run changed between its start and end trees, with its line counts."""
+
+    path: str
+    status: str  # "added", "changed" or "removed"
+    lines_added: int
+    lines_removed: int
+    binary: bool
+    before: bytes | None = None  # the contents, only for the paths asked for (`read`)
+    after: bytes | None = None
+
+
+def file_deltas(run: Any, read: Any = None) -> tuple[list[FileDelta], int, str]:
+    """Return the files the run changed from its start tree to its end tree: `(deltas, more, note)`.
+
+    From the stored trees only (nothing in the workspace is read): at most DELTAS_MAX measured,
+    `more` counts the rest. `read(path)` says whose contents (both sides, up to
+    TAMPER_SCAN_BYTES each) come with the delta. Without a start and an end tree, no deltas and
+    `note` says why.
+    """
+    snapshot = WorkspaceSnapshot.objects.filter(run_id=run.pk).first()
+    if snapshot is None:
+        return [], 0, "no snapshot of the workspace was taken at the start of this run"
+    if snapshot.method != WorkspaceSnapshot.Method.GIT or not snapshot.start_tree:
+        return [], 0, f"no diff: {snapshot.note or 'no snapshot'}"
+    if not snapshot.end_tree:
+        return [], 0, "the workspace is snapshot again when the run finishes or waits"
+    repo = repository(run.pk)
+    try:
+        if repo is None:
+            raise KeyError(snapshot.start_tree)
+        diff = repo.diff(repo[snapshot.start_tree].peel(pygit2.Tree), repo[snapshot.end_tree].peel(pygit2.Tree))
+        deltas: list[FileDelta] = []
+        total = len(diff)
+        for index in range(min(total, DELTAS_MAX)):
+            patch = diff[index]
+            if patch is None:
+                continue
+            delta = patch.delta
+            path = delta.new_file.path or delta.old_file.path
+            _, added, removed = patch.line_stats
+            sides: list[bytes | None] = [None, None]
+            if read is not None and read(path):
+                for n, side in enumerate((delta.old_file, delta.new_file)):
+                    obj = repo.get(side.id) if side.id != NO_OBJECT else None
+                    sides[n] = obj.data[:TAMPER_SCAN_BYTES] if isinstance(obj, pygit2.Blob) else None
+            status = _DELTA_STATUS.get(delta.status_char(), "changed")
+            deltas.append(FileDelta(path, status, added, removed, delta.is_binary, sides[0], sides[1]))
+    except (pygit2.GitError, KeyError, ValueError, OSError) as exc:
+        return [], 0, f"no diff: {exc}"
+    return deltas, max(total - DELTAS_MAX, 0), snapshot.note

@@ -426,6 +426,9 @@ TETHER_ALLOW_PRIVATE_BASE_URLS = os.environ.get("TETHER_ALLOW_PRIVATE_BASE_URLS"
 TETHER_METRICS_TOKEN = os.environ.get("TETHER_METRICS_TOKEN", "")
 # How soon a key stored by another process is redacted here: the stored keys are re-read this often.
 TETHER_REDACTION_REFRESH_SECONDS = _env_float("TETHER_REDACTION_REFRESH_SECONDS", 5.0)
+# Traces (tether/tracing.py) go out when OTEL_EXPORTER_OTLP_ENDPOINT is set; prompt and completion
+# text go with them only when this is 1 (then redacted).
+TETHER_OTEL_CAPTURE_CONTENT = os.environ.get("TETHER_OTEL_CAPTURE_CONTENT", "") == "1"
 
 # --- auth & static -----------------------------------------------------------
 LOGIN_URL = "/login/"

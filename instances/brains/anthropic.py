@@ -77,7 +77,7 @@ from instances.brains.base import (
 from instances.pinned import Pinned
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
 from instances.tools.mcp import McpTools, is_mcp_name
-from tether import redaction
+from tether import redaction, tracing
 
 log = logging.getLogger(__name__)
 
@@ -504,11 +504,15 @@ class Session:
                     raise BudgetExhausted(exc.detail, self.usage) from None  # with what the act spent so far
                 params = {**params, "max_tokens": grant.max_tokens}
             before = dataclasses.replace(self.usage)
-            try:
-                ok, value = self._send(params, min(self.limits.call_timeout, remaining))
-            finally:
-                if grant is not None and self.meter is not None:
-                    self.usage.metered_micros += self.meter.after(grant, _since(before, self.usage))
+            with tracing.model_call("anthropic", str(params["model"])) as traced:
+                cost = 0
+                try:
+                    ok, value = self._send(params, min(self.limits.call_timeout, remaining))
+                finally:
+                    if grant is not None and self.meter is not None:
+                        cost = self.meter.after(grant, _since(before, self.usage))
+                        self.usage.metered_micros += cost
+                _trace_call(traced, params, _since(before, self.usage), cost, ok, value)
             self.usage.calls += 1
             if ok:
                 body: dict[str, Any] = value
@@ -623,6 +627,24 @@ class Session:
         self.usage.output_tokens += int(usage.get("output_tokens") or 0)
         self.usage.cache_write_tokens += int(usage.get("cache_creation_input_tokens") or 0)
         self.usage.cache_read_tokens += int(usage.get("cache_read_input_tokens") or 0)
+
+
+def _trace_call(traced: tracing.Span, params: dict[str, Any], usage: Usage, cost: int, ok: bool, value: Any) -> None:
+    """A model call's span: the GenAI semantic conventions' usage and response, and what it cost."""
+    body = value if ok and isinstance(value, dict) else {}
+    traced.set(
+        gen_ai__request__max_tokens=int(params.get("max_tokens") or 0),
+        gen_ai__usage__input_tokens=usage.input_tokens,
+        gen_ai__usage__output_tokens=usage.output_tokens,
+        tether__cost_usd=cost / 1_000_000,
+        gen_ai__response__id=body.get("id"),
+        gen_ai__response__model=body.get("model"),
+        gen_ai__response__finish_reasons=[str(body["stop_reason"])] if body.get("stop_reason") else None,
+        gen_ai__input__messages=tracing.content(json.dumps(params.get("messages"), default=str)),
+        gen_ai__output__messages=tracing.content(json.dumps(body.get("content"), default=str)) if body else None,
+    )
+    if not ok:
+        traced.error("the provider refused or failed the call")
 
 
 def _since(before: Usage, after: Usage) -> Usage:
@@ -996,7 +1018,9 @@ class _Act:
             self._record(call, result, key=done.key, replayed="result" if done.finished else "interrupted")
             return result
         key = self.journal.started(turn, index, {"id": call.get("id", ""), "name": name, "input": arguments}, content)
-        result = self._call_tool(name, arguments, context)
+        with tracing.span(f"execute_tool {name}", gen_ai__operation__name="execute_tool", gen_ai__tool__name=name) as traced:
+            result = self._call_tool(name, arguments, context)
+            traced.set(tether__tool__is_error=bool(result.is_error))
         self.journal.finished(key, self.session.scrub(result.content), result.is_error)
         self._record(call, result, key=key)
         return result

@@ -32,7 +32,7 @@ from loops.console import live
 from loops.console.display import EventView, RunView
 from loops.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
 from loops.models import Interjection, Run
-from reviews import rollback
+from reviews import changecard, rollback
 from reviews import selectors as review_selectors
 
 REPEAT_WINDOW = timedelta(seconds=15)
@@ -195,6 +195,7 @@ def _run_page(
         "receipt_url": reverse("api:run-receipt", args=[run.instance_id, run.pk]),
         "entries": trail.audit_for_run(run),
         "rollback": _rollback_card(run),
+        "change_card": changecard.for_run(run),
         **_nav(request),
     }
     return render(request, "loops/run_detail.html", context, status=status)

@@ -1,0 +1,300 @@
+"""Traces: each run as one OpenTelemetry trace, exported over OTLP/HTTP when an endpoint is set.
+
+Off unless `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the
+exporter reads the standard `OTEL_*` variables (headers, timeout, `OTEL_SERVICE_NAME`). Spans
+leave through a `BatchSpanProcessor`: a background thread sends them, so a slow or down
+collector never slows or fails a run; what could not be sent is counted
+(`tether_trace_spans_dropped_total` on `/metrics`, in the shared `workers` cache so every
+process adds to one figure).
+
+One trace per run, stitched across workers and restarts: the trace id and the run span's id
+are derived from the run (`run_ids`), never kept in a process. Each iteration's span is a child
+of the run span wherever it runs; the run span itself is written once, when the run finishes,
+from its recorded start and end. A delegated run is in its root run's trace, its run span a
+child of its parent's. Under an iteration: `act`, `checks`, `decider`, `judge`, each model call
+(`gen_ai.*` attributes of the GenAI semantic conventions, and `tether.cost_usd`) and each tool call.
+
+Prompt and completion text are never exported unless `TETHER_OTEL_CAPTURE_CONTENT` is on, and
+then they are redacted (`tether.redaction`) and bounded.
+
+The callers (the runner, the brains) make thin calls: `iteration`, `span`, `model_call`,
+`run_finished`. Every one is a no-op, at the cost of one check, when tracing is off.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+DROPPED_KEY = "otel:spans_dropped"
+CONTENT_MAX_CHARS = 4000
+SERVICE = "tether"
+# The span id the next span started in this context takes (the run span's, derived from the run).
+_forced_span_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "tether_forced_span", default=None
+)
+_forced_trace_id: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "tether_forced_trace", default=None
+)
+
+_lock = threading.Lock()
+_tracer: Any = None
+_provider: Any = None
+
+
+def enabled() -> bool:
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    )
+
+
+def capture_content() -> bool:
+    return bool(getattr(settings, "TETHER_OTEL_CAPTURE_CONTENT", False))
+
+
+def _count_dropped(count: int) -> None:
+    from django.core.cache import caches
+
+    try:
+        cache = caches["workers"]
+        cache.add(DROPPED_KEY, 0, timeout=None)
+        cache.incr(DROPPED_KEY, count)
+    except Exception:  # noqa: BLE001 - counting must never fail the exporter's thread
+        log.debug("could not count %d dropped spans", count)
+
+
+def dropped() -> int:
+    """How many spans could not be exported (every process's, since the cache was last cleared)."""
+    from django.core.cache import caches
+
+    try:
+        return int(caches["workers"].get(DROPPED_KEY) or 0)
+    except Exception:  # noqa: BLE001 - a metrics scrape reads what it can
+        return 0
+
+
+def _build() -> Any:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class Ids(RandomIdGenerator):
+        """Random ids, except where the run decides them (its trace, its run span)."""
+
+        def generate_span_id(self) -> int:
+            return _forced_span_id.get() or super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            return _forced_trace_id.get() or super().generate_trace_id()
+
+    class Counting(SpanExporter):
+        """The OTLP exporter, counting the spans it could not send."""
+
+        def __init__(self, inner: SpanExporter) -> None:
+            self.inner = inner
+
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            try:
+                result = self.inner.export(spans)
+            except Exception:  # noqa: BLE001 - a collector's failure is counted, never raised into a run
+                result = SpanExportResult.FAILURE
+            if result != SpanExportResult.SUCCESS:
+                _count_dropped(len(spans))
+            return result
+
+        def shutdown(self) -> None:
+            self.inner.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(self.inner.force_flush(timeout_millis))
+
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE})
+    provider = TracerProvider(resource=resource, id_generator=Ids())
+    provider.add_span_processor(BatchSpanProcessor(Counting(OTLPSpanExporter())))
+    return provider
+
+
+def tracer() -> Any:
+    """This process's tracer (built on first use), or None when tracing is off."""
+    global _tracer, _provider
+    if not enabled():
+        return None
+    with _lock:
+        if _tracer is None:
+            _provider = _build()
+            _tracer = _provider.get_tracer("tether")
+        return _tracer
+
+
+def flush(timeout_seconds: float = 5.0) -> bool:
+    """Send what is buffered now (tests, a clean stop); True when it went or there was nothing."""
+    return bool(_provider.force_flush(int(timeout_seconds * 1000))) if _provider is not None else True
+
+
+def reset() -> None:
+    """Forget this process's tracer (tests change the endpoint), after sending what it holds."""
+    global _tracer, _provider
+    with _lock:
+        if _provider is not None:
+            _provider.shutdown()
+        _tracer = _provider = None
+
+
+# --- ids: derived from the run --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunIds:
+    trace_id: int
+    span_id: int
+    parent_span_id: int | None  # the parent run's span (a delegated run)
+
+
+def _derived(*parts: object, bits: int) -> int:
+    digest = hashlib.sha256("\x00".join(str(p) for p in ("tether-trace", *parts)).encode()).digest()
+    return int.from_bytes(digest[: bits // 8], "big") or 1
+
+
+def run_key(run_id: int, created_at: datetime | None) -> str:
+    """What names a run for its ids: its id and when it was made (ids are reused by other databases)."""
+    return f"{run_id}@{created_at.isoformat() if created_at else ''}"
+
+
+def run_ids(run_key_: str, root_key: str, parent_key: str | None) -> RunIds:
+    """The run's trace id (its root run's), its run span's id, and its parent run's span id."""
+    return RunIds(
+        trace_id=_derived("trace", root_key, bits=128),
+        span_id=_derived("run", run_key_, bits=64),
+        parent_span_id=_derived("run", parent_key, bits=64) if parent_key else None,
+    )
+
+
+def _remote(trace_id: int, span_id: int) -> Any:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    return trace.set_span_in_context(NonRecordingSpan(context))
+
+
+def _ns(when: datetime | None) -> int | None:
+    return int(when.timestamp() * 1_000_000_000) if when else None
+
+
+# --- spans ----------------------------------------------------------------------------------------
+
+
+class Span:
+    """What a caller may add to an open span (nothing happens when tracing is off)."""
+
+    def __init__(self, span: Any = None) -> None:
+        self.span = span
+
+    def set(self, **attributes: Any) -> None:
+        if self.span is None:
+            return
+        for name, value in attributes.items():
+            if value is not None:
+                self.span.set_attribute(name.replace("__", "."), value)
+
+    def error(self, description: str) -> None:
+        if self.span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self.span.set_status(Status(StatusCode.ERROR, description[:300]))
+
+
+@contextmanager
+def iteration(run_ids_of: Callable[[], RunIds], run_id: int, number: int, attempt: int = 1) -> Iterator[Span]:
+    """The span of one iteration, a child of the run span (wherever the run span is written).
+
+    `run_ids_of` is only called when tracing is on (it may read the run's delegation chain).
+    """
+    found = tracer()
+    if found is None:
+        yield Span()
+        return
+    ids = run_ids_of()
+    attributes = {"tether.run_id": run_id, "tether.iteration": number, "tether.attempt": attempt}
+    with found.start_as_current_span(
+        f"iteration {number}", context=_remote(ids.trace_id, ids.span_id), attributes=attributes
+    ) as span:
+        yield Span(span)
+
+
+@contextmanager
+def span(name: str, **attributes: Any) -> Iterator[Span]:
+    """A span under the current one (an act, the checks, the decider, the judge, a tool call)."""
+    found = tracer()
+    if found is None:
+        yield Span()
+        return
+    with found.start_as_current_span(name) as opened:
+        wrapped = Span(opened)
+        wrapped.set(**attributes)
+        yield wrapped
+
+
+def content(text: str) -> str | None:
+    """Prompt or completion text as a span may carry it: None unless allowed, then redacted and bounded."""
+    if not capture_content():
+        return None
+    from tether.redaction import redact
+
+    return redact(text)[:CONTENT_MAX_CHARS]
+
+
+@contextmanager
+def model_call(system: str, model: str, operation: str = "chat") -> Iterator[Span]:
+    """A model call's span with the GenAI semantic conventions' request attributes; the caller adds usage."""
+    with span(
+        f"{operation} {model}",
+        gen_ai__system=system,
+        gen_ai__provider__name=system,
+        gen_ai__operation__name=operation,
+        gen_ai__request__model=model,
+    ) as opened:
+        yield opened
+
+
+def run_finished(
+    ids: RunIds,
+    run_id: int,
+    *,
+    started: datetime | None,
+    finished: datetime | None,
+    attributes: dict[str, Any],
+) -> None:
+    """Write the run span once the run finished, from its recorded times, with the ids derived from the run."""
+    found = tracer()
+    if found is None:
+        return
+    from opentelemetry.context import Context
+
+    # Never the current context: a run finishes inside its last iteration's span.
+    context = _remote(ids.trace_id, ids.parent_span_id) if ids.parent_span_id else Context()
+    span_token = _forced_span_id.set(ids.span_id)
+    trace_token = _forced_trace_id.set(ids.trace_id)
+    try:
+        opened = found.start_span(
+            f"run {run_id}", context=context, start_time=_ns(started), attributes={"tether.run_id": run_id}
+        )
+    finally:
+        _forced_span_id.reset(span_token)
+        _forced_trace_id.reset(trace_token)
+    Span(opened).set(**attributes)
+    opened.end(end_time=_ns(finished))
