@@ -61,7 +61,7 @@ def enabled() -> bool:
 
 
 def capture_content() -> bool:
-    return bool(getattr(settings, "TETHER_OTEL_CAPTURE_CONTENT", False))
+    return bool(settings.TETHER_OTEL_CAPTURE_CONTENT)
 
 
 def _count_dropped(count: int) -> None:

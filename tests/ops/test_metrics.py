@@ -220,6 +220,8 @@ FAMILIES = [
     "# TYPE tether_worker_clusters gauge",
     "# HELP tether_worker_processes Worker processes of the clusters that reported in.",
     "# TYPE tether_worker_processes gauge",
+    "# HELP tether_trace_spans_dropped_total Trace spans that could not be exported to the OTLP collector (tether.tracing), every process's.",
+    "# TYPE tether_trace_spans_dropped_total counter",
 ]
 
 
