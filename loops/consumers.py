@@ -8,12 +8,13 @@ it re-sends the summary every TETHER_CONSOLE_REFRESH_SECONDS (5 s) so that a wor
 shows (see loops.console.display.worker_note). `/ws/fleet/` sends the fleet page's live
 blocks on connect and again whenever any of the user's runs records an event.
 
-The database is the source of truth. A socket replays what its page lacks with its own reads,
-then its web process's one tail (loops.console.tail) reads for every socket at once (every
-TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with Redis) and renders each event once
-however many watch it; with REDIS_URL the socket also joins the run's (or the fleet's) group,
-where `loops.events.ring` rings a doorbell after each commit, which wakes the tail at once (it
-polls only as a fallback). A doorbell carries no data, so a missed or duplicated one changes nothing.
+The database is the source of truth. A socket hands itself, with the last seq its page has, to its
+web process's one tail (loops.console.tail), which replays what it lacks and then keeps it fed: the
+tail reads for every socket at once (every TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with
+Redis, and at once when a socket arrives) and renders each event once however many watch it; with
+REDIS_URL the socket also joins the run's (or the fleet's) group, where `loops.events.ring` rings a
+doorbell after each commit, which wakes the tail at once (it polls only as a fallback). A doorbell
+carries no data, so a missed or duplicated one changes nothing.
 
 Refusals: the socket is accepted and then closed with a code the page understands —
 4403 without a signed-in session, and within TETHER_WS_AUTH_RECHECK_SECONDS (5 s by
@@ -23,9 +24,10 @@ user's. Sockets take the session only, never an API token. The Origin check happ
 before (tether.origin.SameOriginValidator in asgi.py).
 
 A herd (every tab reconnecting in the same second after a restart) shares its work: the sockets
-of one sign-in opening together cost one session check (`HerdAuthMiddlewareStack`), and the
-sockets of one person's run one ownership check and one replay read per batch (`herd`): a socket
-that asks what another's read in flight is asking gets that read's answer. Nothing is kept after.
+of one sign-in opening together cost one session check (`HerdAuthMiddlewareStack`), the sockets of
+one person's run one ownership check (`herd`: a socket that asks what another's read in flight is
+asking gets that read's answer; nothing is kept after), and the sockets of a run one replay read
+per pass of the tail, the first messages before any state.
 """
 
 from __future__ import annotations
@@ -42,21 +44,17 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
-from django.db import OperationalError
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware, get_token
 
 from loops import events, selectors
 from loops.console import live
 from loops.console import tail as console_tail
-from tether import dbfaults
 
 log = logging.getLogger(__name__)
 
 CLOSE_SIGNED_OUT = 4403
 CLOSE_NOT_FOUND = 4404
-BATCH = 200
-REPLAY_TRIES = 3  # a replay read that meets a transient database error is tried this often
 LAYER_CALLS_AT_ONCE = 32
 
 
@@ -72,7 +70,7 @@ def session_check_seconds() -> float:
 
 
 class TailingConsumer(AsyncWebsocketConsumer):
-    """A socket that catches up by itself, then is fed by its process's tail (loops.console.tail)."""
+    """A socket fed by its process's tail (loops.console.tail), its replay included."""
 
     group: str = ""
 
@@ -112,15 +110,11 @@ class TailingConsumer(AsyncWebsocketConsumer):
     async def authorize(self, user: Any) -> bool:
         raise NotImplementedError
 
-    async def catch_up(self) -> None:
-        """Send what the page lacks, by this socket's own reads, before the shared tail takes over."""
-
     def watch(self, found: console_tail.Tail) -> None:
         raise NotImplementedError
 
     async def tail(self) -> None:
         try:
-            await self.catch_up()
             self.watching = console_tail.tail()
             self.watch(self.watching)
             check_every = session_check_seconds()
@@ -185,44 +179,6 @@ class RunConsumer(TailingConsumer):
         """Send one message, its forms filled for this viewer (see live.for_viewer)."""
         await self.send(text_data=live.for_viewer(message, self.csrf_token))
 
-    async def catch_up(self) -> None:
-        """Replay the events after `sent`, then the run's state, by reads the sockets of this person's run
-        asking the same share. The events go out first: a herd's first messages do not wait for the
-        states, which are far dearer to draw.
-
-        The reads run in the console's reader thread (`console_tail.reading`), like the tail's passes:
-        never in the thread every handshake's session and user wait for, and the console's reads hold
-        one database connection, not one per thread of a pool of their own. Sharing is what keeps a
-        herd's replays few enough for one thread: one read per run and batch, not one per socket."""
-        user, tries, replayed = self.scope["user"], 0, False
-        read_events, read_state = console_tail.reading(replay_events), console_tail.reading(replay_state)
-        while True:
-            try:
-                if replayed:
-                    state = await herd().share(
-                        ("state", user.pk, self.run_id, self.sent, self.chart_all),
-                        lambda asked=(user, self.run_id, self.chart_all): read_state(*asked),
-                    )
-                    if state is not None:
-                        await self.send_fragment(state)
-                    return
-                messages, last, more = await herd().share(
-                    ("replay", self.run_id, self.sent),
-                    lambda asked=(self.run_id, self.sent): read_events(*asked),
-                )
-            except OperationalError as exc:  # busy or cut: try again in a moment rather than drop the socket
-                tries += 1
-                if tries >= REPLAY_TRIES or not dbfaults.is_transient(exc):
-                    raise
-                await asyncio.sleep(0.5 * tries)
-                continue
-            for message in messages:
-                await self.send_fragment(message)
-            self.sent = max(self.sent, last)
-            if not messages:
-                return
-            replayed = not more
-
     def watch(self, found: console_tail.Tail) -> None:
         found.watch_run(self)
 
@@ -230,20 +186,6 @@ class RunConsumer(TailingConsumer):
         for message in messages:
             await self.send_fragment(message)
         self.sent = last_seq
-
-
-def replay_events(run_id: int, after: int) -> tuple[list[str], int, bool]:
-    """Render a batch of the run's events after seq `after`: (messages, the last seq, whether more are left)."""
-    found = selectors.events_after(run_id, after, BATCH)
-    if not found:
-        return [], after, False
-    return [live.render_event(event) for event in found], found[-1].seq, len(found) == BATCH
-
-
-def replay_state(user: Any, run_id: int, chart_all: bool) -> str | None:
-    """Render the run's state (summary, actions, budget, chart) as the user sees it; None if it is not theirs."""
-    run = selectors.run_for(user, run_id)
-    return live.render_state(run, chart_all) if run is not None else None
 
 
 def owns_run(user: Any, run_id: int) -> bool:
