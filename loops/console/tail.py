@@ -233,7 +233,7 @@ class Tail:
                     "pk", "last_seq", "status"
                 )
             }
-        rendered, partial, summaries = 0, set(), []
+        rendered, partial, summaries, spans = 0, set(), [], {}
         for run_id in plan["order"]:
             if run_id not in seqs:
                 continue
@@ -242,20 +242,21 @@ class Tail:
                 if rendered >= plan["events"]:
                     found.left = found.more = True
                     continue
-                batch = selectors.events_after(run_id, low, BATCH)
-                found.after[run_id] = low
-                found.events[run_id] = [(e.seq, live.render_event(e)) for e in batch]
-                rendered += len(batch)
-                self.stats.rendered_events += len(batch)
-                if len(batch) == BATCH:  # its state waits until its last event is out
+                spans[run_id] = (low, min(last_seq, low + BATCH))
+                rendered += spans[run_id][1] - low
+                if spans[run_id][1] < last_seq:  # its state waits until its last event is out
                     found.more = True
                     partial.add(run_id)
-                    continue
-                stale.setdefault(run_id, plan["now"])
+                else:
+                    stale.setdefault(run_id, plan["now"])
             else:
                 found.current[run_id] = last_seq
                 if run_id in plan["due"] and status != Run.Status.FINISHED and run_id not in stale:
                     summaries.append(run_id)
+        for run_id, batch in selectors.events_between(spans).items():  # one read for every run's events
+            found.after[run_id] = spans[run_id][0]
+            found.events[run_id] = [(e.seq, live.render_event(e)) for e in batch]
+            self.stats.rendered_events += len(batch)
         if not found.left:
             drawing = [run_id for run_id in sorted(stale, key=stale.__getitem__) if run_id not in partial]
             drawing = drawing[: plan["states"]]
@@ -291,7 +292,12 @@ class Tail:
 
     async def _deliver(self, found: Pass) -> None:
         now = time.monotonic()
-        for run_id, watchers in list(self.runs.items()):
+        first = [
+            *found.events,
+            *(run_id for run_id in self.runs if run_id not in found.events),
+        ]  # events first
+        for run_id in first:
+            watchers = self.runs.get(run_id, set())
             batch = found.events.get(run_id, [])
             summary = found.summaries.get(run_id)
             if batch or summary:
