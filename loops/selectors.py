@@ -42,13 +42,9 @@ def instances_for(user: Any) -> QuerySet[Instance]:
     return Instance.objects.filter(owner=user, archived_at__isnull=True).annotate(
         # A parent waiting for its children is at work (they work for it), not waiting for a person.
         active_runs=Count(
-            "runs",
-            filter=Q(runs__status__in=[Run.Status.QUEUED, Run.Status.RUNNING])
-            | Run.parked_on_children("runs__"),
+            "runs", filter=Q(runs__status__in=[Run.Status.QUEUED, Run.Status.RUNNING]) | Run.parked_on_children("runs__")
         ),
-        waiting_runs=Count(
-            "runs", filter=Q(runs__status=Run.Status.WAITING) & ~Run.parked_on_children("runs__")
-        ),
+        waiting_runs=Count("runs", filter=Q(runs__status=Run.Status.WAITING) & ~Run.parked_on_children("runs__")),
         total_runs=Count("runs"),
         last_run_at=Max("runs__created_at"),
     )
@@ -96,9 +92,10 @@ def needs_you(user: Any, now: datetime | None = None) -> NeedsYou:
     since = (now or timezone.now()) - timedelta(days=NEEDS_YOU_DAYS)
     runs = runs_for(user)
     # A finished run a person already continued is handled: its continuation is what they watch now.
-    recent = runs.filter(
-        status=Run.Status.FINISHED, finished_at__gte=since, continuation__isnull=True
-    ).order_by("-finished_at")
+    recent = (
+        runs.filter(status=Run.Status.FINISHED, finished_at__gte=since, continuation__isnull=True)
+        .order_by("-finished_at")
+    )
     return NeedsYou(
         # A parent waiting for its children needs nobody; a child waiting for a person is listed itself.
         waiting=list(
@@ -202,13 +199,7 @@ def run_tree(run: Run) -> Tree | None:
         runs += len(level)
         spent += sum(micros for _, micros in level)
         frontier = [pk for pk, _ in level]
-    return Tree(
-        root=root,
-        parent=chain[1] if len(chain) > 1 else None,
-        children=children,
-        runs=runs,
-        spent_micros=spent,
-    )
+    return Tree(root=root, parent=chain[1] if len(chain) > 1 else None, children=children, runs=runs, spent_micros=spent)
 
 
 def events_between(spans: dict[int, tuple[int, int]]) -> dict[int, list[Event]]:
