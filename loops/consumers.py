@@ -25,8 +25,8 @@ before (tether.origin.SameOriginValidator in asgi.py).
 
 A herd (every tab reconnecting in the same second after a restart) shares its work: the sockets
 of one sign-in opening together cost one session check (`HerdAuthMiddlewareStack`), the sockets of
-one person's run one ownership check (`herd`: a socket that asks what another's read in flight is
-asking gets that read's answer; nothing is kept after), and the sockets of a run one replay read
+one person's runs one ownership read per batch (`herd`: the runs its sockets ask about while a
+read is in flight are checked together by the next; nothing is kept after), and the sockets of a run one replay read
 per pass of the tail, the first messages before any state.
 """
 
@@ -166,9 +166,7 @@ class RunConsumer(TailingConsumer):
         self.group = events.group_name(self.run_id)
         self.sent = after_seq(self.scope.get("query_string", b""))
         self.chart_all = b"chart=all" in self.scope.get("query_string", b"").split(b"&")
-        owns = await herd().share(
-            ("owns", user.pk, self.run_id), lambda: database_sync_to_async(owns_run)(user, self.run_id)
-        )
+        owns = await herd().owns(user, self.run_id)
         if settings.CSRF_USE_SESSIONS:  # the token is in the session: a read
             self.csrf_token = await database_sync_to_async(viewer_csrf_token)(self.scope)
         else:  # the cookie's: no read, no hop to a thread
@@ -188,8 +186,9 @@ class RunConsumer(TailingConsumer):
         self.sent = last_seq
 
 
-def owns_run(user: Any, run_id: int) -> bool:
-    return selectors.run_for(user, run_id) is not None
+def owned_runs(user: Any, run_ids: list[int]) -> set[int]:
+    """Return which of `run_ids` are the user's (one read)."""
+    return set(selectors.runs_for(user).filter(pk__in=run_ids).values_list("pk", flat=True))
 
 
 class FleetConsumer(TailingConsumer):
@@ -249,6 +248,10 @@ class Herd:
     def __init__(self) -> None:
         self.reading: dict[Any, asyncio.Future[Any]] = {}
         self.reads = 0  # reads started (a test or a benchmark reads it)
+        # Ownership checks: one read at a time; the runs a person's sockets ask about meanwhile wait
+        # for the next, together (one read for a herd's hundred runs, not one each).
+        self.checking = asyncio.Lock()
+        self.asking: dict[int, tuple[Any, set[int], asyncio.Future[set[int]]]] = {}
         # Joins and leaves of channel-layer groups at once: a Redis layer has 100 connections per
         # pool (redis-py's default) and refuses the 101st ("Too many connections": a 1011).
         self.layer_calls = asyncio.Semaphore(LAYER_CALLS_AT_ONCE)
@@ -260,6 +263,28 @@ class Herd:
             running = self.reading[key] = asyncio.ensure_future(ask())
             running.add_done_callback(lambda done, key=key: self._done(key, done))
         return await asyncio.shield(running)
+
+    async def owns(self, user: Any, run_id: int) -> bool:
+        """Whether `run_id` is the user's: checked with the other runs the user's sockets ask about
+        while a check is in flight, in one read (`owned_runs`) once it is done."""
+        asked = self.asking.get(user.pk)
+        if asked is None:
+            asked = self.asking[user.pk] = (user, set(), asyncio.get_running_loop().create_future())
+            self.reads += 1
+            asyncio.ensure_future(self._check(user.pk, asked))
+        asked[1].add(run_id)
+        return run_id in await asyncio.shield(asked[2])
+
+    async def _check(self, key: int, asked: tuple[Any, set[int], asyncio.Future[set[int]]]) -> None:
+        user, run_ids, answer = asked
+        async with self.checking:
+            if self.asking.get(key) is asked:
+                del self.asking[key]  # from here on, sockets asking wait for the next read
+            try:
+                answer.set_result(await database_sync_to_async(owned_runs)(user, sorted(run_ids)))
+            except Exception as exc:  # every socket that asked gets it
+                answer.set_exception(exc)
+                answer.exception()  # retrieved: a socket gone meanwhile does not leave it "never retrieved"
 
     def _done(self, key: Any, done: asyncio.Future[Any]) -> None:
         if self.reading.get(key) is done:

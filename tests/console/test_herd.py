@@ -254,3 +254,44 @@ def test_the_sockets_of_a_run_arriving_together_share_one_replay_read_whatever_t
         assert [seq for seq, _ in found] == list(range(after + 1, run.last_seq + 1))
     assert all(f'id="run-{run.pk}-summary"' in state for state in states)
     assert [r for r in reads if r[0] == run.pk] == [(run.pk, 0)], reads  # one read for the three
+
+
+def test_a_persons_sockets_to_many_runs_cost_a_few_ownership_reads_and_a_strangers_run_stays_closed(
+    user, other_user, make_instance, start_run, monkeypatch
+):
+    """Every tab of one person opening at once, each on another run, plus one on a run of someone else:
+    the runs they ask about while an ownership read is in flight are checked together by the next read
+    (not one read each), and the run that is not theirs is still refused with 4404."""
+    from loops import selectors
+
+    mine = [start_run(make_instance(user, name=f"mine-{n}")) for n in range(8)]
+    theirs = start_run(make_instance(other_user, name="theirs"))
+    cookie = session_cookie(user)
+    reads = []
+    real_run_for, real_runs_for = selectors.run_for, selectors.runs_for
+
+    def counted_run_for(who, run_id):  # one run's ownership read, counted
+        reads.append([run_id])
+        return real_run_for(who, run_id)
+
+    def counted_runs_for(who):  # a read of the person's runs, counted
+        reads.append("runs")
+        return real_runs_for(who)
+
+    monkeypatch.setattr(selectors, "run_for", counted_run_for)
+    monkeypatch.setattr(selectors, "runs_for", counted_runs_for)
+
+    async def go():
+        sockets = [ws_socket(f"/ws/runs/{run.pk}/?after=0", cookie) for run in [*mine, theirs]]
+        await asyncio.gather(*(ws.connect(timeout=20) for ws in sockets))
+        closes = []
+        for ws in sockets:  # its replay's first event, or its close
+            message = await ws.receive_output(timeout=20)
+            closes.append(message["code"] if message["type"] == "websocket.close" else None)
+        for ws in sockets[:-1]:
+            await ws.disconnect()
+        return closes
+
+    closes = asyncio.run(go())
+    assert closes[-1] == 4404 and closes[:-1] == [None] * len(mine)
+    assert len(reads) <= 3, reads  # one read for the first socket's run, then one for the rest
