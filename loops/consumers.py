@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.auth import AuthMiddleware, get_user
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.sessions import CookieMiddleware, SessionMiddleware
@@ -103,6 +104,16 @@ class TailingConsumer(AsyncWebsocketConsumer):
             async with herd().layer_calls:
                 await self.channel_layer.group_discard(self.group, self.channel_name)
             self.joined = False
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """channels' dispatch without its hop to the sync thread before every message (to close old
+        database connections): a herd's handshakes, and every doorbell to every socket, queued there
+        behind each other and every HTTP request. This consumer touches the database only through
+        `database_sync_to_async` and the console's reader, which close old connections around each call."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def run_doorbell(self, message: dict[str, Any]) -> None:
         console_tail.tail().ring()
