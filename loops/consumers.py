@@ -8,12 +8,13 @@ it re-sends the summary every TETHER_CONSOLE_REFRESH_SECONDS (5 s) so that a wor
 shows (see loops.console.display.worker_note). `/ws/fleet/` sends the fleet page's live
 blocks on connect and again whenever any of the user's runs records an event.
 
-The database is the source of truth. A socket replays what its page lacks with its own reads,
-then its web process's one tail (loops.console.tail) reads for every socket at once (every
-TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with Redis) and renders each event once
-however many watch it; with REDIS_URL the socket also joins the run's (or the fleet's) group,
-where `loops.events.ring` rings a doorbell after each commit, which wakes the tail at once (it
-polls only as a fallback). A doorbell carries no data, so a missed or duplicated one changes nothing.
+The database is the source of truth. A socket hands itself, with the last seq its page has, to its
+web process's one tail (loops.console.tail), which replays what it lacks and then keeps it fed: the
+tail reads for every socket at once (every TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with
+Redis, and at once when a socket arrives) and renders each event once however many watch it; with
+REDIS_URL the socket also joins the run's (or the fleet's) group, where `loops.events.ring` rings a
+doorbell after each commit, which wakes the tail at once (it polls only as a fallback). A doorbell
+carries no data, so a missed or duplicated one changes nothing.
 
 Refusals: the socket is accepted and then closed with a code the page understands —
 4403 without a signed-in session, and within TETHER_WS_AUTH_RECHECK_SECONDS (5 s by
@@ -23,9 +24,10 @@ user's. Sockets take the session only, never an API token. The Origin check happ
 before (tether.origin.SameOriginValidator in asgi.py).
 
 A herd (every tab reconnecting in the same second after a restart) shares its work: the sockets
-of one sign-in opening together cost one session check (`HerdAuthMiddlewareStack`), and the
-sockets of one person's run one ownership check and one replay read per batch (`herd`): a socket
-that asks what another's read in flight is asking gets that read's answer. Nothing is kept after.
+of one sign-in opening together cost one session check (`HerdAuthMiddlewareStack`), the sockets of
+one person's runs one ownership read per batch (`herd`: the runs its sockets ask about while a
+read is in flight are checked together by the next; nothing is kept after), and the sockets of a run one replay read
+per pass of the tail, the first messages before any state.
 """
 
 from __future__ import annotations
@@ -38,25 +40,22 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.auth import AuthMiddleware, get_user
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.sessions import CookieMiddleware, SessionMiddleware
 from django.conf import settings
-from django.db import OperationalError
 from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware, get_token
 
 from loops import events, selectors
 from loops.console import live
 from loops.console import tail as console_tail
-from tether import dbfaults
 
 log = logging.getLogger(__name__)
 
 CLOSE_SIGNED_OUT = 4403
 CLOSE_NOT_FOUND = 4404
-BATCH = 200
-REPLAY_TRIES = 3  # a replay read that meets a transient database error is tried this often
 LAYER_CALLS_AT_ONCE = 32
 
 
@@ -71,7 +70,7 @@ def session_check_seconds() -> float:
 
 
 class TailingConsumer(AsyncWebsocketConsumer):
-    """A socket that catches up by itself, then is fed by its process's tail (loops.console.tail)."""
+    """A socket fed by its process's tail (loops.console.tail), its replay included."""
 
     group: str = ""
 
@@ -105,21 +104,27 @@ class TailingConsumer(AsyncWebsocketConsumer):
                 await self.channel_layer.group_discard(self.group, self.channel_name)
             self.joined = False
 
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """channels' dispatch without its hop to the sync thread before every message (to close old
+        database connections): a herd's handshakes, and every doorbell to every socket, queued there
+        behind each other and every HTTP request. This consumer touches the database only through
+        `database_sync_to_async` and the console's reader, which close old connections around each call."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def run_doorbell(self, message: dict[str, Any]) -> None:
         console_tail.tail().ring()
 
     async def authorize(self, user: Any) -> bool:
         raise NotImplementedError
 
-    async def catch_up(self) -> None:
-        """Send what the page lacks, by this socket's own reads, before the shared tail takes over."""
-
     def watch(self, found: console_tail.Tail) -> None:
         raise NotImplementedError
 
     async def tail(self) -> None:
         try:
-            await self.catch_up()
             self.watching = console_tail.tail()
             self.watch(self.watching)
             check_every = session_check_seconds()
@@ -171,9 +176,7 @@ class RunConsumer(TailingConsumer):
         self.group = events.group_name(self.run_id)
         self.sent = after_seq(self.scope.get("query_string", b""))
         self.chart_all = b"chart=all" in self.scope.get("query_string", b"").split(b"&")
-        owns = await herd().share(
-            ("owns", user.pk, self.run_id), lambda: database_sync_to_async(owns_run)(user, self.run_id)
-        )
+        owns = await herd().owns(user, self.run_id)
         if settings.CSRF_USE_SESSIONS:  # the token is in the session: a read
             self.csrf_token = await database_sync_to_async(viewer_csrf_token)(self.scope)
         else:  # the cookie's: no read, no hop to a thread
@@ -184,44 +187,6 @@ class RunConsumer(TailingConsumer):
         """Send one message, its forms filled for this viewer (see live.for_viewer)."""
         await self.send(text_data=live.for_viewer(message, self.csrf_token))
 
-    async def catch_up(self) -> None:
-        """Replay the events after `sent`, then the run's state, by reads the sockets of this person's run
-        asking the same share. The events go out first: a herd's first messages do not wait for the
-        states, which are far dearer to draw.
-
-        The reads run in the console's reader thread (`console_tail.reading`), like the tail's passes:
-        never in the thread every handshake's session and user wait for, and the console's reads hold
-        one database connection, not one per thread of a pool of their own. Sharing is what keeps a
-        herd's replays few enough for one thread: one read per run and batch, not one per socket."""
-        user, tries, replayed = self.scope["user"], 0, False
-        read_events, read_state = console_tail.reading(replay_events), console_tail.reading(replay_state)
-        while True:
-            try:
-                if replayed:
-                    state = await herd().share(
-                        ("state", user.pk, self.run_id, self.sent, self.chart_all),
-                        lambda asked=(user, self.run_id, self.chart_all): read_state(*asked),
-                    )
-                    if state is not None:
-                        await self.send_fragment(state)
-                    return
-                messages, last, more = await herd().share(
-                    ("replay", self.run_id, self.sent),
-                    lambda asked=(self.run_id, self.sent): read_events(*asked),
-                )
-            except OperationalError as exc:  # busy or cut: try again in a moment rather than drop the socket
-                tries += 1
-                if tries >= REPLAY_TRIES or not dbfaults.is_transient(exc):
-                    raise
-                await asyncio.sleep(0.5 * tries)
-                continue
-            for message in messages:
-                await self.send_fragment(message)
-            self.sent = max(self.sent, last)
-            if not messages:
-                return
-            replayed = not more
-
     def watch(self, found: console_tail.Tail) -> None:
         found.watch_run(self)
 
@@ -231,22 +196,9 @@ class RunConsumer(TailingConsumer):
         self.sent = last_seq
 
 
-def replay_events(run_id: int, after: int) -> tuple[list[str], int, bool]:
-    """Render a batch of the run's events after seq `after`: (messages, the last seq, whether more are left)."""
-    found = selectors.events_after(run_id, after, BATCH)
-    if not found:
-        return [], after, False
-    return [live.render_event(event) for event in found], found[-1].seq, len(found) == BATCH
-
-
-def replay_state(user: Any, run_id: int, chart_all: bool) -> str | None:
-    """Render the run's state (summary, actions, budget, chart) as the user sees it; None if it is not theirs."""
-    run = selectors.run_for(user, run_id)
-    return live.render_state(run, chart_all) if run is not None else None
-
-
-def owns_run(user: Any, run_id: int) -> bool:
-    return selectors.run_for(user, run_id) is not None
+def owned_runs(user: Any, run_ids: list[int]) -> set[int]:
+    """Return which of `run_ids` are the user's (one read)."""
+    return set(selectors.runs_for(user).filter(pk__in=run_ids).values_list("pk", flat=True))
 
 
 class FleetConsumer(TailingConsumer):
@@ -306,6 +258,10 @@ class Herd:
     def __init__(self) -> None:
         self.reading: dict[Any, asyncio.Future[Any]] = {}
         self.reads = 0  # reads started (a test or a benchmark reads it)
+        # Ownership checks: one read at a time; the runs a person's sockets ask about meanwhile wait
+        # for the next, together (one read for a herd's hundred runs, not one each).
+        self.checking = asyncio.Lock()
+        self.asking: dict[int, tuple[Any, set[int], asyncio.Future[set[int]]]] = {}
         # Joins and leaves of channel-layer groups at once: a Redis layer has 100 connections per
         # pool (redis-py's default) and refuses the 101st ("Too many connections": a 1011).
         self.layer_calls = asyncio.Semaphore(LAYER_CALLS_AT_ONCE)
@@ -317,6 +273,28 @@ class Herd:
             running = self.reading[key] = asyncio.ensure_future(ask())
             running.add_done_callback(lambda done, key=key: self._done(key, done))
         return await asyncio.shield(running)
+
+    async def owns(self, user: Any, run_id: int) -> bool:
+        """Whether `run_id` is the user's: checked with the other runs the user's sockets ask about
+        while a check is in flight, in one read (`owned_runs`) once it is done."""
+        asked = self.asking.get(user.pk)
+        if asked is None:
+            asked = self.asking[user.pk] = (user, set(), asyncio.get_running_loop().create_future())
+            self.reads += 1
+            asyncio.ensure_future(self._check(user.pk, asked))
+        asked[1].add(run_id)
+        return run_id in await asyncio.shield(asked[2])
+
+    async def _check(self, key: int, asked: tuple[Any, set[int], asyncio.Future[set[int]]]) -> None:
+        user, run_ids, answer = asked
+        async with self.checking:
+            if self.asking.get(key) is asked:
+                del self.asking[key]  # from here on, sockets asking wait for the next read
+            try:
+                answer.set_result(await database_sync_to_async(owned_runs)(user, sorted(run_ids)))
+            except Exception as exc:  # every socket that asked gets it
+                answer.set_exception(exc)
+                answer.exception()  # retrieved: a socket gone meanwhile does not leave it "never retrieved"
 
     def _done(self, key: Any, done: asyncio.Future[Any]) -> None:
         if self.reading.get(key) is done:

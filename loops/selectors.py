@@ -193,8 +193,18 @@ def run_tree(run: Run) -> Tree | None:
     return Tree(root=root, parent=chain[1] if len(chain) > 1 else None, children=children, runs=runs, spent_micros=spent)
 
 
-def events_after(run_id: int, seq: int, limit: int) -> list[Event]:
-    return list(Event.objects.filter(run_id=run_id, seq__gt=seq).order_by("seq")[:limit])
+def events_between(spans: dict[int, tuple[int, int]]) -> dict[int, list[Event]]:
+    """Return, per run of `spans` (run -> (after, upto)), its events with a seq above `after` and up to
+    `upto`, oldest first (seqs are gap-free): one query for every run, in the order `spans` names them."""
+    found: dict[int, list[Event]] = {run_id: [] for run_id in spans}
+    if not spans:
+        return found
+    where = Q()
+    for run_id, (after, upto) in spans.items():
+        where |= Q(run_id=run_id, seq__gt=after, seq__lte=upto)
+    for event in Event.objects.filter(where).order_by("run_id", "seq"):
+        found[event.run_id].append(event)
+    return found
 
 
 CHART_ITERATIONS = 60

@@ -280,6 +280,11 @@ TETHER_REAPER_SECONDS = _env_float("TETHER_REAPER_SECONDS", 10)
 TETHER_STOP_POLL_SECONDS = _env_float("TETHER_STOP_POLL_SECONDS", 0.25)
 # How often a driver with room claims the runs waiting for one (a batch at a time; see loops.driver).
 TETHER_PICKUP_POLL_SECONDS = _env_float("TETHER_PICKUP_POLL_SECONDS", 0.25)
+# Events one console pass renders (replays and live alike, the longest-waiting sockets' runs first)
+# before it sends them; the runs left go in the next pass, at once, and no state is drawn meanwhile.
+TETHER_CONSOLE_EVENTS_PER_PASS = _env_int("TETHER_CONSOLE_EVENTS_PER_PASS", 200)
+if TETHER_CONSOLE_EVENTS_PER_PASS < 1:
+    raise ImproperlyConfigured(f"TETHER_CONSOLE_EVENTS_PER_PASS must be 1 or more, got {TETHER_CONSOLE_EVENTS_PER_PASS}")
 # Runs whose page state (summary, budget, chart) one console pass redraws at most; the others'
 # new events still go out in that pass, and their state in the passes right after.
 TETHER_CONSOLE_STATES_PER_PASS = _env_int("TETHER_CONSOLE_STATES_PER_PASS", 20)

@@ -1,11 +1,19 @@
 """One database tail per web process for every open console socket.
 
-A socket replays what its page lacks by itself (`?after=SEQ`), then hands itself to its event loop's
-`Tail`. The tail wakes on a doorbell or every poll interval and reads, in one pass for the whole
-process: the last seq of every watched run, the events that some socket of a changed run has not
-seen (each rendered once, whatever the number of viewers), the run's state once per change, and
-one fleet version per watching user — so a fleet socket wakes only when its owner's runs change.
-N viewers of a run cost the database what one does.
+A socket hands itself to its event loop's `Tail` as soon as it is authorized, with the last seq its
+page has (`?after=SEQ`): its replay is the tail's work too. The tail wakes on a doorbell, a new
+socket, or every poll interval and reads, in one pass for the whole process: the last seq of every
+watched run, the events that some socket of a run has not seen, from the lowest seq any of them has
+(so the sockets of a run that arrive together, whatever their `after`, share one read, and each
+event is rendered once whatever the number of viewers), the run's state once per change, and one
+fleet version per watching user — so a fleet socket wakes only when its owner's runs change. N
+viewers of a run cost the database what one does.
+
+A pass is bounded: it renders events for runs in the order their sockets have waited (a socket that
+has had nothing yet first, from when it arrived) until `TETHER_CONSOLE_EVENTS_PER_PASS` are
+rendered, sends them, and the next pass starts at once with the runs left. The states (dearer to
+draw) wait while any run's events are left: a herd's first messages never wait behind the whole
+herd's replays, nor behind any state.
 
 The reads and the rendering run in the process's one console reader thread (`reading`), not in
 the thread that every socket's handshake (its session and user) and every HTTP request's database
@@ -42,6 +50,14 @@ BATCH = 200  # events read per run per pass; a bigger gap is read on the next pa
 _reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-console-reader")
 
 
+def events_per_pass() -> int:
+    """How many events one pass renders before it sends them (`TETHER_CONSOLE_EVENTS_PER_PASS`; one run's
+    batch is never split)."""
+    from django.conf import settings
+
+    return int(getattr(settings, "TETHER_CONSOLE_EVENTS_PER_PASS", 200))
+
+
 def states_per_pass() -> int:
     """How many runs' states one pass draws at most (`TETHER_CONSOLE_STATES_PER_PASS`)."""
     from django.conf import settings
@@ -74,9 +90,12 @@ class Pass:
     """What one read found: per run, the rendered events (seq, html) and the state; per user, the fleet."""
 
     events: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    after: dict[int, int] = field(default_factory=dict)  # run -> the seq its events were read after
+    current: dict[int, int] = field(default_factory=dict)  # run -> its last seq, for runs with nothing new
     states: dict[tuple[int, bool], str] = field(default_factory=dict)
     summaries: dict[int, str] = field(default_factory=dict)
     more: bool = False
+    left: bool = False  # some run's new events were left for the next pass (the pass's budget was spent)
     fleets: dict[int, tuple[tuple[int, int], str]] = field(default_factory=dict)
     stale: dict[int, float] = field(default_factory=dict)  # runs whose state is still to render, since when
 
@@ -102,6 +121,7 @@ class Tail:
         self.refreshed: dict[int, float] = {}  # run -> when its state or summary was last sent
         self.stale: dict[int, float] = {}  # run -> since when its events are out and its state is not
         self.stats = Stats()
+        self.unserved: dict[RunWatcher, float] = {}  # a socket that has had nothing yet -> since when
         # session key -> (when asked, the answer): its user's pk, None once signed out
         self.sessions: dict[str, tuple[float, asyncio.Future[Any]]] = {}
 
@@ -125,6 +145,7 @@ class Tail:
 
     def watch_run(self, watcher: RunWatcher) -> None:
         self.runs.setdefault(watcher.run_id, set()).add(watcher)
+        self.unserved[watcher] = time.monotonic()
         self.refreshed.setdefault(watcher.run_id, time.monotonic())
         self._start()
 
@@ -133,6 +154,7 @@ class Tail:
         self._start()
 
     def forget(self, watcher: Any) -> None:
+        self.unserved.pop(watcher, None)
         for table in (self.runs, self.fleets):
             for key, watchers in list(table.items()):
                 watchers.discard(watcher)
@@ -174,54 +196,84 @@ class Tail:
 
     def _plan(self, refresh: float) -> dict[str, Any]:
         now = time.monotonic()
+        waiting: dict[int, float] = {}  # run -> since when its longest-waiting socket has had nothing
+        for watcher, since in self.unserved.items():
+            waiting[watcher.run_id] = min(since, waiting.get(watcher.run_id, since))
         return {
             "now": now,
             "stale": dict(self.stale),
             "states": states_per_pass(),
+            "events": events_per_pass(),
             "runs": {run_id: min(w.sent for w in watchers) for run_id, watchers in self.runs.items()},
+            "order": sorted(self.runs, key=lambda run_id: waiting.get(run_id, now)),
             "variants": {run_id: {w.chart_all for w in watchers} for run_id, watchers in self.runs.items()},
             "due": {run_id for run_id, at in self.refreshed.items() if now - at >= refresh},
             "users": {user_id: next(iter(ws)).user for user_id, ws in self.fleets.items()},
-            "versions": {
-                user_id: {w.version for w in watchers} for user_id, watchers in self.fleets.items()
-            },
+            "versions": {user_id: {w.version for w in watchers} for user_id, watchers in self.fleets.items()},
         }
 
     def read(self, plan: dict[str, Any]) -> Pass:
         """Read and render, in a worker thread, what the watchers lack (see the module doc).
 
-        Every run's new events go out in this pass; the states (a run page's summary, budget and
-        chart, far dearer to draw) are drawn for at most `plan["states"]` runs, those waiting
-        longest first, and the rest in the passes that follow at once: under a fleet's load the
-        events never wait for the drawing.
+        The runs' events go out first, those of the runs whose sockets waited longest first, up to
+        `plan["events"]` rendered events (a run's batch whole); the runs left are the next pass's, at
+        once. The states (a run page's summary, budget and chart, far dearer to draw) are drawn only
+        in a pass that left no run's events, for at most `plan["states"]` runs, those waiting longest
+        first, and the rest in the passes that follow at once: the events never wait for the drawing.
         """
         self.stats.passes += 1
         found = Pass()
         runs: dict[int, int] = plan["runs"]
         stale: dict[int, float] = {run_id: since for run_id, since in plan["stale"].items() if run_id in runs}
-        rows: dict[int, Run] = {}
+        seqs: dict[int, tuple[int, str]] = {}
         if runs:
-            rows = {r.pk: r for r in Run.objects.select_related("instance").filter(pk__in=list(runs))}
-            for run_id, low in runs.items():
-                run = rows.get(run_id)
-                if run is None:
+            seqs = {
+                pk: (last_seq, status)
+                for pk, last_seq, status in Run.objects.filter(pk__in=list(runs)).values_list(
+                    "pk", "last_seq", "status"
+                )
+            }
+        rendered, partial, summaries, spans = 0, set(), [], {}
+        for run_id in plan["order"]:
+            if run_id not in seqs:
+                continue
+            low, (last_seq, status) = runs[run_id], seqs[run_id]
+            if last_seq > low:
+                if rendered >= plan["events"]:
+                    found.left = found.more = True
                     continue
-                if run.last_seq > low:
-                    batch = selectors.events_after(run_id, low, BATCH)
-                    found.events[run_id] = [(e.seq, live.render_event(e)) for e in batch]
-                    self.stats.rendered_events += len(batch)
-                    if len(batch) == BATCH:
-                        found.more = True
-                        continue
+                spans[run_id] = (low, min(last_seq, low + BATCH))
+                rendered += spans[run_id][1] - low
+                if spans[run_id][1] < last_seq:  # its state waits until its last event is out
+                    found.more = True
+                    partial.add(run_id)
+                else:
                     stale.setdefault(run_id, plan["now"])
-                elif run_id in plan["due"] and run.status != Run.Status.FINISHED and run_id not in stale:
+            else:
+                found.current[run_id] = last_seq
+                if run_id in plan["due"] and status != Run.Status.FINISHED and run_id not in stale:
+                    summaries.append(run_id)
+        for run_id, batch in selectors.events_between(spans).items():  # one read for every run's events
+            found.after[run_id] = spans[run_id][0]
+            found.events[run_id] = [(e.seq, live.render_event(e)) for e in batch]
+            self.stats.rendered_events += len(batch)
+        if not found.left:
+            drawing = [run_id for run_id in sorted(stale, key=stale.__getitem__) if run_id not in partial]
+            drawing = drawing[: plan["states"]]
+            rows = (
+                Run.objects.select_related("instance").in_bulk(drawing + summaries)
+                if drawing or summaries
+                else {}
+            )
+            for run_id in drawing:
+                if (run := rows.get(run_id)) is not None:
+                    for chart_all in plan["variants"][run_id]:
+                        found.states[(run_id, chart_all)] = live.render_state(run, chart_all)
+                        self.stats.rendered_states += 1
+                del stale[run_id]
+            for run_id in summaries:
+                if (run := rows.get(run_id)) is not None:
                     found.summaries[run_id] = live.render_summary(run)
-        for run_id in sorted(stale, key=stale.__getitem__)[: plan["states"]]:
-            if (run := rows.get(run_id)) is not None:
-                for chart_all in plan["variants"][run_id]:
-                    found.states[(run_id, chart_all)] = live.render_state(run, chart_all)
-                    self.stats.rendered_states += 1
-            del stale[run_id]
         found.stale = stale
         users: dict[int, Any] = plan["users"]
         if users:
@@ -240,12 +292,19 @@ class Tail:
 
     async def _deliver(self, found: Pass) -> None:
         now = time.monotonic()
-        for run_id, watchers in list(self.runs.items()):
+        first = [
+            *found.events,
+            *(run_id for run_id in self.runs if run_id not in found.events),
+        ]  # events first
+        for run_id in first:
+            watchers = self.runs.get(run_id, set())
             batch = found.events.get(run_id, [])
             summary = found.summaries.get(run_id)
             if batch or summary:
                 self.refreshed[run_id] = now
             for watcher in list(watchers):
+                if batch and watcher.sent < found.after[run_id]:
+                    continue  # it came after the pass began, lacking more than was read: the next pass's
                 messages = [html for seq, html in batch if seq > watcher.sent]
                 last = max([watcher.sent] + [seq for seq, _ in batch])
                 state = found.states.get((run_id, watcher.chart_all))
@@ -253,6 +312,8 @@ class Tail:
                     messages.append(state)
                 elif not messages and summary is not None:
                     messages.append(summary)
+                if messages or watcher.sent >= found.current.get(run_id, last + 1):
+                    self.unserved.pop(watcher, None)  # served: it had its first message, or lacks nothing
                 if messages:
                     await self._safely(watcher, watcher.deliver(messages, last))
         for user_id, (version, message) in found.fleets.items():

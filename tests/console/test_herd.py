@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -32,18 +33,18 @@ def test_a_herd_of_one_persons_sockets_costs_one_session_check_and_one_replay_re
 
     cookie = session_cookie(user)
     loads, replays = [], []
-    real_load, real_events_after = SessionStore.load, selectors.events_after
+    real_load, real_events_between = SessionStore.load, selectors.events_between
 
     def counted_load(self):  # Django's own session read, counted
         loads.append(self.session_key)
         return real_load(self)
 
-    def counted_events_after(run_id, after, limit):  # a replay's read of the run's events, counted
-        replays.append((run_id, after))
-        return real_events_after(run_id, after, limit)
+    def counted_events_between(spans):  # a read of runs' events (a replay's), counted per run
+        replays.extend((run_id, after) for run_id, (after, _) in spans.items())
+        return real_events_between(spans)
 
     monkeypatch.setattr(SessionStore, "load", counted_load)
-    monkeypatch.setattr(selectors, "events_after", counted_events_after)
+    monkeypatch.setattr(selectors, "events_between", counted_events_between)
 
     async def go():
         sockets = [ws_socket(f"/ws/runs/{run.pk}/?after=0", cookie) for _ in range(50)]
@@ -196,3 +197,101 @@ def test_five_hundred_handshakes_at_once_all_open_and_get_their_replay(user, run
     assert len(opened) == HERD, said
     assert len(first) == HERD, said
     assert all(v["seqs"][:1] == [1] for v in seen), said  # the first message: the replay's first event
+
+
+def test_the_sockets_of_a_run_arriving_together_share_one_replay_read_whatever_their_after(
+    user, run, monkeypatch
+):
+    """Three tabs of one run, each with a different part of it, open while the console's reader is busy:
+    one read of the run's events serves them all (from the lowest seq any has), each gets exactly what
+    its page lacks, in order, then the run's state."""
+    from loops import selectors
+    from loops.console import tail as console_tail
+
+    cookie = session_cookie(user)
+    reads = []
+    real_events_between = selectors.events_between
+
+    def counted_events_between(spans):  # a read of runs' events (a replay's), counted per run
+        reads.extend((run_id, after) for run_id, (after, _) in spans.items())
+        return real_events_between(spans)
+
+    monkeypatch.setattr(selectors, "events_between", counted_events_between)
+    afters = [0, 2, run.last_seq - 1]
+
+    async def go():
+        stuck, freed = threading.Event(), threading.Event()
+
+        def a_long_read():  # as a pass over other runs would hold the reader
+            stuck.set()
+            freed.wait(20)
+
+        loop = asyncio.get_running_loop()
+        blocked = loop.run_in_executor(console_tail._reader, a_long_read)
+        await loop.run_in_executor(None, stuck.wait, 10)
+        try:
+            sockets = [ws_socket(f"/ws/runs/{run.pk}/?after={after}", cookie) for after in afters]
+            for n, ws in enumerate(sockets, start=1):
+                assert (await ws.connect(timeout=15))[0]
+                for _ in range(200):  # handed to the tail, its replay still to read
+                    if len(console_tail.tail().runs.get(run.pk, ())) == n:
+                        break
+                    await asyncio.sleep(0.05)
+        finally:
+            freed.set()
+            await blocked
+        got = [
+            (await receive_events(ws, run.last_seq - after, timeout=20))[0]
+            for ws, after in zip(sockets, afters, strict=True)
+        ]
+        states = [await ws.receive_from(timeout=20) for ws in sockets]  # then each its run's state
+        for ws in sockets:
+            await ws.disconnect()
+        return got, states
+
+    got, states = asyncio.run(go())
+    for found, after in zip(got, afters, strict=True):
+        assert [seq for seq, _ in found] == list(range(after + 1, run.last_seq + 1))
+    assert all(f'id="run-{run.pk}-summary"' in state for state in states)
+    assert [r for r in reads if r[0] == run.pk] == [(run.pk, 0)], reads  # one read for the three
+
+
+def test_a_persons_sockets_to_many_runs_cost_a_few_ownership_reads_and_a_strangers_run_stays_closed(
+    user, other_user, make_instance, start_run, monkeypatch
+):
+    """Every tab of one person opening at once, each on another run, plus one on a run of someone else:
+    the runs they ask about while an ownership read is in flight are checked together by the next read
+    (not one read each), and the run that is not theirs is still refused with 4404."""
+    from loops import selectors
+
+    mine = [start_run(make_instance(user, name=f"mine-{n}")) for n in range(8)]
+    theirs = start_run(make_instance(other_user, name="theirs"))
+    cookie = session_cookie(user)
+    reads = []
+    real_run_for, real_runs_for = selectors.run_for, selectors.runs_for
+
+    def counted_run_for(who, run_id):  # one run's ownership read, counted
+        reads.append([run_id])
+        return real_run_for(who, run_id)
+
+    def counted_runs_for(who):  # a read of the person's runs, counted
+        reads.append("runs")
+        return real_runs_for(who)
+
+    monkeypatch.setattr(selectors, "run_for", counted_run_for)
+    monkeypatch.setattr(selectors, "runs_for", counted_runs_for)
+
+    async def go():
+        sockets = [ws_socket(f"/ws/runs/{run.pk}/?after=0", cookie) for run in [*mine, theirs]]
+        await asyncio.gather(*(ws.connect(timeout=20) for ws in sockets))
+        closes = []
+        for ws in sockets:  # its replay's first event, or its close
+            message = await ws.receive_output(timeout=20)
+            closes.append(message["code"] if message["type"] == "websocket.close" else None)
+        for ws in sockets[:-1]:
+            await ws.disconnect()
+        return closes
+
+    closes = asyncio.run(go())
+    assert closes[-1] == 4404 and closes[:-1] == [None] * len(mine)
+    assert len(reads) <= 3, reads  # one read for the first socket's run, then one for the rest

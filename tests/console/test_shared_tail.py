@@ -103,7 +103,9 @@ class Recording:
         self.got += [(self.shared.stats.passes, "event" if SEQ.match(m) else "state") for m in messages]
 
 
-def test_a_pass_sends_every_runs_events_and_draws_at_most_its_share_of_states(settings, user, make_instance, start_run):
+def test_a_pass_sends_every_runs_events_and_draws_at_most_its_share_of_states(
+    settings, user, make_instance, start_run
+):
     settings.TETHER_CONSOLE_REFRESH_SECONDS = 3600
     settings.TETHER_CONSOLE_STATES_PER_PASS = 1
     runs = [start_run(make_instance(user, name=f"fleet-{n}")) for n in range(3)]
@@ -132,3 +134,49 @@ def test_a_pass_sends_every_runs_events_and_draws_at_most_its_share_of_states(se
     # one state per pass, the runs waiting longest first; every run's state came
     states = sorted(p for w in watchers for p, kind in w.got if kind == "state")
     assert states == [first, first + 1, first + 2]
+
+
+def test_a_herds_first_messages_wait_neither_for_the_other_runs_replays_nor_for_any_state(
+    settings, user, make_instance, start_run
+):
+    """Sockets of four runs with history arrive together, each lacking everything (`after=0`). A pass
+    renders at most its budget of events and sends them: each socket's whole replay comes in a pass of
+    its own, in the order they arrived, and not one state is sent before the last first message."""
+    settings.TETHER_CONSOLE_REFRESH_SECONDS = 3600
+    settings.TETHER_CONSOLE_EVENTS_PER_PASS = 1  # one run's replay per pass (a run's batch is never split)
+    runs = [start_run(make_instance(user, name=f"herd-{n}")) for n in range(4)]
+    for run in runs:
+        record(run, ONE_ITERATION)
+        run.refresh_from_db()
+    sent: list[tuple[int, str]] = []  # (run, kind) in the order the tail sent them, across sockets
+
+    class Logged(Recording):
+        async def deliver(self, messages, last_seq):
+            await super().deliver(messages, last_seq)
+            sent.extend((self.run_id, "event" if SEQ.match(m) else "state") for m in messages)
+
+    async def go():
+        shared = console_tail.Tail()
+        watchers = [Logged(shared, run) for run in runs]
+        for watcher in watchers:
+            watcher.sent = 0  # a fresh page: the whole run to replay
+            shared.watch_run(watcher)
+        for _ in range(200):
+            if all(sum(kind == "state" for _, kind in w.got) for w in watchers):
+                break
+            await asyncio.sleep(0.05)
+        for watcher in watchers:
+            shared.forget(watcher)
+        return watchers
+
+    watchers = asyncio.run(go())
+    replays = []
+    for watcher, run in zip(watchers, runs, strict=True):
+        events = [p for p, kind in watcher.got if kind == "event"]
+        assert len(events) == run.last_seq and len(set(events)) == 1  # the whole replay, in one pass
+        replays.append(events[0])
+        assert watcher.got[-1][1] == "state"  # its state after its events, as a replay always ended
+    assert replays == sorted(replays) and len(set(replays)) == len(runs)  # one run per pass, first come first
+    first_state = sent.index(next(item for item in sent if item[1] == "state"))
+    last_event = max(i for i, item in enumerate(sent) if item[1] == "event")
+    assert last_event < first_state  # no state sent while a socket still waited for its first message
