@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db.models import Count, Sum
 
 from loops import selectors
@@ -53,9 +54,7 @@ _reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-console-r
 def events_per_pass() -> int:
     """How many events one pass renders before it sends them (`TETHER_CONSOLE_EVENTS_PER_PASS`; one run's
     batch is never split)."""
-    from django.conf import settings
-
-    return int(getattr(settings, "TETHER_CONSOLE_EVENTS_PER_PASS", 200))
+    return int(settings.TETHER_CONSOLE_EVENTS_PER_PASS)
 
 
 def states_per_pass() -> int:
