@@ -9,7 +9,7 @@ import sys
 
 SUITES = [
     "loop_bench", "ledger_bench", "context_bench", "console_bench", "sandbox_bench", "metering_bench", "pickup_bench",
-    "rollback_bench", "stall_bench",
+    "rollback_bench", "stall_bench", "tracing_bench",
 ]
 
 if __name__ == "__main__":
