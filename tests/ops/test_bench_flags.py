@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
         (["bench.load", "--db-pool", "-1"], "--db-pool must be 0 (no pool) or more, got -1"),
         (["bench.load", "--clusters", "0"], "--clusters must be 1 or more, got 0"),
         (["bench.ledger_bench", "--lease-usd", "lots"], "--lease-usd must be an amount of dollars"),
+        (["bench.tracing_bench", "--runs", "0"], "--runs must be 1 or more"),
     ],
 )
 def test_a_bad_flag_is_a_usage_error(argv, said):
