@@ -66,6 +66,29 @@ def json_schema_problem(schema: Any) -> str:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         return f"is not a JSON Schema ({exc.message[:300]})"
+    if remote := _remote_ref(schema):
+        return (
+            f"may refer only to its own parts ('$ref' starting with '#'), not {remote[:200]!r}; "
+            "Tether never fetches a schema from elsewhere"
+        )
+    return ""
+
+
+REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _remote_ref(schema: Any) -> str:
+    """Return the first reference in `schema`, at any depth, that points outside it ("" when none does)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in REF_KEYWORDS and isinstance(value, str) and not value.startswith("#"):
+                    return value
+                stack.append(value)
+        elif isinstance(node, list):
+            stack.extend(node)
     return ""
 
 

@@ -17,6 +17,7 @@ REST API and MCP all show this one card.
 from __future__ import annotations
 
 import ast
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from budgets import money
 from instances import protected
 from reviews import snapshots
 from tether.redaction import redact_data
+
+log = logging.getLogger(__name__)
 
 VERSION = 1
 LISTED = 200  # files (and tests) a card names per kind; the rest are counted
@@ -48,9 +51,12 @@ def test_names(path: str, source: bytes | None) -> dict[str, str]:
     if source is None or not path.endswith(".py"):
         return {}
     try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
+        return _test_names(path, ast.parse(source))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested too deep to parse or dump
         return {}
+
+
+def _test_names(path: str, tree: ast.Module) -> dict[str, str]:
     found: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test"):
@@ -181,15 +187,17 @@ def for_run(run: Any) -> dict[str, Any] | None:
         return None
     deltas, more, note = snapshots.file_deltas(run, read=is_test_file)
     rows = list(run.iterations.order_by("number").values_list("number", "checks", "response"))
-    return redact_data(
-        card(
-            deltas=deltas,
-            more_files=more,
-            note=note,
-            protected_changed=list(run.protected_changed or []),
-            iterations=[(number, checks or []) for number, checks, _ in rows],
-            cost_micros=run.spent_micros,
-            iterations_done=run.iterations_done,
-            response=rows[-1][2] if rows else "",
-        )
-    )
+    rest: dict[str, Any] = {
+        "protected_changed": list(run.protected_changed or []),
+        "iterations": [(number, checks or []) for number, checks, _ in rows],
+        "cost_micros": run.spent_micros,
+        "iterations_done": run.iterations_done,
+        "response": rows[-1][2] if rows else "",
+    }
+    try:
+        computed = card(deltas=deltas, more_files=more, note=note, **rest)
+    except Exception:  # the files are the agent's: whatever they hold, the run still has a card
+        log.warning("change card of run %s: its files could not be read", run.pk, exc_info=True)
+        unread = f"the {len(deltas) + more} changed files could not be read for this card"
+        computed = card(deltas=[], more_files=len(deltas) + more, note=unread, **rest)
+    return redact_data(computed)

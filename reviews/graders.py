@@ -37,6 +37,8 @@ from decimal import Decimal
 from typing import Any
 
 import jsonschema
+import referencing
+import referencing.exceptions
 from django.conf import settings
 
 from instances.brains.base import Usage
@@ -171,6 +173,18 @@ def _misconfigured(schema: Any, pattern: str) -> str:
     return ""
 
 
+def _never_retrieve(uri: str) -> referencing.Resource[Any]:
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+NO_REMOTE: referencing.Registry[Any] = referencing.Registry(retrieve=_never_retrieve)
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    """Return a validator for `schema` that resolves only the schema's own parts: it never fetches a `$ref`."""
+    return jsonschema.validators.validator_for(schema)(schema, registry=NO_REMOTE)
+
+
 def check_response(text: str, *, schema: dict[str, Any] | None, pattern: str) -> ResponseCheck | None:
     """Return whether a final answer satisfies the response schema and pattern; None if neither is set."""
     if schema is None and not pattern:
@@ -184,8 +198,15 @@ def check_response(text: str, *, schema: dict[str, Any] | None, pattern: str) ->
         except ValueError as exc:
             problems.append(f"the answer must be JSON satisfying the response schema, but {exc}")
         else:
-            validator = jsonschema.validators.validator_for(schema)(schema)
-            errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+            try:
+                errors = sorted(_validator(schema).iter_errors(value), key=lambda e: list(e.absolute_path))
+            except referencing.exceptions.Unresolvable:
+                return ResponseCheck(
+                    False,
+                    "the response check is misconfigured: the schema refers to a schema Tether does not fetch "
+                    "(only '$ref's starting with '#' resolve); fix the grading",
+                    True,
+                )
             for error in errors[:5]:
                 where = "/".join(str(p) for p in error.absolute_path) or "(the whole answer)"
                 problems.append(f"schema: at {where}: {error.message[:300]}")

@@ -226,6 +226,41 @@ def test_bad_grading_settings_are_clear_errors_never_a_crash(user, settings, sai
     assert not Instance.objects.exists()
 
 
+def test_a_response_schema_referring_outside_itself_is_refused_on_create_and_update(user):
+    """A `$ref` anywhere in the schema must start with '#': Tether never fetches one (no SSRF through grading)."""
+    remote = {
+        "type": "object",
+        "properties": {"a": {"allOf": [{"type": "string"}, {"$ref": "http://127.0.0.1:9/internal"}]}},
+    }
+    failed, said = one(
+        user, "create_instance", template="triage", name="t", settings={"response_schema": remote}
+    )
+    assert failed and "response_schema" in said and "'$ref' starting with '#'" in said, said
+    status, body = rest(
+        user, "post", "/instances", {"name": "t", "template": "triage", "response_schema": remote}
+    )
+    assert (
+        status == 400 and body["field"] == "response_schema" and "'$ref' starting with '#'" in body["error"]
+    )
+    assert not Instance.objects.exists()
+
+    _, made = one(user, "create_instance", template="triage", name="t")
+    before = Instance.objects.get(pk=made["id"]).response_schema
+    failed, said = one(user, "update_instance", instance=made["id"], settings={"response_schema": remote})
+    assert failed and "response_schema" in said and "'$ref' starting with '#'" in said, said
+    status, body = rest(user, "patch", f"/instances/{made['id']}", {"response_schema": remote})
+    assert status == 400 and body["field"] == "response_schema"
+    assert Instance.objects.get(pk=made["id"]).response_schema == before
+
+    local = {
+        "$defs": {"r": {"type": "array"}},
+        "type": "object",
+        "properties": {"reports": {"$ref": "#/$defs/r"}},
+    }
+    status, body = rest(user, "patch", f"/instances/{made['id']}", {"response_schema": local})
+    assert status == 200 and Instance.objects.get(pk=made["id"]).response_schema == local
+
+
 def test_an_unknown_template_is_named(user):
     failed, said = one(user, "create_instance", template="no-such", name="t")
     assert failed and "unknown template 'no-such'" in said and "plan-build-qa" in said

@@ -157,6 +157,32 @@ def test_the_card_is_computed_from_what_is_stored_not_the_workspace(finished):
     assert snapshots.file_deltas(run)[2] == ""
 
 
+DEEP_AGENT = """
+pathlib.Path('test_deep.py').write_text('def test_a():\\n    x = 1' + '+1' * 300000)
+print('Wrote a deep test.')
+"""
+
+
+def test_a_test_file_too_deep_to_parse_still_gets_its_card_and_receipt(user, make_instance, script, client):
+    """An agent's test file nested too deep for ast.parse (RecursionError) names no tests; nothing answers 500."""
+    from loops import services as loop_services
+
+    inst = make_instance(user, command=script(DEEP_AGENT), checks=[], max_iterations=1)
+    inst.workspace_path().mkdir(parents=True, exist_ok=True)
+    run = drive_in_thread(loop_services.run_start(instance=inst, user=user, objective="write a test"))
+    assert run.status == "finished", run.outcome_detail
+
+    card = changecard.for_run(run)
+    assert [row["path"] for row in card["files"]["added"]] == ["test_deep.py"]
+    assert card["tests"]["added"] == ["test_deep.py"] and card["tests"]["names_added"] == []
+    assert Receipt.objects.get(run=run).envelope["receipt"]["change_card"] == card
+
+    client.force_login(user)
+    assert client.get(reverse("loops:run-detail", args=[run.pk])).status_code == 200
+    answer = client.get(reverse("api:run-card", args=[run.instance_id, run.pk]))
+    assert answer.status_code == 200 and answer.json() == card
+
+
 # --- the pure parts -----------------------------------------------------------------------------------
 
 

@@ -252,3 +252,77 @@ def test_a_judge_model_with_no_price_cannot_be_saved_in_admin(admin_client, admi
     assert not Grading.objects.exists()
     saved = admin_client.post(reverse("admin:reviews_grading_add"), {**form, "judge_model": price.model})
     assert saved.status_code == 302 and Grading.objects.get().judge_model == price.model
+
+
+# --- a response schema never fetches anything ----------------------------------------------------------
+
+
+@pytest.fixture
+def listener():
+    """A local HTTP server that serves a secret JSON document and records every request it gets."""
+    import http.server
+    import threading
+
+    asked: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            body = b'{"type": "string", "description": "SECRET-INTERNAL-DOCUMENT"}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/schema.json", asked
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_a_stored_schema_with_a_remote_ref_is_never_fetched_and_the_grade_fails_cleanly(coding, listener):
+    """Set on the instance directly (past every form): the grade goes to a person, the URL is never asked."""
+    from instances.models import Instance
+
+    url, asked = listener
+    schema = {"type": "object", "properties": {"answer": {"$ref": url}}}
+    Instance.objects.filter(pk=coding.instance_id).update(response_schema=schema)
+    coding.instance.refresh_from_db()
+    (coding.instance.workspace_path() / "app.py").write_text("x = 2\n")
+    grade = graders.grade(coding, FinalAct(1, '{"answer": 5}', fingerprint(coding)), PASSED)
+    assert asked == []
+    assert (grade.outcome, grade.verified, grade.review) == ("done", False, True)
+    assert "misconfigured" in grade.reasons[0] and "'$ref' starting with '#'" in grade.reasons[0]
+    assert "SECRET-INTERNAL-DOCUMENT" not in repr(grade)
+
+
+@pytest.mark.parametrize(
+    ("base", "ref"), [("", "{url}"), ("", "{url}#/definitions/x"), ("{url}", "other.json")]
+)
+def test_the_graders_validator_resolves_no_ref_outside_the_schema(listener, base, ref):
+    """Below the schema check, the validator's registry retrieves nothing: even an unchecked schema never fetches."""
+    import referencing.exceptions
+
+    url, asked = listener
+    schema = {"properties": {"a": {"$ref": ref.format(url=url)}}} | ({"$id": url} if base else {})
+    with pytest.raises(referencing.exceptions.Unresolvable):
+        list(graders._validator(schema).iter_errors({"a": 5}))
+    assert asked == []
+
+
+def test_local_refs_still_resolve():
+    schema = {
+        "$defs": {"n": {"type": "integer"}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/n"}},
+    }
+    assert check_response('{"a": 1}', schema=schema, pattern="").passed
+    failed = check_response('{"a": "x"}', schema=schema, pattern="")
+    assert not failed.passed and "not of type 'integer'" in failed.detail
