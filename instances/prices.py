@@ -11,12 +11,17 @@ from typing import Any
 
 from budgets import selectors
 from budgets.pricing import UnpricedModel
-from instances import credentials
 
 
 def claude_model(instance: Any) -> str | None:
-    """Return the model `instance` calls Claude with, or None if it never calls Claude."""
-    if not credentials.needs_key(instance):
+    """Return the model `instance` calls Claude with by its own model setting, or None if it never does.
+
+    Its brain and an `llm` decider call with it, and so does its judge when no `judge_model` names
+    another (`ensure_priced` checks that one). A `command` agent whose only Claude call is a judge
+    with its own model never calls its `model`.
+    """
+    judged_with_it = bool(getattr(instance, "judge_rubric", "")) and not getattr(instance, "judge_model", "")
+    if not (instance.brain == "anthropic" or instance.decider == "llm" or judged_with_it):
         return None
     from instances.brains.anthropic import model_for
 

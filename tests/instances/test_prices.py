@@ -15,6 +15,7 @@ from budgets.models import Price
 from budgets.pricing import UnpricedModel
 from instances.brains.anthropic import model_for
 from instances.models import AgentTemplate, Credential, Instance
+from instances.prices import ensure_priced
 from loops import services
 from loops.auth import make_token
 from loops.models import Run
@@ -216,3 +217,15 @@ def test_a_cap_within_bounds_is_kept_exactly(api, user, make_instance, cap, kept
     assert response.status_code == 201, response.content
     assert response.json()["max_cost_usd"] == kept
     assert Run.objects.get().max_cost_micros == round(float(kept) * 1_000_000)
+
+
+def test_a_command_agent_judged_with_its_own_judge_model_needs_no_price_for_its_model(user, price):
+    """Its only Claude call is the judge, with `judge_model`: its `model` (the default) is never called."""
+    Price.objects.exclude(pk=price.pk).delete()  # the default model unpriced, as after a flush
+    judged = Instance(owner=user, name="judged", brain="command", command=["true"], judge_rubric="names it",
+                      judge_model=price.model)
+    ensure_priced(judged)  # nothing to refuse
+    judged.judge_model = ""  # now the judge calls with the instance's model, the unpriced default
+    with pytest.raises(UnpricedModel) as refused:
+        ensure_priced(judged)
+    assert refused.value.field == "model" and model_for(judged) in str(refused.value)
