@@ -84,6 +84,8 @@ def run_start(
     """
     origin = origin or Origin.of(via, parent)
     ensure_startable(instance)  # an instance that cannot run refuses any request (409 before 400)
+    if user is not None and not getattr(user, "is_active", True):
+        raise Refused(f"the account {user.get_username()!r} is deactivated: it starts no runs", 409)
     objective = _checked_objective(instance, objective)
     if max_iterations is None:
         max_iterations = instance.max_iterations
@@ -133,12 +135,16 @@ def _deadline(max_minutes: Any):
 
 
 def ensure_startable(instance) -> None:
-    """Refuse a run the instance cannot make: archived, no usable credential, an unpriced model, no sandbox.
+    """Refuse a run the instance cannot make: owner deactivated, archived, no usable credential, an unpriced
+    model, no sandbox.
 
     `run_start` asks this first; a caller about to open a transaction around `run_start` asks it
     before, so the sandbox's first probe (a subprocess) never runs inside a transaction.
     """
     # The request is fine; the instance is not ready to run (archived, no usable key, no price): 409, not 400.
+    if not instance.owner.is_active:
+        # A trigger's hook or a schedule starts runs without the owner's session: the account's state decides.
+        raise Refused(f"Instance {instance.name!r} belongs to a deactivated account: it starts no new runs.", 409)
     if instance.archived_at is not None:
         raise Refused(
             f"Instance {instance.name!r} is archived: it starts no new runs. Restore it from its page "

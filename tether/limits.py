@@ -23,6 +23,7 @@ DELIVERY_ID_MAX_CHARS = 200  # a delivery's id (`X-GitHub-Delivery` is a 36-char
 DELIVERY_EXCERPT_CHARS = 2_000  # how much of a delivery's body is kept to show on the trigger's page
 SCHEDULE_INTERVAL_MINUTES = (1, 60 * 24 * 366)  # a schedule's interval, shortest and longest, in minutes
 SCHEDULE_CATCH_UP_MINUTES = (0, 60 * 24 * 7)  # how late a missed firing may still run after downtime
+SCHEDULE_HORIZON_DAYS = 3653  # a schedule's starts_at / ends_at lie at most this far (~10 years) ahead
 SCHEDULE_MISSED_RECORDED = 60  # missed firings recorded one by one after downtime; the rest as one row
 FIRINGS_KEPT = 500  # firings kept per schedule, newest first (older ones are deleted)
 DELIVERIES_KEPT = 200  # deliveries kept per trigger, newest first (older ones are deleted)

@@ -2,7 +2,8 @@
 
 Pure: no database. `check_cron`, `check_time_zone` and `check_interval` refuse what a schedule
 cannot use with a sentence (`TimingError`); `times_after` lists the firing times after a
-moment, in UTC, inside the schedule's start and end dates. Cron is read in the schedule's time
+moment, in UTC, inside the schedule's start and end dates (none past the last date a calendar holds).
+Start and end dates lie at most `SCHEDULE_HORIZON_DAYS` (~10 years) ahead. Cron is read in the schedule's time
 zone, so `0 9 * * 1-5` is 09:00 on weekdays there, across daylight-saving changes.
 """
 
@@ -15,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterNotAlphaError, croniter
 
-from tether.limits import SCHEDULE_INTERVAL_MINUTES
+from tether.limits import SCHEDULE_HORIZON_DAYS, SCHEDULE_INTERVAL_MINUTES
 
 CRON_MAX_CHARS = 100
 TIME_ZONE_MAX_CHARS = 64
@@ -63,6 +64,20 @@ def check_time_zone(name: str) -> zoneinfo.ZoneInfo:
         ) from None
 
 
+def check_horizon(moment: datetime | None, field: str) -> datetime | None:
+    """Return `moment`; TimingError if it lies more than `SCHEDULE_HORIZON_DAYS` (~10 years) from now."""
+    if moment is None:
+        return None
+    horizon = datetime.now(UTC) + timedelta(days=SCHEDULE_HORIZON_DAYS)
+    if moment > horizon:
+        raise TimingError(
+            f"{field} must be at most {SCHEDULE_HORIZON_DAYS // 365} years from now "
+            f"(before {horizon.date().isoformat()}); got {moment.isoformat()}",
+            field,
+        )
+    return moment
+
+
 def check_interval(minutes: int) -> int:
     low, high = SCHEDULE_INTERVAL_MINUTES
     if isinstance(minutes, bool) or not isinstance(minutes, int) or not low <= minutes <= high:
@@ -102,6 +117,8 @@ class Timing:
                 "give either a cron expression or interval_minutes, not both and not neither", "cron"
             )
         check_time_zone(time_zone)
+        check_horizon(starts_at, "starts_at")
+        check_horizon(ends_at, "ends_at")
         if starts_at is not None and ends_at is not None and ends_at <= starts_at:
             raise TimingError("ends_at must be after starts_at", "ends_at")
         return cls(
@@ -134,13 +151,16 @@ class Timing:
     ) -> list[datetime]:
         """Return up to `limit` firing times strictly after `after` (and at most `until`), earliest first, in UTC."""
         found: list[datetime] = []
-        for moment in self._candidates(after):
-            if len(found) >= limit or (until is not None and moment > until):
-                break
-            if self.ends_at is not None and moment > self.ends_at:
-                break
-            if moment > after:
-                found.append(moment)
+        try:
+            for moment in self._candidates(after):
+                if len(found) >= limit or (until is not None and moment > until):
+                    break
+                if self.ends_at is not None and moment > self.ends_at:
+                    break
+                if moment > after:
+                    found.append(moment)
+        except (OverflowError, CroniterBadDateError):
+            pass  # past the last date a calendar can hold (a row stored before the horizon check): no more firings
         return found
 
     def next_after(self, after: datetime) -> datetime | None:
