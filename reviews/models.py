@@ -223,7 +223,7 @@ class NotificationTarget(models.Model):
         THRESHOLD = "pool.threshold", "A pool crossed its soft threshold"
         REVIEW_WAITING = "review.waiting", "Review items wait too long or pile up"
         DIGEST = "digest.sent", "Your daily or weekly summary"
-        SCHEDULE_SKIPPED = "schedule.skipped", "A schedule's firing was skipped: its pools cannot cover it"
+        SCHEDULE_SKIPPED = "schedule.skipped", "A schedule skipped a firing: its pools cannot cover it"
 
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_targets"
