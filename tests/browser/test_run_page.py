@@ -90,11 +90,13 @@ def test_a_waiting_runs_actions_change_live(browser, server, worker, ada, make_i
 
     page.fill(f"{actions} textarea", "Make it blue")
     page.click(f"{actions} >> text=Send answer")
-    # It resumes, finishes, and the actions follow: no answer or close, a way to start another run.
+    # It resumes, finishes, and the actions follow: no answer or close; a way to start another run,
+    # and to continue this one (every finished run can be, a verified done as a follow-up).
     page.wait_for_selector(f'#run-{run.pk}-summary[data-status="finished"]', timeout=30_000)
     page.wait_for_selector(f"{actions} >> text=Start another run of painter")
     assert page.locator(f"{actions} >> text=Close without answering").count() == 0
-    assert page.locator(f"{actions} textarea").count() == 0
+    assert page.locator(f"{actions} button", has_text="Send answer").count() == 0
+    assert page.locator(f"{actions} button", has_text="Continue as a new run").count() == 1
     assert still_same(page)
     assert Run.objects.get(pk=run.pk).outcome == "done"
     page.wait_for_selector('.live-bar[data-state="ended"]')
