@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 PG_URL = "postgres://postgres@127.0.0.1:5432"
 REDIS_DEFAULT = "redis://127.0.0.1:6379/0"
-# The first bytes of a websocket message that carries an event (loops/console/live.render_event).
+# The first bytes of a websocket message that carries an event (web/console/live.render_event).
 EVENT_SEQ = re.compile(rb'^<div hx-swap-oob="beforeend:#run-\d+-timeline" data-seq="(\d+)"')
 FINISHED = b'data-kind="run.finished"'
 

@@ -123,7 +123,7 @@ def prepare(runs: int, iterations: int, act: float, brain: str, home: str) -> di
     client = Client()
     client.force_login(user)
     ids = list(Instance.objects.filter(owner=user).order_by("pk").values_list("pk", flat=True))
-    from loops.auth import make_token
+    from web.auth import make_token
 
     token = make_token(user, name="load")
     return {"cookie": f"sessionid={client.cookies['sessionid'].value}", "instances": ids, "token": token}

@@ -1,4 +1,4 @@
-"""REST: instances and credentials (a ninja Router mounted by loops.api_urls).
+"""REST: instances and credentials (a ninja Router mounted by web.api_urls).
 
 Bodies are parsed by `instances.schemas` (the one schema of an instance's fields, also used by
 the console through `instances.validation`); every write goes through `instances.services`.
@@ -13,7 +13,7 @@ from ninja import Router, Status
 
 from instances import prices, protected, schemas, services, templates_loader
 from instances.models import AgentTemplate, Credential, Instance
-from loops.rest import ApiError, Id, errors
+from web.rest import ApiError, Id, errors
 
 router = Router(tags=["instances"])
 

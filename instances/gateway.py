@@ -31,7 +31,7 @@ threaded HTTP server calling `handle`), bound into each sandbox at `SOCKET`. The
 (`instances.views.gateway`) checks the token's signature and relays to the socket it names.
 
 The same token, and the same socket, also serve the act's MCP endpoint (`/mcp`, handled by
-the route `loops.mcp_act` registers with `route`), through which a `command` agent whose
+the route `web.mcp_act` registers with `route`), through which a `command` agent whose
 instance enables the `delegate` tool asks for child runs: the act is then registered even
 without a credential (`open_act(delegation=True)`), and the calls it accepted are read from
 `Act.delegated` once the act has ended.

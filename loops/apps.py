@@ -3,12 +3,6 @@ from typing import Any
 from django.apps import AppConfig
 
 
-def _act_mcp(*args: Any, **kwargs: Any) -> Any:
-    from loops import mcp_act  # the MCP SDK loads only in a process that serves an act's /mcp
-
-    return mcp_act.handle(*args, **kwargs)
-
-
 def _run_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
     from budgets import services
 
@@ -19,13 +13,11 @@ class LoopsConfig(AppConfig):
     name = "loops"
 
     def ready(self) -> None:
-        from axes.signals import user_locked_out
         from django.db.models.signals import pre_delete
         from django_q.signals import post_spawn
 
-        from instances import gateway
         from instances.brains import base
-        from loops import accounts, delegation, driver, signals
+        from loops import delegation, driver, signals
         from loops.models import Run
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
@@ -39,9 +31,5 @@ class LoopsConfig(AppConfig):
         signals.run_finished.connect(delegation.on_run_finished, dispatch_uid="tether-delegation")
         # A composition's done is verified only with its verifying role's pass.
         signals.done_proposed.connect(delegation.on_done_proposed, dispatch_uid="tether-composition")
-        # An act's MCP endpoint (how a command agent delegates) on every worker's gateway socket.
-        gateway.route("/mcp", _act_mcp)
         # A brain's `delegate` call is vetted at once, so a refusal is that call's own tool result.
         base.on_delegate(delegation.check_in_act)
-        # A sign-in lockout is in the audit trail, on the locked-out person's page.
-        user_locked_out.connect(accounts.on_locked_out, dispatch_uid="tether-locked-out")

@@ -1,7 +1,7 @@
 """The schemas of the run API: what each route takes (and refuses) and what it answers.
 
 Bounds come from `tether.limits` (iterations, wall clock, lengths, dollars), stated once; the
-console's forms validate through these schemas too (`loops.console.forms`). Answers are checked against these schemas
+console's forms validate through these schemas too (`web.console.forms`). Answers are checked against these schemas
 before they leave, so /v1/openapi.json describes what a client really gets.
 """
 

@@ -1,4 +1,4 @@
-"""REST: a finished run's signed receipt and its change card (a ninja Router mounted by loops.api_urls)."""
+"""REST: a finished run's signed receipt and its change card (a ninja Router mounted by web.api_urls)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from ninja import Router, Schema
 
 from loops import selectors
 from loops.models import Run
-from loops.rest import ApiError, Id, errors
 from reviews import changecard, receipts
+from web.rest import ApiError, Id, errors
 
 router = Router(tags=["receipts"])
 

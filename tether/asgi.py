@@ -1,4 +1,4 @@
-"""HTTP and websocket routing for daphne (HTTP `/mcp` goes to the MCP server, see loops.mcp_http)."""
+"""HTTP and websocket routing for daphne (HTTP `/mcp` goes to the MCP server, see web.mcp_http)."""
 
 import os
 
@@ -14,10 +14,10 @@ dbpool.enable_web()  # before anything connects: this process's connections come
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
-from loops.consumers import HerdAuthMiddlewareStack  # noqa: E402
-from loops.mcp_http import McpMount  # noqa: E402
 from tether.origin import SameOriginValidator  # noqa: E402
 from tether.routing import websocket_urlpatterns  # noqa: E402
+from web.consumers import HerdAuthMiddlewareStack  # noqa: E402
+from web.mcp_http import McpMount  # noqa: E402
 
 application = ProtocolTypeRouter(
     {

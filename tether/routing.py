@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from loops import consumers
+from web import consumers
 
 websocket_urlpatterns: list = [
     path("ws/runs/<int:run_id>/", consumers.RunConsumer.as_asgi()),

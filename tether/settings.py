@@ -102,6 +102,7 @@ INSTALLED_APPS = [
     "loops",
     "reviews",
     "triggers",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -137,7 +138,7 @@ TEMPLATES = [
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
                 "instances.sandbox.context_processor",
-                "loops.console.views.console_settings",
+                "web.console.views.console_settings",
             ],
         },
     },
@@ -222,7 +223,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# --- the console (loops/console, loops/consumers.py) ----------------------------------------------
+# --- the console (web/console, web/consumers.py) ----------------------------------------------
 # How often a console socket reads the database when nothing woke it: with Redis a doorbell wakes it,
 # so the poll is only a fallback.
 TETHER_CONSOLE_POLL_SECONDS = _env_float("TETHER_CONSOLE_POLL_SECONDS", 2.0 if REDIS_URL else 0.25)
@@ -459,11 +460,11 @@ SESSION_COOKIE_HTTPONLY = True
 TETHER_LOGIN_FAILURE_LIMIT = _env_int("TETHER_LOGIN_FAILURE_LIMIT", 5)
 TETHER_LOGIN_COOLOFF_SECONDS = _env_float("TETHER_LOGIN_COOLOFF_SECONDS", 15 * 60)
 AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
-AXES_FAILURE_LIMIT = "loops.accounts.login_failure_limit"
-AXES_COOLOFF_TIME = "loops.accounts.login_cool_off"
+AXES_FAILURE_LIMIT = "web.accounts.login_failure_limit"
+AXES_COOLOFF_TIME = "web.accounts.login_cool_off"
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
-AXES_LOCKOUT_CALLABLE = "loops.accounts.lockout_response"
+AXES_LOCKOUT_CALLABLE = "web.accounts.lockout_response"
 AXES_VERBOSE = False  # no banner on every manage.py command; lockouts are still logged
 # Open console sockets re-check their sign-in this often (sign-out, deactivation,
 # password change close them).

@@ -5,8 +5,8 @@ from django.templatetags.static import static
 from django.urls import include, path, re_path
 
 from instances.views import gateway_view
-from loops import health, ops, views
 from triggers.hooks import hook
+from web import health, ops, views
 
 
 def favicon(request: HttpRequest) -> HttpResponsePermanentRedirect:
@@ -21,12 +21,12 @@ urlpatterns = [
     path("readyz", ops.readyz, name="readyz"),
     path("metrics", ops.metrics, name="metrics"),
     re_path(r"^v1/hooks/(?P<trigger_id>[0-9]{1,18})$", hook, name="hook"),
-    path("v1/", include("loops.api_urls")),
+    path("v1/", include("web.api_urls")),
     path("gateway/anthropic/v1/<path:route>", gateway_view, name="gateway-anthropic"),
     path("reviews/", include("reviews.urls")),
     path("login/once/<str:uidb64>/<str:token>/", views.login_once, name="login-once"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(next_page="/login/"), name="logout"),
     path("", include("triggers.urls")),
-    path("", include("loops.console_urls")),
+    path("", include("web.console_urls")),
 ]

@@ -1,4 +1,4 @@
-"""REST: an instance's webhook triggers (a ninja Router mounted by loops.api_urls).
+"""REST: an instance's webhook triggers (a ninja Router mounted by web.api_urls).
 
 Only the instance's owner sees or changes its triggers (anyone else's id answers 404, as for
 instances and runs). Every write goes through `triggers.services`. A trigger's secret is in the
@@ -14,11 +14,11 @@ from django.urls import reverse
 from ninja import Body, Router, Status
 
 from budgets import money
-from loops.api import owned_instance
-from loops.rest import ApiError, Id, errors
 from loops.schemas import Empty
 from triggers import schedules_api, schemas, services
 from triggers.models import Delivery, Trigger
+from web.api import owned_instance
+from web.rest import ApiError, Id, errors
 
 router = Router(tags=["triggers"])
 router.add_router("", schedules_api.router)  # an instance's schedules, beside its triggers

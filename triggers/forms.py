@@ -7,10 +7,10 @@ from typing import Any
 from django import forms
 
 from budgets import money
-from loops.console.forms import Checked, _cost_cap_field, _max_iterations_field, normalise_newlines
 from tether import limits
 from triggers import schemas, timing
 from triggers.models import Schedule
+from web.console.forms import Checked, _cost_cap_field, _max_iterations_field, normalise_newlines
 
 
 def _names(text: str) -> list[str]:

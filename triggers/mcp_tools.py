@@ -1,5 +1,5 @@
 """MCP tools for an instance's webhook triggers and schedules: list, create, pause (or resume), delete, and run
-a schedule now. `loops.mcp_server.build_server` adds them to Tether's MCP server.
+a schedule now. `web.mcp_server.build_server` adds them to Tether's MCP server.
 
 The same services and owner rules as the REST API: another user's trigger, schedule or instance
 reads as not found; every change is audited with the interface `mcp`. A trigger's secret is in

@@ -14,11 +14,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from instances.models import Instance
-from loops.console.views import _nav
 from triggers import scheduling
 from triggers.forms import ScheduleForm
 from triggers.models import Schedule
 from triggers.services import TriggerRefused
+from web.console.views import _nav
 
 FIRINGS_SHOWN = 20
 

@@ -13,12 +13,12 @@ from django.http import HttpRequest
 from ninja import Body, Router, Status
 
 from budgets import money
-from loops.api import owned_instance
-from loops.rest import ApiError, Id, errors
 from loops.schemas import Empty
 from triggers import scheduling, schemas
 from triggers.models import Firing, Schedule
 from triggers.services import TriggerRefused
+from web.api import owned_instance
+from web.rest import ApiError, Id, errors
 
 router = Router(tags=["schedules"])
 

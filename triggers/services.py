@@ -24,7 +24,6 @@ from audit import trail
 from budgets import money
 from loops import objective_template, services
 from loops.models import Run
-from loops.rest import ApiError, read_json
 from tether import redaction
 from tether.limits import (
     DELIVERIES_KEPT,
@@ -38,6 +37,7 @@ from tether.refusals import Refused
 from tether.schema import UNSTORABLE
 from triggers import signatures
 from triggers.models import Delivery, Trigger
+from web.rest import ApiError, read_json
 
 DELIVERY_HEADERS = ("X-GitHub-Delivery", "X-Tether-Delivery")
 EVENT_HEADERS = ("X-GitHub-Event", "X-Tether-Event")

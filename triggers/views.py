@@ -13,11 +13,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from instances.models import Instance
-from loops.console.views import _nav
 from triggers import services
 from triggers.api import hook_url
 from triggers.forms import TriggerForm
 from triggers.models import Trigger
+from web.console.views import _nav
 
 # The session key that carries a new secret from the POST that made it to the one page that shows it.
 NEW_SECRET = "tether_new_trigger_secret"

@@ -6,8 +6,8 @@ import pytest
 from django.test import Client
 
 from instances.models import Instance
-from loops.auth import make_token
 from loops.models import Run
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 
@@ -94,7 +94,7 @@ def test_loop_decide_takes_null_as_the_default(api):
 
 
 def test_openapi_lists_every_route_and_the_instance_schema_allows_its_id(api):
-    from loops.api_urls import urlpatterns
+    from web.api_urls import urlpatterns
 
     spec = api("get", "/v1/openapi.json").json()
     documented = set(spec["paths"])

@@ -9,8 +9,8 @@ causes.
 import pytest
 from django.db import OperationalError, connection
 
-from loops.auth import make_token
 from tests.support.pg import terminate_backend
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

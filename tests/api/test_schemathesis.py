@@ -25,9 +25,9 @@ from django.conf import settings
 from instances import services as instance_services
 from instances.models import Instance
 from loops import services
-from loops.auth import make_token
 from loops.models import Run
 from tests.support.cluster import worker_env
+from web.auth import make_token
 
 EXAMPLES = int(os.environ.get("TETHER_SCHEMATHESIS_EXAMPLES", "10"))
 SEED = os.environ.get("TETHER_SCHEMATHESIS_SEED", "1")

@@ -53,8 +53,8 @@ def console(ada, make_instance, script):  # noqa: F811
     """What a person has after a while: an instance with a finished, receipted and reviewed run, a live
     run, a key, a token and a notification target."""
     from instances.models import Credential
-    from loops.auth import make_token
     from reviews.models import NotificationTarget
+    from web.auth import make_token
 
     ada.user_permissions.add(Permission.objects.get(codename="run_programs"))
     agent = script("pathlib.Path('answer.txt').write_text('42'); print('wrote 42')")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from loops.console.display import EventView
 from loops.models import Event, Run
+from web.console.display import EventView
 
 
 def view(kind, data):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loops import charts
+from web import charts
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ def test_a_large_run_page_is_served_gzipped(signed_in, instance, start_run):
 
 
 def test_api_json_is_served_gzipped(client, user, instance, start_run):
-    from loops.auth import make_token
+    from web.auth import make_token
 
     run = start_run(instance)
     many_events(run, 20)

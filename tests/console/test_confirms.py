@@ -52,8 +52,8 @@ def test_closing_a_waiting_run_asks_first_and_the_yes_closes_it(signed_in, insta
 
 
 def test_the_live_drawn_close_confirm_carries_the_viewers_csrf_token(instance, start_run):
-    from loops.console import live
     from loops.models import Run
+    from web.console import live
 
     run = start_run(instance)
     Run.objects.filter(pk=run.pk).update(status="waiting", outcome_detail="which database?", lease_token=None)

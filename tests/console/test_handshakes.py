@@ -22,7 +22,7 @@ def test_the_console_reads_in_its_own_thread_and_a_handshake_does_not_wait_for_i
     def opened(sender, connection, **kwargs):
         readers.append(threading.current_thread().name)
 
-    from loops.console import tail as console_tail
+    from web.console import tail as console_tail
 
     console_tail._reader.submit(connections.close_all).result()  # its next read opens one, seen below
     connection_created.connect(opened)

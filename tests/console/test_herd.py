@@ -66,7 +66,7 @@ def test_a_herd_shares_only_a_read_in_flight_and_its_error_and_outlives_a_socket
     """Single flight, no memory: sockets asking while a read runs share it (its answer or its error);
     once it is done, the next socket reads afresh; a socket that closes while it waits leaves the read
     to the others."""
-    from loops.consumers import Herd
+    from web.consumers import Herd
 
     async def go():
         herd, asked, release = Herd(), [], asyncio.Event()
@@ -206,7 +206,7 @@ def test_the_sockets_of_a_run_arriving_together_share_one_replay_read_whatever_t
     one read of the run's events serves them all (from the lowest seq any has), each gets exactly what
     its page lacks, in order, then the run's state."""
     from loops import selectors
-    from loops.console import tail as console_tail
+    from web.console import tail as console_tail
 
     cookie = session_cookie(user)
     reads = []

@@ -316,7 +316,7 @@ def test_the_api_refuses_a_start_on_an_archived_instance_and_a_duplicate_label_w
     import json
 
     from instances import services as instance_services
-    from loops.auth import make_token
+    from web.auth import make_token
 
     headers = {"Authorization": f"Bearer {make_token(user)}"}
     instance_services.instance_archive(instance=instance, user=user)

@@ -17,9 +17,9 @@ from budgets.models import Pool, Reservation
 from budgets.money import format_usd
 from instances.models import Credential
 from loops import services
-from loops.auth import make_token
 from tests.fakes.messages_server import MessagesServer, text, tool_use
 from tests.loops.conftest import drive_in_thread
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

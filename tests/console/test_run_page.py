@@ -8,10 +8,10 @@ import pytest
 from django.utils import timezone
 
 from loops import event_kinds, services
-from loops.console import live
-from loops.console.display import EventView, RunView, worker_note
 from loops.models import Run
 from tests.console.conftest import ONE_ITERATION
+from web.console import live
+from web.console.display import EventView, RunView, worker_note
 
 pytestmark = pytest.mark.django_db
 

@@ -7,9 +7,9 @@ import pytest
 from django.utils import timezone
 
 from loops import services
-from loops.auth import make_token
-from loops.console import live
 from loops.models import Run
+from web.auth import make_token
+from web.console import live
 
 pytestmark = pytest.mark.django_db
 

@@ -6,9 +6,9 @@ import asyncio
 import pytest
 from channels.db import database_sync_to_async
 
-from loops.console import tail as console_tail
 from tests.console.conftest import ONE_ITERATION, record
 from tests.console.test_consumers import SEQ, receive_events, session_cookie, socket
+from web.console import tail as console_tail
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

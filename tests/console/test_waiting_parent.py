@@ -12,9 +12,9 @@ import pytest
 from django.utils import timezone
 
 from loops import services
-from loops.console import live
 from loops.models import Run
 from tests.console.conftest import record
+from web.console import live
 
 pytestmark = pytest.mark.django_db
 
@@ -137,7 +137,7 @@ def test_the_fleets_instance_counts_a_waiting_parent_as_working_not_waiting(user
 
 
 def test_the_message_box_of_a_waiting_parent_is_not_an_answer(family):
-    from loops.console.forms import InterjectForm
+    from web.console.forms import InterjectForm
 
     parent = family[0]
     assert InterjectForm(run=parent).fields["text"].label == "Message to the agent"

@@ -15,8 +15,8 @@ from instances import schemas
 from instances.admin import AgentTemplateAdmin, InstanceAdmin
 from instances.models import AgentConfig, AgentTemplate, Credential, Instance, McpServer
 from instances.templates_loader import OVERRIDABLE, SCHEMA, create_instance
-from loops.auth import make_token
-from loops.console.instance_forms import FIXED_LABELS, InstanceForm
+from web.auth import make_token
+from web.console.instance_forms import FIXED_LABELS, InstanceForm
 
 CONFIG = set(AgentConfig.config_fields())
 SETTINGS = set(Instance.setting_fields())

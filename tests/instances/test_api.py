@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from loops.auth import make_token
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from django.contrib.auth.models import Permission
 
 from audit.models import AuditEntry
 from instances.models import AgentTemplate, Credential, Instance
-from loops.auth import make_token
 from loops.models import Run
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

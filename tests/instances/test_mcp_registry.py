@@ -7,7 +7,7 @@ from django.contrib.auth.models import Group, Permission
 
 from instances import services
 from instances.models import Instance, McpServer
-from loops.auth import make_token
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from instances.models import Credential, Instance
-from loops.auth import make_token
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -17,8 +17,8 @@ from instances.brains.anthropic import model_for
 from instances.models import AgentTemplate, Credential, Instance
 from instances.prices import ensure_priced
 from loops import services
-from loops.auth import make_token
 from loops.models import Run
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

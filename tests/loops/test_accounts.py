@@ -6,7 +6,7 @@ import re
 import pytest
 from django.core.management import call_command
 
-from loops.accounts import login_link
+from web.accounts import login_link
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +48,7 @@ def test_a_forged_link_is_refused(client, django_user_model):
 
 
 def test_first_start_creates_admin_without_a_password(django_user_model):
-    from loops.management.commands.serve import Command
+    from web.management.commands.serve import Command
 
     out = io.StringIO()
     command = Command(stdout=out)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from loops.auth import make_token
 from loops.models import Event, Interjection, Run
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 
@@ -181,8 +181,8 @@ def test_createtoken_command(django_user_model):
     out = io.StringIO()
     call_command("createtoken", "carol", "--create-user", stdout=out)
     token = out.getvalue().strip()
-    from loops.auth import user_for_token
     from loops.models import ApiToken
+    from web.auth import user_for_token
 
     assert user_for_token(token).username == "carol"
     assert not ApiToken.objects.filter(digest=token).exists()  # only the digest is stored

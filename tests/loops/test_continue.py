@@ -322,7 +322,7 @@ def test_the_first_instruction_shows_the_last_iterations_clipped():
 
 @pytest.fixture
 def api(client, user):
-    from loops.auth import make_token
+    from web.auth import make_token
 
     token = make_token(user)
 
@@ -382,7 +382,7 @@ def test_api_refuses_a_run_still_going(api, counter, start):
 
 
 def test_api_another_users_run_is_a_404(client, api, counter, start, other_user):
-    from loops.auth import make_token
+    from web.auth import make_token
 
     old = finished(start(counter), "failed")
     answer = api("post", f"/v1/instances/{counter.pk}/loop/{old.pk}/continue", {}, token=make_token(other_user))

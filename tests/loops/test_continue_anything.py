@@ -21,14 +21,15 @@ from budgets.models import Pool, Reservation
 from budgets.services import instance_pool
 from instances import gateway
 from instances.models import Credential
-from loops import mcp_act, services
-from loops.auth import make_token
-from loops.mcp_server import build_server, stdio_caller
+from loops import services
 from loops.models import Event, Interjection, Run
 from reviews.models import Delivery, NotificationTarget
 from tests.fakes.messages_server import MessagesServer, text, tool_use, tool_uses
 from tests.loops import test_delegation as delegation_tests
 from tests.loops.conftest import drive_in_thread
+from web import mcp_act
+from web.auth import make_token
+from web.mcp_server import build_server, stdio_caller
 
 family = (
     delegation_tests.family

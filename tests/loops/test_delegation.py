@@ -10,10 +10,11 @@ import pytest
 from budgets import selectors
 from budgets.models import Pool, Reservation
 from instances.models import AgentTemplate, Credential
-from loops import delegation, ops, services
+from loops import delegation, services
 from loops.models import Event, Run
 from tests.fakes.messages_server import MessagesServer, text, tool_use, tool_uses
 from tests.loops.conftest import drive_in_thread
+from web import ops
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

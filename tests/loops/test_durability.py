@@ -21,7 +21,7 @@ def counting_agent(script, seconds):
 
 
 def test_run_survives_a_sigkilled_worker_cluster(client, user, make_instance, script, clusters):
-    from loops.auth import make_token
+    from web.auth import make_token
 
     check = script(
         "n = int(pathlib.Path('count').read_text()); print('count', n); sys.exit(0 if n >= 3 else 1)\n"

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from loops import services
-from loops.auth import make_token
 from loops.models import Event, Run
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -18,11 +18,12 @@ from django.utils import timezone
 
 from audit.models import AuditEntry
 from instances import tools as agent_tools
-from loops import mcp_act, services
-from loops.auth import make_token
+from loops import services
 from loops.models import Event, Run
 from reviews import snapshots
 from tests.support.mcp import call, refused
+from web import mcp_act
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

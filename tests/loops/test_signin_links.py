@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from loops.accounts import login_link
+from web.accounts import login_link
 
 pytestmark = pytest.mark.django_db
 
@@ -71,7 +71,7 @@ def test_loginlink_names_the_address_a_running_serve_listens_on(django_user_mode
     monkeypatch.delenv("PORT", raising=False)
     monkeypatch.delenv("HOST", raising=False)
     # What `serve --port 8765` notes when it starts (this test process stands in for it: it runs).
-    from loops.management.commands.serve import record_address
+    from web.management.commands.serve import record_address
 
     record_address("127.0.0.1", 8765)
     assert json.loads(no_serve_note.read_text())["pid"] == os.getpid()
@@ -94,7 +94,7 @@ def test_loginlink_ignores_a_note_left_by_a_serve_that_is_gone(django_user_model
 
 
 def test_serve_forgets_its_address_when_it_stops(no_serve_note):
-    from loops.management.commands.serve import forget_address, read_address, record_address
+    from web.management.commands.serve import forget_address, read_address, record_address
 
     record_address("0.0.0.0", 8123)
     assert read_address() == {"host": "0.0.0.0", "port": 8123, "pid": os.getpid()}
@@ -119,7 +119,7 @@ def test_loginlink_without_a_database_says_what_to_do_instead_of_a_traceback(tmp
 def test_loginlink_says_when_tether_home_is_not_set(monkeypatch):
     from django.db import OperationalError
 
-    from loops.management.commands.loginlink import no_database
+    from web.management.commands.loginlink import no_database
 
     monkeypatch.delenv("TETHER_HOME", raising=False)
     message = str(no_database(OperationalError("no such table: auth_user")))

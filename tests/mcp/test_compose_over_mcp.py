@@ -16,7 +16,6 @@ from mcp import Client
 
 from audit.models import AuditEntry
 from instances.models import Credential
-from loops.mcp_server import build_server, stdio_caller
 from loops.models import Run
 from tests.fakes.messages_server import MessagesServer
 from tests.loops.test_one_door import drive_tree
@@ -24,6 +23,7 @@ from tests.mcp.test_self_serve import shipped_prices  # noqa: F401 (fixture)
 from tests.reviews.conftest import KEY
 from tests.reviews.test_shipped_templates import BUGGY, FIXED, TEST, Claude
 from tests.support.mcp import call, refused
+from web.mcp_server import build_server, stdio_caller
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

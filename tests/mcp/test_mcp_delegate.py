@@ -10,12 +10,12 @@ import anyio
 import pytest
 
 from loops import services
-from loops.auth import make_token
 from loops.models import Run
 from tests.browser.conftest import Server, log_tail
 from tests.loops.conftest import Background
 from tests.support.cluster import wait_for
 from tests.support.mcp import TOOLS, call, http_client, refused
+from web.auth import make_token
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

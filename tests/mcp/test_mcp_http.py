@@ -17,11 +17,11 @@ import pytest
 from django.conf import settings
 
 from audit.models import AuditEntry
-from loops.auth import make_token
 from loops.models import Run
 from tests.browser.conftest import Server, free_port, log_tail
 from tests.support.cluster import worker_env
 from tests.support.mcp import TOOLS, call, http_client, refused
+from web.auth import make_token
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from mcp import Client
 from audit.models import AuditEntry
 from budgets.models import Price
 from instances.models import Instance
-from loops.auth import make_token
-from loops.mcp_server import build_server, stdio_caller
+from web.auth import make_token
+from web.mcp_server import build_server, stdio_caller
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,8 +19,8 @@ import pytest
 from django.db import OperationalError, connection, connections
 from django.test import Client
 
-from loops.auth import make_token
 from tether import dbfaults, dbpool, middleware
+from web.auth import make_token
 
 ROOT = Path(__file__).resolve().parents[2]
 postgresql_only = pytest.mark.skipif(

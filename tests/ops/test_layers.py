@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow  # each case runs lint-imports over a copy of the 
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ("tether", "audit", "budgets", "instances", "loops", "reviews", "triggers")
+PACKAGES = ("tether", "audit", "budgets", "instances", "loops", "reviews", "triggers", "web")
 
 
 def lint_imports(where: Path) -> subprocess.CompletedProcess[str]:
@@ -41,7 +41,7 @@ PLANTED = [
     ("audit/trail.py", "from budgets.models import Pool", "audit is not allowed to import budgets"),
     ("reviews/rollback.py", "from triggers import services", "reviews is not allowed to import triggers"),
     ("loops/services.py", "from triggers import services", "loops is not allowed to import triggers"),
-    ("loops/runner.py", "from loops import api", "loops.runner is not allowed to import loops.api"),
+    ("loops/runner.py", "from web import api", "loops is not allowed to import web"),
 ]
 
 

@@ -179,7 +179,7 @@ def test_metrics_are_rendered_by_prometheus_client():
 
     from prometheus_client import CollectorRegistry
 
-    from loops import ops
+    from web import ops
 
     assert isinstance(ops.REGISTRY, CollectorRegistry)
     assert [type(c).__name__ for c in ops.REGISTRY._collector_to_names] == ["TetherCollector"]

@@ -25,7 +25,7 @@ def admin(django_user_model):
 
 
 def first_start(host, port=8123):
-    from loops.management.commands.serve import Command
+    from web.management.commands.serve import Command
 
     out = io.StringIO()
     assert Command(stdout=out)._first_start(host, port)

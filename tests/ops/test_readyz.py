@@ -27,7 +27,7 @@ def test_not_ready_without_a_worker_cluster(client):
 def test_not_ready_when_the_database_fails(client, monkeypatch):
     from django.db import OperationalError
 
-    from loops import ops
+    from web import ops
 
     def broken():
         raise OperationalError("connection refused")

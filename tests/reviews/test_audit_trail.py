@@ -23,9 +23,9 @@ from budgets import services as budget_services
 from budgets.models import Pool, Price
 from instances.models import AgentTemplate, Credential, McpServer
 from loops import services
-from loops.auth import make_token
 from loops.models import Run
 from tests.instances.test_mcp_registry import admin_instance_form
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

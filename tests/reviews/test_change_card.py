@@ -13,10 +13,10 @@ import pytest
 from django.urls import reverse
 from mcp.server.mcpserver.exceptions import ToolError
 
-from loops import mcp_server
 from reviews import changecard, receipts, snapshots
 from reviews.models import Receipt, ReviewItem
 from tests.loops.conftest import drive_in_thread
+from web import mcp_server
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

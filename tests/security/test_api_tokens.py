@@ -12,8 +12,8 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone
 
-from loops.auth import make_token
 from loops.models import ApiToken
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

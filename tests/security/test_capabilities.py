@@ -13,8 +13,8 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from instances.models import Instance
-from loops.auth import make_token
 from tests.fakes.messages_server import MessagesServer
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

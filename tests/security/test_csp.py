@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 import pytest
 from django.test import Client
 
-from loops.auth import make_token
 from triggers.models import Trigger
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,7 @@
 """A deactivated account starts nothing: its webhook triggers refuse deliveries, its schedules skip.
 
 Deactivating a user (`is_active = False`) cuts off their API tokens, the console and MCP
-(`loops.auth`, `loops.mcp_server._serve`). A trigger's hook is reached with the trigger's
+(`web.auth`, `web.mcp_server._serve`). A trigger's hook is reached with the trigger's
 secret, not the owner's session, so it must check its owner itself: otherwise whoever holds
 the secret (the sender) keeps starting runs on the account's instance, its key and its budget. A schedule fires with
 no session at all. `loops.services.ensure_startable` refuses both, in one place.

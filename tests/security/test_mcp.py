@@ -13,10 +13,10 @@ from mcp import MCPError
 
 from audit.models import AuditEntry
 from loops import services
-from loops.auth import make_token, revoke_token
 from loops.models import ApiToken, Interjection, Run
 from tests.browser.conftest import Server, log_tail
 from tests.support.mcp import INITIALIZE, MCP_ACCEPT, call, http_client, refused
+from web.auth import make_token, revoke_token
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

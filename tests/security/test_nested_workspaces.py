@@ -14,8 +14,8 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from instances.models import AgentTemplate, Instance
-from loops.auth import make_token
 from tests.loops.conftest import drive_in_thread
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -20,11 +20,11 @@ from django.test import Client as DjangoClient
 from mcp import Client
 
 from loops import services
-from loops.auth import make_token
-from loops.console.forms import ResumeRunForm
-from loops.mcp_server import build_server, stdio_caller
 from loops.models import Interjection, Run
 from tether import limits
+from web.auth import make_token
+from web.console.forms import ResumeRunForm
+from web.mcp_server import build_server, stdio_caller
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,13 +18,14 @@ from mcp import Client
 
 from budgets import metering
 from instances import gateway
-from loops import mcp_act, services
-from loops.auth import make_token
-from loops.mcp_server import build_server, stdio_caller
+from loops import services
 from loops.models import Run
 from tests.fakes.messages_server import text, tool_uses
 from tests.loops import test_delegation as delegation_tests
 from tests.loops.conftest import drive_in_thread
+from web import mcp_act
+from web.auth import make_token
+from web.mcp_server import build_server, stdio_caller
 
 family, server = delegation_tests.family, delegation_tests.server  # a Claude lead, its helper, its model
 

@@ -173,7 +173,7 @@ def test_the_instance_page_and_the_api_show_what_is_protected(calc, client, user
     page = client.get(f"/instances/{inst.pk}/edit").content.decode()
     section = page[page.index("data-protected") :]
     assert "<code>.pytest.ini</code>" in section and "<code>conftest.py</code>" in section
-    from loops.auth import make_token
+    from web.auth import make_token
 
     token = make_token(user)
     shown = client.get(f"/v1/instances/{inst.pk}", HTTP_AUTHORIZATION=f"Bearer {token}").json()

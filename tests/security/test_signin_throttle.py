@@ -7,7 +7,7 @@ from axes.models import AccessAttempt
 from django.db.models import F
 from django.test import Client
 
-from loops.accounts import login_link
+from web.accounts import login_link
 
 pytestmark = pytest.mark.django_db
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from audit.models import AuditEntry
-from loops.auth import make_token
 from tests.triggers.conftest import TEMPLATE
 from triggers.models import Trigger
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -7,10 +7,10 @@ import pytest
 from mcp import Client
 
 from audit.models import AuditEntry
-from loops.mcp_server import build_server, stdio_caller
 from loops.models import Run
 from tests.triggers.conftest import TEMPLATE
 from triggers.models import Schedule, Trigger
+from web.mcp_server import build_server, stdio_caller
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from loops.auth import make_token
 from triggers import scheduling
 from triggers.models import Schedule
+from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
 

@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from loops.auth import make_token
+from web.auth import make_token
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@
 Read-only. `/readyz` answers 200 when the database answers, the task broker answers
 and at least one worker cluster reported in within the last few seconds (django-q2
 clusters publish their status through the shared cache named by Q_CLUSTER["cache"]);
-503 otherwise, with `down` listing what failed and `checks` saying how. `/healthz` (loops.health) stays the liveness probe:
+503 otherwise, with `down` listing what failed and `checks` saying how. `/healthz` (web.health) stays the liveness probe:
 a load balancer should route on /readyz and restart on /healthz.
 
 `/metrics` speaks the Prometheus text exposition format (version 0.0.4), rendered by

@@ -3,7 +3,7 @@
 from django.contrib.auth import login
 from django.shortcuts import redirect, render
 
-from loops.accounts import use_login_link
+from web.accounts import use_login_link
 
 
 def login_once(request, uidb64: str, token: str):

@@ -26,8 +26,8 @@ from budgets import selectors as budget_selectors
 from budgets.models import Pool, Price
 from instances import capabilities, protected, services, templates_loader
 from instances.models import AgentTemplate, Credential, Instance
-from loops.console.instance_forms import FIXED_LABELS, CredentialForm, InstanceForm
-from loops.console.views import _instance, _nav
+from web.console.instance_forms import FIXED_LABELS, CredentialForm, InstanceForm
+from web.console.views import _instance, _nav
 
 
 def _values_of(source: AgentTemplate | Instance) -> dict[str, Any]:

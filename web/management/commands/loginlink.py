@@ -13,9 +13,9 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connection
 
-from loops.accounts import login_link
-from loops.management.commands.serve import read_address
 from tether import addresses
+from web.accounts import login_link
+from web.management.commands.serve import read_address
 
 
 def no_database(exc: Exception) -> CommandError:

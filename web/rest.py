@@ -1,10 +1,10 @@
 """The frame of the REST API (/v1/): one NinjaAPI that parses, authenticates, refuses and documents.
 
-Routes live with their app (`instances.api`, `loops.api`, `reviews.api`) as ninja Routers
+Routes live with their app (`instances.api`, `web.api`, `reviews.api`) as ninja Routers
 whose schemas both validate requests and make /v1/openapi.json. This module owns what is
 common to every route: the JSON body parser and its limits (413 over the upload limit, 415
 not JSON, 400 nested deeper than MAX_DEPTH or NaN/Infinity), authentication (a Bearer token,
-or the console's session with its CSRF check, `loops.auth`), and the one error shape,
+or the console's session with its CSRF check, `web.auth`), and the one error shape,
 `{"error": "...", "field": "..."}`, for every refusal, whatever raised it.
 """
 
@@ -26,8 +26,8 @@ from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from instances.models import Credential, Instance
-from loops.auth import authenticate_token, error
 from tether.schema import MAX_ID, describe
+from web.auth import authenticate_token, error
 
 MAX_DEPTH = 32
 Id = Annotated[int, Path(ge=0, le=MAX_ID)]  # the `id` converter already refuses anything else (404)
@@ -89,7 +89,7 @@ def _check_depth(data: Any) -> None:
 
 
 class TokenOrSession(HttpBearer):
-    """`Authorization: Bearer TOKEN` (loops.auth), else the console's session with its CSRF check."""
+    """`Authorization: Bearer TOKEN` (web.auth), else the console's session with its CSRF check."""
 
     def __call__(self, request: HttpRequest) -> Any:
         header = request.headers.get("Authorization", "")

@@ -1,7 +1,7 @@
 """API authentication: `Authorization: Bearer TOKEN` for clients, the session for the console.
 
 The tokens live here; the REST API checks them (or the session and its CSRF token) in
-`loops.rest.TokenOrSession`, the MCP endpoint in `loops.mcp_http`.
+`web.rest.TokenOrSession`, the MCP endpoint in `web.mcp_http`.
 
 Tokens are stored as SHA-256 digests; the plain token is shown once, when made. A token
 has a name and may expire; every request looks it up again, so revoking one (which

@@ -1,4 +1,4 @@
-"""REST: the loop routes (a ninja Router mounted by loops.api_urls). Every write goes through loops.services.
+"""REST: the loop routes (a ninja Router mounted by web.api_urls). Every write goes through loops.services.
 
 Bodies and query parameters are parsed by the schemas in `loops.schemas`, which also make
 their part of /v1/openapi.json; a refusal from a service keeps its status (`Refused.status`).
@@ -21,8 +21,8 @@ from instances.brains.base import BrainError, BudgetExhausted
 from instances.models import Instance
 from loops import events, schemas, selectors, services
 from loops.models import Run
-from loops.rest import ApiError, Id, errors
 from reviews import rollback
+from web.rest import ApiError, Id, errors
 
 PAGE = 1000
 COST_CALLS = 2500  # a page of 10 iterations: every call of each, at 200 tool turns per act and then some

@@ -41,8 +41,8 @@ from django.conf import settings
 from django.db.models import Count, Sum
 
 from loops import selectors
-from loops.console import live
 from loops.models import Run
+from web.console import live
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Tail:
     # --- the loop ---------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        from loops.consumers import poll_seconds, refresh_seconds
+        from web.consumers import poll_seconds, refresh_seconds
 
         while self.runs or self.fleets:
             self.wake.clear()

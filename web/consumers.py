@@ -5,11 +5,11 @@ first, one message per event (the rendered timeline fragment, carrying its seq),
 keeps sending new ones as they are recorded; after each batch it sends the run's
 summary, actions, budget and chart as they stand; while the run is live and nothing happens,
 it re-sends the summary every TETHER_CONSOLE_REFRESH_SECONDS (5 s) so that a worker gone quiet
-shows (see loops.console.display.worker_note). `/ws/fleet/` sends the fleet page's live
+shows (see web.console.display.worker_note). `/ws/fleet/` sends the fleet page's live
 blocks on connect and again whenever any of the user's runs records an event.
 
 The database is the source of truth. A socket hands itself, with the last seq its page has, to its
-web process's one tail (loops.console.tail), which replays what it lacks and then keeps it fed: the
+web process's one tail (web.console.tail), which replays what it lacks and then keeps it fed: the
 tail reads for every socket at once (every TETHER_CONSOLE_POLL_SECONDS: 0.25 s by default, 2 s with
 Redis, and at once when a socket arrives) and renders each event once however many watch it; with
 REDIS_URL the socket also joins the run's (or the fleet's) group, where `loops.events.ring` rings a
@@ -49,8 +49,8 @@ from django.http import HttpRequest
 from django.middleware.csrf import CsrfViewMiddleware, get_token
 
 from loops import events, selectors
-from loops.console import live
-from loops.console import tail as console_tail
+from web.console import live
+from web.console import tail as console_tail
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def session_check_seconds() -> float:
 
 
 class TailingConsumer(AsyncWebsocketConsumer):
-    """A socket fed by its process's tail (loops.console.tail), its replay included."""
+    """A socket fed by its process's tail (web.console.tail), its replay included."""
 
     group: str = ""
 

@@ -1,4 +1,4 @@
-"""The /v1/ routes: the apps' ninja Routers on one API (`loops.rest.api`), and /v1/openapi.json.
+"""The /v1/ routes: the apps' ninja Routers on one API (`web.rest.api`), and /v1/openapi.json.
 
 Ids are `{id:...}`: 1 to 18 digits, so every id fits a 64-bit column. Anything else under /v1/
 (a malformed id, an unknown route) answers a JSON 404, and a method a route does not take a
@@ -19,11 +19,11 @@ from budgets.models import Price
 from instances import api as instances_api
 from instances import prices
 from instances.models import AgentTemplate
-from loops import api as loops_api
-from loops import rest
-from loops.auth import error
 from reviews import api as reviews_api
 from triggers import api as triggers_api
+from web import api as loops_api
+from web import rest
+from web.auth import error
 
 
 class IdConverter:

@@ -19,15 +19,16 @@ from django.utils.safestring import mark_safe
 from budgets import spending as spending_mod
 from budgets.selectors import ChainHeadroom, chain_headroom, headroom_for_run, run_chain
 from instances.brains import iteration_reserve
-from loops import charts, policy, selectors
-from loops.console.display import EventView, RunView, tree_view, usd
+from loops import policy, selectors
 from loops.memory import Memory
 from loops.models import Event, Run
+from web import charts
+from web.console.display import EventView, RunView, tree_view, usd
 
 RUN_TEMPLATE = "loops/run_detail.html"
 FLEET_TEMPLATE = "loops/fleet.html"
 
-# A state message is drawn once for every socket of its run (loops.console.tail), so its forms
+# A state message is drawn once for every socket of its run (web.console.tail), so its forms
 # carry these slots, which each socket fills for its own viewer (`for_viewer`): a CSRF token of
 # the viewer's sign-in, and a nonce of its own per form. Random per process: no text can name them.
 CSRF_SLOT = f"tether-csrf-{secrets.token_hex(16)}"
@@ -348,7 +349,7 @@ def resume_offer(run: Run, form: Any = None) -> ResumeOffer | None:
     """Return what resuming budget_exhausted `run` may ask for (None for any other run)."""
     if run.status != Run.Status.FINISHED or run.outcome != Run.Outcome.BUDGET_EXHAUSTED or run.parent_id:
         return None  # a delegated run is not resumed: its parent decides (the service says so)
-    from loops.console.forms import ResumeRunForm
+    from web.console.forms import ResumeRunForm
 
     pools = run_chain(run)
     own = next((p for p in pools if p.kind == "run" and p.run_id == run.pk), None)
@@ -388,7 +389,7 @@ def render_state(run: Run, chart_all: bool = False) -> str:
     The actions block carries `data-actions` (what decides which actions it offers): the page keeps
     its own block, with what a person is typing, unless that changed (see static/console/console.js).
     """
-    from loops.console.forms import InterjectForm
+    from web.console.forms import InterjectForm
 
     context = {
         **run_state_context(run, chart_all),
@@ -404,7 +405,7 @@ def for_viewer(message: str, csrf_token: str) -> str:
 
     Without a token ("": no CSRF cookie yet) the page's script fills the field from the page's own.
     """
-    from loops.console.forms import fresh_nonce
+    from web.console.forms import fresh_nonce
 
     if CSRF_SLOT in message:
         message = message.replace(CSRF_SLOT, csrf_token)

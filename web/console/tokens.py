@@ -12,9 +12,9 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from loops import auth
-from loops.console.forms import TokenForm
-from loops.console.views import _nav
+from web import auth
+from web.console.forms import TokenForm
+from web.console.views import _nav
 
 # The session key that carries a new token from the POST that made it to the one page that shows it.
 NEW_TOKEN = "tether_new_token"

@@ -2,8 +2,8 @@
 
 from django.urls import path
 
-from loops.console import account, instances, tokens, views
-from loops.console import receipts as receipt_views
+from web.console import account, instances, tokens, views
+from web.console import receipts as receipt_views
 
 app_name = "loops"
 

@@ -28,12 +28,12 @@ from audit import trail
 from budgets import spending
 from instances.models import Instance
 from loops import selectors, services
-from loops.console import live
-from loops.console.display import EventView, RunView
-from loops.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
 from loops.models import Interjection, Run
 from reviews import changecard, rollback
 from reviews import selectors as review_selectors
+from web.console import live
+from web.console.display import EventView, RunView
+from web.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
 
 REPEAT_WINDOW = timedelta(seconds=15)
 NONCE_SECONDS = 3600

@@ -2,7 +2,7 @@
 
 Served at `/mcp` on each worker's gateway socket (`instances.gateway.route`), which the act
 reaches from its sandbox through its loopback relay (`TETHER_MCP_URL`); the web's `/mcp`
-relays a request carrying an act token to the socket the token names (`loops.mcp_http`).
+relays a request carrying an act token to the socket the token names (`web.mcp_http`).
 The token is the one the act got as `TETHER_TOKEN`, honoured only while its act runs in this
 worker (`instances.gateway.act_for`) and only for an instance that enables the `delegate`
 tool. It can do two things and nothing else:
@@ -37,8 +37,8 @@ from pydantic import Field
 from budgets import money
 from instances import gateway
 from loops import delegation, schemas
-from loops.mcp_server import ID_MAX, TetherMCPServer
 from loops.models import Run
+from web.mcp_server import ID_MAX, TetherMCPServer
 
 PATH = "/mcp"
 MAX_BODY_BYTES = 1 << 20

@@ -1,10 +1,10 @@
 """Tether's API as MCP tools: make instances from templates and change or archive them; list, start, read,
 follow, interject, answer, stop, continue and roll back runs.
 
-The tools call the same selectors and services as the REST API (loops.api), with the same
+The tools call the same selectors and services as the REST API (web.api), with the same
 owner rules (another user's instance or run reads as not found) and every action audited
 with the interface `mcp`. Who the caller is comes from the transport: the bearer token of
-the HTTP request (loops.mcp_http) or the user the operator named to `manage.py mcp` (stdio).
+the HTTP request (web.mcp_http) or the user the operator named to `manage.py mcp` (stdio).
 A refusal is a tool error whose text says what to do instead; nothing else of an error (a
 traceback, a query) reaches the client. Tools run in the loop's executor threads, never on the loop.
 """
@@ -96,11 +96,11 @@ def stdio_caller(user_id: int) -> Callable[[Context], Caller]:
 
 
 def http_caller(ctx: Context) -> Caller:
-    """Return the caller loops.mcp_http authenticated for the HTTP request carrying this call."""
+    """Return the caller web.mcp_http authenticated for the HTTP request carrying this call."""
     request = getattr(ctx.request_context, "request", None)
     scope = getattr(request, "scope", None) or {}
     user_id = scope.get("tether.user_id")
-    if user_id is None:  # every request through loops.mcp_http has one; nothing else reaches here
+    if user_id is None:  # every request through web.mcp_http has one; nothing else reaches here
         raise ToolError("not authenticated")
     client = scope.get("client") or (None, None)
     agent = request.headers.get("user-agent", "") if request is not None else ""
@@ -185,7 +185,7 @@ def _instance_json(instance: Any) -> dict[str, Any]:
 
 
 def _run_json(run: Run) -> dict[str, Any]:
-    from loops.api import run_json
+    from web.api import run_json
 
     return run_json(run)
 

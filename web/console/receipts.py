@@ -15,9 +15,9 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from loops import event_kinds, selectors
-from loops.console.display import RunView, usd_text
 from reviews import receipts
 from reviews import selectors as review_selectors
+from web.console.display import RunView, usd_text
 
 
 def _finished_run(request: HttpRequest, run_id: int) -> tuple[Any, dict[str, Any]]:

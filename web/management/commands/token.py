@@ -4,8 +4,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
-from loops.auth import TOKEN_DAYS_MAX, make_token, revoke_token
 from loops.models import ApiToken
+from web.auth import TOKEN_DAYS_MAX, make_token, revoke_token
 
 
 class Command(BaseCommand):

@@ -25,8 +25,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError, OperationalError, connection, connections, transaction
 
 from instances import sandbox
-from loops import accounts
 from tether import addresses, dbpool
+from web import accounts
 
 LISTEN_BACKLOG = 1024
 

@@ -155,7 +155,7 @@ class RunView:
     @property
     def continue_form(self) -> Any:
         """Return a fresh "continue this run" form (pages with a bound one pass their own)."""
-        from loops.console.forms import ContinueRunForm
+        from web.console.forms import ContinueRunForm
 
         return ContinueRunForm(run=self.run)
 

@@ -2,12 +2,12 @@
 
 `McpMount(django_app)` sends `/mcp` to the MCP SDK's streamable-HTTP app and every other
 request to Django. Each `/mcp` request must carry `Authorization: Bearer <API token>`; the
-token is looked up again on every request (loops.auth), so a revoked or expired token is
+token is looked up again on every request (web.auth), so a revoked or expired token is
 refused at once with a 401, and an MCP session answers only the user who opened it.
 
 A request whose Bearer token is an act's (the per-act token a running `command` agent gets as
 `TETHER_TOKEN`) is not a user's: it is relayed whole to the worker socket the token names,
-where that act's own MCP endpoint answers it (`loops.mcp_act`: `delegate` and `get_run` for
+where that act's own MCP endpoint answers it (`web.mcp_act`: `delegate` and `get_run` for
 that act only) — for an agent with network egress that reaches this server instead of its
 loopback relay. A token Tether did not sign is refused here; one whose act ended, there.
 
@@ -33,7 +33,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.transport_security import TransportSecuritySettings
 
 from instances import gateway
-from loops import auth
+from web import auth
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class McpMount:
     """ASGI app: `/mcp` to Tether's MCP server (token-authenticated), everything else to `app`."""
 
     def __init__(self, app: Any) -> None:
-        from loops.mcp_server import build_server, http_caller
+        from web.mcp_server import build_server, http_caller
 
         self.app = app
         self.server = build_server(http_caller)

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_http_methods
 
 from audit import trail
 from instances import capabilities
-from loops.console.views import _nav
+from web.console.views import _nav
 
 
 @login_required

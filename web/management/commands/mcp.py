@@ -18,7 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--user", required=True, help="the username every tool call acts as")
 
     def handle(self, user, **options):
-        from loops.mcp_server import build_server, stdio_caller
+        from web.mcp_server import build_server, stdio_caller
 
         found = get_user_model().objects.filter(username=user).first()
         if found is None:
