@@ -14,7 +14,8 @@ schedule — makes each person's digest once per period after the period ended (
 Monday to Monday, in their time zone): an e-mail to the account's address through Django's e-mail
 framework (`TETHER_EMAIL_BACKEND`; the console backend by default) and a `digest.sent` notification to their
 notification targets (`reviews.notify`). An empty digest is not sent. The console page "since you
-last looked" (`/reviews/digest/`) shows the same for the time since the person last opened it.
+last looked" (`/reviews/digest/`) shows the same for the time since the person last marked it seen: a GET
+only reads; its "Mark as seen" button (a POST, `mark_seen`) moves the person's own time forward.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from datetime import datetime, time, timedelta
 from typing import Any
 
 from django.core.mail import EmailMessage
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from budgets import money
@@ -285,10 +286,16 @@ def send(user: Any, digest: Digest, frequency: str) -> int:
 
 
 def since_last_looked(user: Any, now: datetime | None = None) -> Digest:
-    """Return the digest of what happened since `user` last opened the page (a day at first), and mark it looked at."""
+    """Return the digest of what happened since `user` last marked the page seen (a day at first); read-only."""
     now = now or timezone.now()
+    looked = DigestPreference.objects.filter(user=user).values_list("last_looked_at", flat=True).first()
+    return build(user, looked or now - timedelta(days=1), now)
+
+
+def mark_seen(user: Any, until: datetime, now: datetime | None = None) -> None:
+    """Move `user`'s own last-looked-at time forward to `until` (never past `now`, never backwards)."""
+    until = min(until, now or timezone.now())
     preference, _ = DigestPreference.objects.get_or_create(user=user)
-    start = preference.last_looked_at or now - timedelta(days=1)
-    digest = build(user, start, now)
-    DigestPreference.objects.filter(pk=preference.pk).update(last_looked_at=now)
-    return digest
+    DigestPreference.objects.filter(pk=preference.pk).filter(
+        Q(last_looked_at__isnull=True) | Q(last_looked_at__lt=until)
+    ).update(last_looked_at=until)

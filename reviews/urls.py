@@ -13,6 +13,7 @@ urlpatterns = [
     path("<int:item_id>/reopen", views.item_reopen, name="reopen"),
     path("audit.csv", views.audit_csv, name="audit-csv"),
     path("digest/", views.since_last_looked, name="digest"),
+    path("digest/seen", views.digest_mark_seen, name="digest-seen"),
     path("digest/settings", views.digest_settings, name="digest-settings"),
     path("notifications/", views.notifications, name="notifications"),
     path("notifications/<int:target_id>/remove", views.notification_remove, name="notification-remove"),

@@ -14,6 +14,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET, require_POST
 
 from audit import trail
@@ -175,8 +176,25 @@ def audit_csv(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def since_last_looked(request: HttpRequest) -> HttpResponse:
-    """The digest of what happened to the person's own runs since they last opened this page."""
+    """The digest of what happened to the person's own runs since they last marked it seen (a GET only reads)."""
     return render(request, "reviews/digest.html", {"digest": digest.since_last_looked(request.user)})
+
+
+@login_required
+@require_POST
+def digest_mark_seen(request: HttpRequest) -> HttpResponse:
+    """Mark the digest seen up to the time the page was shown (`until`), for the signed-in person only."""
+    try:
+        until = parse_datetime(request.POST["until"]) if request.POST.get("until") else timezone.now()
+    except ValueError:  # well formed but no such time (a 13th month)
+        until = None
+    if until is None or timezone.is_naive(until):
+        return HttpResponse(
+            "until must be an ISO 8601 time with its offset", status=400, content_type="text/plain"
+        )
+    digest.mark_seen(request.user, until)
+    messages.success(request, "Marked as seen.")
+    return redirect("reviews:digest")
 
 
 @login_required

@@ -44,7 +44,7 @@ def looked_yesterday(django_user_model, make_instance):
 
 def test_the_since_you_last_looked_page(browser, server, looked_yesterday):
     errors = []
-    for name, device in DEVICES.items():
+    for name, device in DEVICES.items():  # each device starts from a day ago (the one before marked it seen)
         DigestPreference.objects.filter(user=looked_yesterday).update(
             last_looked_at=timezone.now() - timedelta(days=1)
         )
@@ -65,5 +65,10 @@ def test_the_since_you_last_looked_page(browser, server, looked_yesterday):
         assert "fixer: $6.00" in page.locator("[data-spenders]").inner_text()
         assert "bobs-secret" not in page.content()
         assert page.evaluate(NO_SIDEWAYS_SCROLL_JS), f"the digest page scrolls sideways on a {name}"
+        page.reload()  # reading the page again marks nothing seen
+        assert page.locator("[data-runs] li").count() == 4
+        page.click("[data-mark-seen] button")
+        page.wait_for_selector("text=No run finished since you last looked.")
+        assert page.locator("[data-runs] li").count() == 0
         context.close()
     assert errors == []

@@ -153,8 +153,68 @@ def test_since_you_last_looked_shows_only_ones_own_runs_since_then(day, user, ot
     assert "Since you last looked" in html and "bobs-secret" not in html
     assert html.count("<li>run ") >= 13  # the 12 and the one just after midnight
     assert "data-unverified>3<" in html
-    again = client.get("/reviews/digest/").content.decode()  # looked at: nothing new since
+    again = client.get("/reviews/digest/").content.decode()  # a GET only reads: the same again
+    assert again.count("<li>run ") >= 13
+    assert client.post("/reviews/digest/seen").status_code == 302  # "Mark as seen"
+    again = client.get("/reviews/digest/").content.decode()  # nothing older than that since
     assert "No run finished since you last looked." in again
     client.force_login(other_user)
     html = client.get("/reviews/digest/").content.decode()
     assert "fixer" not in html and "writer" not in html
+
+
+def test_a_get_of_the_digest_page_leaves_the_last_looked_at_time_unchanged(user, client):
+    """A cross-site <img> or a prefetch (a GET) cannot mark a period seen."""
+    DigestPreference.objects.create(user=user, last_looked_at=YESTERDAY)
+    client.force_login(user)
+    assert client.get("/reviews/digest/").status_code == 200
+    assert DigestPreference.objects.get(user=user).last_looked_at == YESTERDAY
+
+
+def test_mark_as_seen_moves_the_time_forward_to_when_the_page_was_shown(day, user, client):
+    DigestPreference.objects.filter(user=user).update(last_looked_at=YESTERDAY - timedelta(minutes=1))
+    client.force_login(user)
+    page = client.get("/reviews/digest/").content.decode()
+    assert 'action="/reviews/digest/seen"' in page and "Mark as seen" in page
+    shown = YESTERDAY + timedelta(hours=2, minutes=30)  # the page was shown then: later runs stay new
+    assert client.post("/reviews/digest/seen", {"until": shown.isoformat()}).status_code == 302
+    assert DigestPreference.objects.get(user=user).last_looked_at == shown
+    html = client.get("/reviews/digest/").content.decode()
+    assert "budget_exhausted" in html and html.count("<li>run ") == 2  # 03:00 and after midnight
+    # Never backwards, never into the future.
+    client.post("/reviews/digest/seen", {"until": YESTERDAY.isoformat()})
+    assert DigestPreference.objects.get(user=user).last_looked_at == shown
+    client.post("/reviews/digest/seen", {"until": "2999-01-01T00:00:00+00:00"})
+    assert DigestPreference.objects.get(user=user).last_looked_at < datetime(2999, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("until", ["yesterday", "2026-13-01T00:00:00+00:00", "2026-03-09T09:00:00"])
+def test_mark_as_seen_refuses_a_bad_time_with_a_400(user, client, until):
+    DigestPreference.objects.create(user=user, last_looked_at=YESTERDAY)
+    client.force_login(user)
+    response = client.post("/reviews/digest/seen", {"until": until})
+    assert response.status_code == 400 and b"until must be" in response.content
+    assert DigestPreference.objects.get(user=user).last_looked_at == YESTERDAY
+
+
+def test_mark_as_seen_without_a_csrf_token_is_refused(user):
+    from django.test import Client
+
+    DigestPreference.objects.create(user=user, last_looked_at=YESTERDAY)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    assert client.post("/reviews/digest/seen").status_code == 403
+    assert DigestPreference.objects.get(user=user).last_looked_at == YESTERDAY
+    assert client.get("/reviews/digest/seen").status_code == 405  # and never by a GET
+
+
+def test_mark_as_seen_only_ever_moves_ones_own_time(user, other_user, client):
+    DigestPreference.objects.create(user=user, last_looked_at=YESTERDAY)
+    client.force_login(other_user)
+    # bob cannot name ada's record: the form has no user field, a stray one is ignored.
+    assert client.post("/reviews/digest/seen", {"user": user.pk, "user_id": user.pk}).status_code == 302
+    assert DigestPreference.objects.get(user=user).last_looked_at == YESTERDAY
+    assert DigestPreference.objects.get(user=other_user).last_looked_at is not None
+    client.logout()
+    assert client.post("/reviews/digest/seen").status_code == 302  # signed out: the login page
+    assert DigestPreference.objects.get(user=user).last_looked_at == YESTERDAY
