@@ -3,9 +3,9 @@
 Off unless `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the
 exporter reads the standard `OTEL_*` variables (headers, timeout, `OTEL_SERVICE_NAME`). Spans
 leave through a `BatchSpanProcessor`: a background thread sends them, so a slow or down
-collector never slows or fails a run; what could not be sent is counted
-(`tether_trace_spans_dropped_total` on `/metrics`, in the shared `workers` cache so every
-process adds to one figure).
+collector never slows or fails a run; what could not be sent, and what its full queue
+(`OTEL_BSP_MAX_QUEUE_SIZE`) turned away, is counted (`tether_trace_spans_dropped_total` on
+`/metrics`, in the shared `workers` cache so every process adds to one figure).
 
 One trace per run, stitched across workers and restarts: the trace id and the run span's id
 are derived from the run (`run_ids`), never kept in a process. Each iteration's span is a child
@@ -122,9 +122,38 @@ def _build() -> Any:
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return bool(self.inner.force_flush(timeout_millis))
 
+    class Queue(BatchSpanProcessor):
+        """The batch processor, counting the spans its full queue turns away (or that end after shutdown).
+
+        The SDK reports each such span to its processor metrics (`drop_items`); those are counted here too.
+        """
+
+        def __init__(self, exporter: SpanExporter) -> None:
+            super().__init__(exporter)
+            batch = getattr(self, "_batch_processor", None)
+            sdk_metrics = getattr(batch, "_metrics", None)
+            if (
+                sdk_metrics is None
+            ):  # an SDK older than the hook: exports still work, queue drops go uncounted
+                log.warning("this OpenTelemetry SDK does not report queue drops; they are not counted")
+                return
+
+            class Metrics:
+                def register_queue_size(self, get_queue_size: Callable[[], int]) -> None:
+                    sdk_metrics.register_queue_size(get_queue_size)
+
+                def drop_items(self, count: int, error_type: str = "queue_full") -> None:
+                    _count_dropped(count)
+                    sdk_metrics.drop_items(count, error_type)
+
+                def finish_items(self, count: int) -> None:
+                    sdk_metrics.finish_items(count)
+
+            batch._metrics = Metrics()
+
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE})
     provider = TracerProvider(resource=resource, id_generator=Ids())
-    provider.add_span_processor(BatchSpanProcessor(Counting(OTLPSpanExporter())))
+    provider.add_span_processor(Queue(Counting(OTLPSpanExporter())))
     return provider
 
 

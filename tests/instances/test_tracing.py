@@ -37,10 +37,15 @@ class Receiver:
     def __init__(self):
         self.spans = []
         self.bodies = []
+        self.arrived = threading.Event()  # a post came in
+        self.released = threading.Event()  # posts are answered (clear it to hold them)
+        self.released.set()
         received = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
+                received.arrived.set()
+                received.released.wait(60)
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -269,3 +274,30 @@ def test_a_down_collector_neither_fails_the_run_nor_goes_uncounted(
         assert f"tether_trace_spans_dropped_total {tracing.dropped()}" in page
     finally:
         tracing.reset()
+
+
+def test_spans_a_full_queue_turns_away_are_counted(receiver, monkeypatch, settings, client):
+    queue = 3
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", str(queue))
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")  # each span ended wakes the sender
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "600000")  # ... and nothing else does
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "60")
+    settings.TETHER_METRICS_TOKEN = "metrics-token"
+    tracing.reset()
+    receiver.released.clear()  # the collector takes the first post and holds it
+    try:
+        with tracing.span("first"):
+            pass
+        assert receiver.arrived.wait(30)  # the sender is stuck on that post: nothing leaves the queue
+        before = tracing.dropped()
+        for number in range(queue + 4):
+            with tracing.span(f"span {number}"):
+                pass
+        assert tracing.dropped() - before == 4
+        page = client.get("/metrics", headers={"Authorization": "Bearer metrics-token"}).content.decode()
+        assert f"tether_trace_spans_dropped_total {tracing.dropped()}" in page
+    finally:
+        receiver.released.set()
+    assert tracing.flush(30)
+    assert tracing.dropped() - before == 4  # the queued spans then went through: nothing more lost
+    assert len(receiver.spans) == 1 + queue
