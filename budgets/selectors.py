@@ -31,7 +31,6 @@ FALLBACK_RATES = pricing.Rates(
     cache_write_usd_per_mtok=Decimal("18.75"),
     cache_read_usd_per_mtok=Decimal("1.50"),
 )
-DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-5"
 
 
 @dataclass(frozen=True)
