@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("tether", "audit", "budgets", "instances", "loops", "reviews", "triggers")
+APPS = ("tether", "audit", "budgets", "instances", "loops", "reviews", "triggers", "web")
 
 
 def app_sources(suffix: str = ".py"):

@@ -29,7 +29,7 @@ from web.mcp_server import build_server, stdio_caller
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-APPS = ("loops", "instances", "budgets", "reviews", "audit", "tether")
+APPS = ("web", "triggers", "loops", "instances", "budgets", "reviews", "audit", "tether")
 CENT = Decimal("0.01")
 
 # (field, the limit, one step past it): every run-starting surface must accept the first and refuse the second.
