@@ -385,10 +385,15 @@ def wait_for_rollback(run: Run) -> None:
     os.close(fd)
 
 
-def _refuse_if_live(run: Run, token: str = "") -> None:
-    """Refused (409) while a run on the workspace is live; with `token`, the run itself driving under that lease is not counted."""
-    driving = bool(token) and Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, lease_token=token).exists()
-    found = live_run(run, besides=run.pk if driving else None)
+def _refuse_if_live(run: Run, token: str | None = None) -> None:
+    """Refused (409) while a run on the workspace is live.
+
+    With `token` (a rewind), `run` must be running under that lease this moment, and is itself not counted.
+    """
+    if token is not None:
+        if not token or not Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, lease_token=token).exists():
+            raise Refused(f"run {run.pk} is not running under that lease: only a run's own driver rewinds it", 409)
+    found = live_run(run, besides=run.pk if token is not None else None)
     if found is not None:
         which = "this run" if found.pk == run.pk else f"run {found.pk}"
         raise Refused(
@@ -469,7 +474,7 @@ def rewind(*, run: Run, token: str, to: int, stall: int) -> Outcome:
 
 
 def _restore(
-    run: Run, point: Point, *, user: Any, by: str, via: str, request: Any = None, token: str = ""
+    run: Run, point: Point, *, user: Any, by: str, via: str, request: Any = None, token: str | None = None
 ) -> Outcome:
     """What `rollback` and `rewind` do: refuse while a run is live, snapshot the workspace, restore `point`, record it."""
     with _exclusive(Path(run.instance.workspace_path())):
