@@ -160,3 +160,10 @@ def test_without_rewind_on_stall_the_run_is_never_rewound(scripted, start, drive
     assert "after a nudge in iteration 5" in run.outcome_detail
     assert not Event.objects.filter(run=run, kind__in=["stall.rewound", "workspace.rolled_back"]).exists()
     assert Iteration.objects.get(run=run, number=8).response.startswith("found tree 'w6';")
+
+
+@pytest.mark.parametrize(("agent", "ends"), [("steady-plateaus", 21), ("regress-revert", 6)])
+def test_with_rewind_on_stall_a_steady_fixer_is_never_rewound_nor_stopped(scripted, start, drive, agent, ends):
+    run = drive(start(scripted(agent, max_iterations=30, rewind_on_stall=True)))
+    assert (run.outcome, run.verified, run.iterations_done) == ("done", True, ends)
+    assert not Event.objects.filter(run=run, kind__in=["stall.rewound", "workspace.rolled_back"]).exists()
