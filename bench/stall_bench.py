@@ -1,9 +1,11 @@
 """Stuck loops: the classic policy against the policy that sees progress, on the same scripted agents.
 
-Not a test. In a throwaway SQLite database and TETHER_HOME, each scripted agent below is run twice
-through the real runner (`runner.drive`, the `checks` decider, one real check in the sandbox):
+Not a test. In a throwaway SQLite database and TETHER_HOME, each scripted agent below is run three
+times through the real runner (`runner.drive`, the `checks` decider, one real check in the sandbox):
 once with `TETHER_STALL_ITERATIONS=0` (the classic no-progress rules only: an instruction repeated,
-the workspace and checks unchanged three times) and once with the default K (3). An agent is an
+the workspace and checks unchanged three times), once with the default K (3), and once with K and
+the instance's `rewind_on_stall` on (a stall after the nudge restores the workspace to the best
+iteration's snapshot, through the rollback, and asks for a different approach). An agent is an
 in-process brain (registered through TETHER_BRAINS) that writes, on each iteration, a workspace
 decided by its script: a tree (the same label is byte-for-byte the same workspace, so an
 oscillator really returns to an earlier tree) and a test report in pytest's words (`7 failed, 13
@@ -13,7 +15,11 @@ nothing is left. Every act reports $0.02 of its own spend; every run may take 30
 Each agent has a known right outcome: a fixer (steady, slow, bumpy, fast, regressing and
 recovering) must end `done`; a stuck one (a churner that edits every time while the count stays,
 an oscillator that goes round the same trees) must be stopped or handed to a person (`escalated`
-or `no_progress`) before its cap. The table shows, per agent and policy, the outcome, the
+or `no_progress`) before its cap. Two agents make things worse and worse after a good start: one
+recovers once its workspace is rewound to its best state (right: `done`, which only a rewind gets
+it to), one stays stuck after the rewind too (right: handed to a person). An agent that finds its
+workspace rewound (the brief of the iteration it was rewound after names `rewound_to`) follows its
+`after_rewind` script from there. The table shows, per agent and policy, the outcome, the
 iteration it ended on, the money spent and whether the outcome is right.
 
 Run: python -m bench.stall_bench [--json]   (or: python -m bench stall_bench)
@@ -34,7 +40,7 @@ MAX_ITERATIONS = 30
 COST_MICROS = 20_000  # $0.02 per act, reported by the agent
 TESTS = 20  # tests in the scripted suite
 CHECK = ["sh", "-c", 'cat report; test "$(cat left)" = 0']
-POLICIES = (("classic", 0), ("progress", 3))
+POLICIES = (("classic", 0, False), ("progress", 3, False), ("rewind", 3, True))  # (name, K, rewind_on_stall)
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,11 @@ class Agent:
     steps: tuple[tuple[str, int], ...]
     churns: bool = False
     counted: bool = True  # False: the check prints no count (nothing to see progress by)
+    after_rewind: tuple[tuple[str, int], ...] = ()  # once rewound: the steps from there (the last repeats)
 
-    def step(self, iteration: int) -> tuple[str, int]:
+    def step(self, iteration: int, rewound_at: int = 0) -> tuple[str, int]:
+        if rewound_at and self.after_rewind:
+            return self.after_rewind[min(iteration - rewound_at, len(self.after_rewind)) - 1]
         if iteration <= len(self.steps):
             return self.steps[iteration - 1]
         tree, left = self.steps[-1]
@@ -95,6 +104,20 @@ AGENTS = (
         (("r1", 6), ("r2", 4), ("r3", 9), ("r2", 4), ("r5", 2), ("r6", 0)),
     ),
     Agent("regress-stay", "regress-and-recover", "done", _steady([5, 8, 8, 3, 1, 0])),
+    Agent(
+        "worse-then-rewound",
+        "regress until rewound",
+        "done",
+        tuple((f"w{i}", n) for i, n in enumerate([5, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])),
+        after_rewind=(("w-new-1", 2), ("w-new-2", 0)),
+    ),
+    Agent(
+        "worse-stuck",
+        "regress, stuck rewound",
+        "stuck",
+        tuple((f"x{i}", n) for i, n in enumerate([5, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16])),
+        after_rewind=tuple((f"x-new-{i}", 4) for i in range(MAX_ITERATIONS)),
+    ),
     Agent("churner-silent", "churner (no count)", "stuck", (("s1", 3),), churns=True, counted=False),
 )
 
@@ -123,13 +146,17 @@ class ScriptedBrain:
     def act(self, request: Any) -> Any:
         from instances.brains.base import Reply, Usage
 
-        tree, left = self.agent.step(request.iteration)
+        rewound_at = max((int(s.get("iteration") or 0) for s in request.snapshot if s.get("rewound_to")), default=0)
+        tree, left = self.agent.step(request.iteration, rewound_at)
         workspace = Path(request.workspace)
         workspace.mkdir(parents=True, exist_ok=True)
-        (workspace / "app.py").write_text(f"# the code as tree {tree} has it\nSTATE = {tree!r}\n")
+        app = workspace / "app.py"
+        found = app.read_text().partition("STATE = ")[2].strip() if app.exists() else "none"
+        app.write_text(f"# the code as tree {tree} has it\nSTATE = {tree!r}\n")
         (workspace / "report").write_text(report(self.agent, tree, left))
         (workspace / "left").write_text(str(left))
-        return Reply(ok=True, text=f"edited app.py (tree {tree})", usage=Usage(cost_micros=COST_MICROS))
+        text = f"found tree {found}; edited app.py (tree {tree})"
+        return Reply(ok=True, text=text, usage=Usage(cost_micros=COST_MICROS))
 
 
 def measure(home: str) -> list[dict[str, Any]]:
@@ -145,7 +172,7 @@ def measure(home: str) -> list[dict[str, Any]]:
     user = get_user_model().objects.create_user("stall-bench")
     rows = []
     for agent in AGENTS:
-        for policy, stale_after in POLICIES:
+        for policy, stale_after, rewind in POLICIES:
             settings.TETHER_STALL_ITERATIONS = stale_after
             instance = Instance.objects.create(
                 owner=user,
@@ -154,6 +181,7 @@ def measure(home: str) -> list[dict[str, Any]]:
                 max_iterations=MAX_ITERATIONS,
                 workspace=str(Path(home) / "workspaces" / f"{agent.name}-{policy}"),
                 checks=[{"name": "tests", "command": CHECK, "required": True}],
+                rewind_on_stall=rewind,
             )
             run = services.run_start(instance=instance, user=user, objective="make the tests pass")
             lease = runner.claim(run.pk, 1, "stall-bench")
@@ -186,28 +214,28 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     by = {(r["agent"], r["policy"]): r for r in rows}
     lines = [
-        f"\nStuck loops: classic policy vs the policy that sees progress (K=3), {len(AGENTS)} scripted agents, "
-        f"cap {MAX_ITERATIONS} iterations, $0.02 per act",
-        f"{'agent':18} {'kind':22} {'right':6} | {'classic':28} | {'sees progress':28}",
+        f"\nStuck loops: classic policy vs the policy that sees progress (K=3), without and with rewind_on_stall, "
+        f"{len(AGENTS)} scripted agents, cap {MAX_ITERATIONS} iterations, $0.02 per act",
+        f"{'agent':18} {'kind':22} {'right':6} | {'classic':28} | {'sees progress':28} | {'sees progress, rewinds':28}",
     ]
     for agent in AGENTS:
         cells = []
-        for policy, _ in POLICIES:
+        for policy, _, _ in POLICIES:
             r = by[(agent.name, policy)]
             mark = "ok" if r["right"] else "WRONG"
             cells.append(
                 f"{r['outcome']:15} {r['iterations']:>2} {format_usd(r['spent_micros']):>7} {mark:5}"
             )
-        lines.append(f"{agent.name:18} {agent.kind:22} {agent.right:6} | {cells[0]:28} | {cells[1]:28}")
+        lines.append(f"{agent.name:18} {agent.kind:22} {agent.right:6} | " + " | ".join(f"{c:28}" for c in cells))
     for group in ("stuck", "done"):
         sums = []
-        for policy, _ in POLICIES:
+        for policy, _, _ in POLICIES:
             chosen = [by[(a.name, policy)] for a in AGENTS if a.right == group]
             right = sum(r["right"] for r in chosen)
             sums.append(
                 f"{right}/{len(chosen)} right, {format_usd(sum(r['spent_micros'] for r in chosen)):>7} spent"
             )
-        lines.append(f"{'total, ' + group:48} | {sums[0]:28} | {sums[1]:28}")
+        lines.append(f"{'total, ' + group:48} | " + " | ".join(f"{s:28}" for s in sums))
     return "\n".join(lines)
 
 

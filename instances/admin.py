@@ -170,6 +170,7 @@ class InstanceAdmin(AuditedAdmin, admin.ModelAdmin):
         ),
         ("Command brain and checks", {"fields": ["command", "env", "checks", "protected_paths", "protect_defaults", "network"]}),
         ("Grading", {"fields": ["judge_rubric", "judge_model", "judge_pass_threshold", "response_schema"]}),
+        ("Stall handling", {"fields": ["rewind_on_stall"]}),
     ]
     # Every setting is checked against the user's capabilities (the safe ones pass), so a new field
     # needs run_programs until `capabilities.SAFE_OVERRIDES` says otherwise.

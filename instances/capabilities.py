@@ -44,7 +44,9 @@ SAFE_OVERRIDES = frozenset(
     {"name", "model", "max_iterations", "objective_max_chars", "max_tool_turns", "max_output_tokens",
      "credential", "credential_id", "workspace", "mcp_servers",
      # How a done is graded: a rubric and a response schema run no program (a judge's model is priced).
-     "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema"}
+     "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema",
+     # Going back to the run's own best snapshot when it stalls: it runs nothing and reaches no further.
+     "rewind_on_stall"}
 )
 SYSTEM_DIRS = tuple(
     Path(p) for p in ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/opt", "/proc", "/root",

@@ -112,6 +112,13 @@ class AgentConfig(models.Model):
     response_schema = models.JSONField(
         null=True, blank=True, help_text="a JSON Schema the final answer (parsed as JSON) must satisfy"
     )
+    # Stall handling (`loops.policy`): between the nudge and the escalation, go back once to the
+    # workspace as the run's best iteration left it and ask for another approach.
+    rewind_on_stall = models.BooleanField(
+        default=False,
+        help_text="when progress stalls after a nudge, restore the workspace once to its best iteration's snapshot "
+        "and ask for a different approach",
+    )
 
     class Meta:
         abstract = True

@@ -295,6 +295,8 @@ class InstanceChange(Body):
     judge_model: text(max_length=limits.NAME_MAX_CHARS, description="the judge's model (it must have a price); empty: the agent's") | None = None  # type: ignore[valid-type]
     judge_pass_threshold: whole(0, 100, between=True, description="the judge's score (0-100) a pass needs; 0: its verdict alone") | None = None  # type: ignore[valid-type]
     response_schema: ResponseSchema | None = None
+    # Stall handling: a person without run_programs may set it too (`capabilities.SAFE_OVERRIDES`).
+    rewind_on_stall: flag(description="when progress stalls after a nudge, restore the workspace once to its best iteration's snapshot and ask for a different approach") | None = None  # type: ignore[valid-type]
 
 
 class InstanceIn(InstanceChange):
@@ -364,6 +366,7 @@ class Instance(Schema):
     judge_model: str
     judge_pass_threshold: int | None
     response_schema: dict[str, Any] | None
+    rewind_on_stall: bool
     created_at: str
     archived_at: str | None
 
@@ -403,6 +406,7 @@ class Template(Schema):
     judge_model: str
     judge_pass_threshold: int | None
     response_schema: dict[str, Any] | None
+    rewind_on_stall: bool
     usable: bool = Field(description="an instance made from it as it is would be kept (its models have prices)")
 
 

@@ -81,6 +81,7 @@ SCHEMA: dict[str, Any] = {
         "judge_model": {"type": "string"},
         "judge_pass_threshold": {"type": "integer", "minimum": 0, "maximum": 100},
         "response_schema": {"type": "object"},
+        "rewind_on_stall": {"type": "boolean"},
     },
 }
 

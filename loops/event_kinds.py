@@ -306,6 +306,17 @@ def _rolled_back(d: Mapping[str, Any], ctx: Context) -> Title:
                  "warn" if missed else "")
 
 
+def _rewound(d: Mapping[str, Any], ctx: Context) -> Title:
+    to = d.get("to") or "?"
+    if d.get("refused"):
+        return Title(f"Not rewound to iteration {to} after a stall", str(d["refused"]), "warn")
+    changed = sum(_int(d.get(k)) or 0 for k in ("added", "modified", "deleted"))
+    return Title(
+        f"Progress stalled: the workspace was rewound to iteration {to}, its best",
+        f"{_plural(changed, 'path')} restored; undo: {d.get('undo') or '?'}", "warn",
+    )
+
+
 def _simple(text: str, tone: str = "") -> Callable[[Mapping[str, Any], Context], Title]:
     return lambda d, ctx: Title(text.format(**{k: v for k, v in d.items() if isinstance(v, (str, int))}), tone=tone)
 
@@ -332,6 +343,8 @@ KINDS: dict[str, Kind] = {
         Kind("grade.role", "a composition's checking role judged a claimed done", _role, iteration=True,
              body="reason"),
         Kind("decision.made", "the decider's verdict on the iteration", _decision, iteration=True, body="reason"),
+        Kind("stall.rewound", "progress stalled after a nudge: the workspace went back to its best iteration's "
+             "snapshot (the instance's rewind_on_stall), or why it could not", _rewound, iteration=True),
         Kind("iteration.finished", "an iteration ended: its cost and duration", _iteration_finished,
              iteration=True, body="cost"),
         Kind("run.delegating", "the act asked for child runs; the run waits for them", _delegating,
@@ -356,7 +369,8 @@ KINDS: dict[str, Kind] = {
         Kind("run.released", "the run's worker stopped cleanly and handed the run back to the queue at once",
              _simple("Its worker stopped; the run was handed back to the queue", "quiet")),
         Kind("run.finished", "the run ended with an outcome", _finished, body="finished"),
-        Kind("workspace.rolled_back", "a person rolled the run's workspace back to one of its snapshots",
+        Kind("workspace.rolled_back", "a person (or the run itself, rewound after a stall) rolled the run's "
+             "workspace back to one of its snapshots",
              _rolled_back, body="rollback"),
     ]
 }

@@ -14,7 +14,9 @@ Stored in `Run.history` (JSON); read with `Memory.of(run.history)` and written b
   waited (asked a person, needed an approval, delegated) or whose checks measured nothing; what
   the policy's stall rules (no better count for K iterations, a workspace back where it was) and
   its forecast look at;
-- `stall`: (stage, iteration) of the last stall handling the policy took (a nudge, an escalation);
+- `stall`: (stage, iteration) of the last stall handling the policy took (a nudge, a rewind, an
+  escalation); the brief of an iteration after which the workspace was rewound names the iteration
+  it went back to (`rewound_to`);
 - `failed_acts`: how many acts in a row have failed;
 - `snapshot`: the last `SNAPSHOT_KEPT` iterations in brief, handed to the next act and to the
   decider (and carried into a continued run, see `continuation.carried_history`). An iteration
@@ -137,6 +139,7 @@ class Memory:
         self, *, instruction: str, fingerprint: str, signature: str, act_ok: bool, response: str,
         checks: Mapping[str, bool], verdict: str, number: int, pending: Sequence[Mapping[str, Any]] = (),
         delegation: str = "", refused: Sequence[str] = (), progress: int | None = None, stall: int = 0,
+        rewound_to: int = 0,
     ) -> Memory:
         """The memory once iteration `number` is recorded: approvals handed to it are spent."""
         brief: dict[str, Any] = {
@@ -150,6 +153,8 @@ class Memory:
             brief["delegated"] = delegated
         if refused:
             brief["refused"] = list(refused)
+        if rewound_to:
+            brief["rewound_to"] = rewound_to
         # Legitimate waiting is never counted as stuck: an iteration that asked a person, needed an
         # approval or delegated records no progress (a slow check's timeout records none already).
         waiting = verdict == "escalate" or bool(pending) or bool(delegation)

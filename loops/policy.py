@@ -21,9 +21,13 @@ classic policy above and nothing more): the checks' own count of what is left to
 (`loops.progress`, recorded per iteration in `State.track`) that has not improved for K measured
 iterations, or a workspace back where an earlier iteration left it (A → B → A: the same workspace
 fingerprint with another between), is a stall, handled in stages (`stalled`): first a nudge (the
-next instruction says what repeats and asks for another approach), then an escalation to a person
-with a one-line diagnosis and the `forecast`, then a stop `no_progress` (each stage after K more
-iterations without a better count, or another return). A better count starts over. An iteration
+next instruction says what repeats and asks for another approach); then, when the instance asks for
+it (`State.rewind`, its `rewind_on_stall`), a rewind: the workspace goes back to the snapshot of the
+best iteration (the best count, the earliest on ties; `Continue.rewind_to`, which the runner has the
+rollback's owner restore) and the next instruction says so and asks for a different approach; then
+an escalation to a person with a one-line diagnosis and the `forecast`, then a stop `no_progress`
+(each stage after K more iterations without a better count, or another return). A better count
+starts over: a new stall episode may be nudged and rewound again, once each. An iteration
 that waited (a question, an approval, children) or whose check timed out measures nothing and is
 never counted.
 
@@ -57,10 +61,14 @@ KEPT = max(REPEAT_WINDOW + 1, UNCHANGED_ITERATIONS, REFUSALS_IN_A_ROW)
 # unchanged workspace and the iteration limit still bound such a run.
 GENERIC_INSTRUCTION = "Continue working on the objective."
 
-# The stages of stall handling (`State.stall`, `Continue.stall`, `Stop.stall`), in order.
+# The stages of stall handling (`State.stall`, `Continue.stall`, `Stop.stall`), in the order of
+# `STALL_ORDER`: the rewind, optional, comes between the nudge and the escalation (numbered last, so a
+# stage a run's memory stored before it existed keeps its meaning).
 STALL_NUDGE = 1
 STALL_ESCALATE = 2
 STALL_STOP = 3
+STALL_REWIND = 4
+STALL_ORDER = (STALL_NUDGE, STALL_REWIND, STALL_ESCALATE, STALL_STOP)
 FORECAST_WINDOW = 6  # measured iterations the forecast's rate is taken over
 
 
@@ -106,6 +114,8 @@ class State:
     track: tuple[tuple[int, int | None, str], ...] = ()
     stall: tuple[int, int] = (0, 0)  # (stage, iteration) of the last stall handling taken
     stale_after: int = 0  # K: measured iterations without a better count that are a stall; 0: not seen
+    rewind: bool = False  # the instance's `rewind_on_stall`: a stall after a nudge goes back to the best iteration
+    rewind_refused: str = ""  # why the rewind this iteration asked for could not be made ("": none was refused)
     spent_micros: int = 0  # the run's spend before this iteration, for the forecast
     max_cost_micros: int | None = None  # the run's own cap, if any
 
@@ -115,7 +125,8 @@ class Continue:
     """Run another iteration with this instruction."""
 
     instruction: str
-    stall: int = 0  # the stall stage this step takes (STALL_NUDGE), 0 for none
+    stall: int = 0  # the stall stage this step takes (STALL_NUDGE, STALL_REWIND), 0 for none
+    rewind_to: int = 0  # with STALL_REWIND: the iteration whose snapshot the workspace goes back to first
 
 
 @dataclass(frozen=True)
@@ -336,23 +347,48 @@ def stalled(state: State, instruction: str = "") -> tuple[str, int]:
     return "; ".join(reasons), stage
 
 
+def _rank(stage: int) -> int:
+    """Where `stage` comes in `STALL_ORDER` (0: none taken; a stage not known counts as the last)."""
+    if stage <= 0:
+        return 0
+    return STALL_ORDER.index(stage) + 1 if stage in STALL_ORDER else len(STALL_ORDER)
+
+
+def rewind_target(track: Sequence[tuple[int, int | None, str]]) -> tuple[int, int] | None:
+    """(iteration, count) a stalled run rewinds to: its best count, where it was first reached; None if none."""
+    return _low(track)
+
+
 def _stall_step(state: State, instruction: str) -> Continue | Stop | None:
-    """The stall handling this iteration takes: a nudge, then an escalation, then a stop; None when not stalled."""
+    """The stall handling this iteration takes: a nudge, a rewind (when asked for), an escalation, a stop; None when not stalled."""
     why, stage = stalled(state, instruction)
     if not why:
         return None
-    if stage < STALL_NUDGE:
+    if _rank(stage) < _rank(STALL_NUDGE):
         return Continue(
             f"Progress has stalled: {why}. What you are doing repeats without moving the checks: do not make the "
             "same change again; step back and try a different approach.\n\n" + instruction,
             stall=STALL_NUDGE,
         )
-    if stage < STALL_ESCALATE:
-        return Stop(
-            "escalated",
-            f"stuck: {why}, after a nudge in iteration {state.stall[1]} to try another approach; forecast: {forecast_of(state)}",
-            stall=STALL_ESCALATE,
+    best = rewind_target(state.track)
+    if _rank(stage) < _rank(STALL_REWIND) and state.rewind and not state.rewind_refused and best is not None:
+        number, count = best
+        return Continue(
+            f"The workspace was rewound: progress stalled ({why}) after a nudge, so the workspace was restored to "
+            f"the state iteration {number} left it in, the best so far ({count} left by the checks' count). What "
+            f"iterations {number + 1}–{state.iteration} changed is undone. Do not make those changes again: take a "
+            "different approach from this state, and run the checks to see where it stands.",
+            stall=STALL_REWIND,
+            rewind_to=number,
         )
+    if _rank(stage) < _rank(STALL_ESCALATE):
+        if stage == STALL_REWIND:
+            after = f"after a nudge and a rewind in iteration {state.stall[1]} to its best iteration's workspace"
+        else:
+            after = f"after a nudge in iteration {state.stall[1]} to try another approach"
+            if state.rewind_refused:
+                after += f"; it was not rewound to its best iteration: {state.rewind_refused}"
+        return Stop("escalated", f"stuck: {why}, {after}; forecast: {forecast_of(state)}", stall=STALL_ESCALATE)
     return Stop(
         "no_progress",
         f"no progress: {why}, after a nudge and an escalation to a person (iteration {state.stall[1]})",

@@ -18,7 +18,7 @@ import logging
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -719,7 +719,26 @@ def _judged(lease: Lease, begun: Begun, reply: Reply, meter: metering.RunMeter) 
             extra.append(report.as_event(begun.number))
         grades = [report.assessment for report in reports]
         step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
+    if isinstance(step, policy.Continue) and step.stall == policy.STALL_REWIND:
+        refused, rewound = _rewind(lease, begun, step.rewind_to)
+        extra.append(rewound)
+        if refused:  # not rewound: the stall handling goes on to its next stage
+            step = policy.next_step(replace(state, rewind_refused=refused), decision, checks, protected_changed=changed)
     return Ended(reply, decision, step, checks, fingerprint, decider_usage, extra, changed)
+
+
+def _rewind(lease: Lease, begun: Begun, to: int) -> tuple[str, tuple[str, dict[str, Any]]]:
+    """Have the workspace go back to the state iteration `to` left it in (a stall's rewind): (why not, its event).
+
+    The rollback's owner does it, asked through `signals.rewind_requested` under this driver's lease.
+    """
+    data: dict[str, Any] = {"iteration": begun.number, "to": to}
+    sent = signals.rewind_requested.send(sender=Run, run=begun.run, token=lease.token, to=to, iteration=begun.number)
+    answer = next((dict(a) for _, a in sent if a is not None), {"refused": "no snapshots of the workspace are kept"})
+    if "rewound" not in answer:
+        refused = str(answer.get("refused") or "it was refused")[:500]
+        return refused, ("stall.rewound", {**data, "refused": refused})
+    return "", ("stall.rewound", {**data, **dict(answer["rewound"])})
 
 
 def _decide(
@@ -762,7 +781,7 @@ def _state_after(
         delegations=memory.recent_delegations(""),
         refusals=memory.recent_refusals(refusals_of(reply)),
         track=memory.recent_track(begun.number, progress.total(c.progress for c in checks), fingerprint),
-        stall=memory.stall, stale_after=settings.TETHER_STALL_ITERATIONS,
+        stall=memory.stall, stale_after=settings.TETHER_STALL_ITERATIONS, rewind=run.instance.rewind_on_stall,
         spent_micros=run.spent_micros, max_cost_micros=run.max_cost_micros,
     )
 
@@ -1041,6 +1060,7 @@ def _record(lease: Lease, begun: Begun, ended: Ended, fuse_until: float | None =
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
         delegation=ended.delegation_key, refused=refusals_of(reply),
         progress=progress.total(c.progress for c in checks), stall=step.stall,
+        rewound_to=step.rewind_to if isinstance(step, policy.Continue) else 0,
     )
     fields = _recorded_fields(begun, step, decision, delegated, now) | {
         "next_iteration": number + 1, "spent_micros": F("spent_micros") + cost, "history": memory.as_json(), "attempt": 1,

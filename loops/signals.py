@@ -14,6 +14,11 @@ Sent by `loops.runner` with `sender=Run`:
 - `attempt_lost(run, iteration)` — asked outside any transaction when an attempt of `iteration`
   died: a receiver returns what the workspace changed since the iteration began,
   `{"changed": [{"path", "change"}, ...], "more": n}` or `{"unknown": why}`.
+- `rewind_requested(run, token, to, iteration)` — asked in the worker, outside any transaction, when
+  the stall handling of iteration `iteration` rewinds (`loops.policy.STALL_REWIND`, the instance's
+  `rewind_on_stall`): a receiver restores the workspace to the state iteration `to` left it in, for
+  the run driven under lease `token`, and returns `{"rewound": {...what it did}}` or
+  `{"refused": why}`. The policy, never the agent, chose `to`.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ done_proposed = Signal()
 run_finished = Signal()
 iteration_starting = Signal()
 attempt_lost = Signal()
+rewind_requested = Signal()
 
 
 @dataclass(frozen=True)

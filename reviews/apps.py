@@ -23,6 +23,8 @@ class ReviewsConfig(AppConfig):
         # ... and when an iteration begins, and what a lost attempt of it changed.
         loop_signals.iteration_starting.connect(_mark_iteration, sender=Run, dispatch_uid="reviews.iteration")
         loop_signals.attempt_lost.connect(_lost_changes, sender=Run, dispatch_uid="reviews.attempt_lost")
+        # ... and when its stall handling rewinds the workspace: the rollback's owner restores it.
+        loop_signals.rewind_requested.connect(_rewind, sender=Run, dispatch_uid="reviews.rewind")
 
 
 def _snapshot_start(sender, run, **kwargs) -> None:
@@ -45,6 +47,23 @@ def _lost_changes(sender, run, iteration, **kwargs):
     from reviews import snapshots
 
     return snapshots.changed_since_iteration(run, iteration)
+
+
+def _rewind(sender, run, token, to, iteration, **kwargs):
+    # The run itself, under its own lease, back to the state its iteration `to` left the workspace in.
+    from loops.services import Refused
+    from reviews import rollback
+
+    try:
+        done = rollback.rewind(run=run, token=token, to=to, stall=iteration)
+    except Refused as exc:
+        return {"refused": exc.message}
+    return {
+        "rewound": {
+            "label": done.point.label, "undo": done.undo, "exact": done.exact, "added": len(done.added),
+            "modified": len(done.modified), "deleted": len(done.deleted), "not_restored": done.not_restored[:20],
+        }
+    }
 
 
 def _run_finished(sender, run_id, **kwargs) -> None:

@@ -18,6 +18,14 @@ sockets — is left as it is and named in the answer (`kept`), and a path the re
 write without touching such an entry is named too (`not_restored`). `plan(run, to)` answers the
 same without changing anything, for the confirmation a person sees first.
 
+`rewind(run=, token=, to=)` is the one narrow way a live run is rolled back: by the run itself,
+when its stall handling reaches the rewind its instance asked for (`rewind_on_stall`, see
+`loops.policy`), to the state one of its own iterations left the workspace in, under the lease
+`token` its driver holds — never by an agent's tool call, never to a point the agent names, and
+refused, as any rollback is, while any other run on the workspace is live. The loop asks for it
+through `loops.signals.rewind_requested` (it does not import this app); everything else — the undo
+point, the writes, the record — is the rollback's own.
+
 Writes go through the workspace held open (`instances.pinned`): each entry is written under a
 fresh name in its directory, opened one component at a time without following a link, and
 renamed over the old one; removals unlink the entry itself. A symlink the agent left (to
@@ -171,16 +179,13 @@ def same_workspace(run: Run) -> list[int]:
     ]
 
 
-def live_run(run: Run) -> Run | None:
-    """A run on this run's workspace that has not finished (the oldest), or None."""
-    found: Run | None = (
-        Run.objects.filter(instance_id__in=same_workspace(run))
-        .exclude(status=Run.Status.FINISHED)
-        .select_related("instance")
-        .order_by("pk")
-        .first()
-    )
-    return found
+def live_run(run: Run, *, besides: int | None = None) -> Run | None:
+    """A run on this run's workspace that has not finished (the oldest, other than run `besides`), or None."""
+    found = Run.objects.filter(instance_id__in=same_workspace(run)).exclude(status=Run.Status.FINISHED)
+    if besides is not None:
+        found = found.exclude(pk=besides)
+    oldest: Run | None = found.select_related("instance").order_by("pk").first()
+    return oldest
 
 
 def _verified(run: Run) -> Point | None:
@@ -380,8 +385,15 @@ def wait_for_rollback(run: Run) -> None:
     os.close(fd)
 
 
-def _refuse_if_live(run: Run) -> None:
-    found = live_run(run)
+def _refuse_if_live(run: Run, token: str | None = None) -> None:
+    """Refused (409) while a run on the workspace is live.
+
+    With `token` (a rewind), `run` must be running under that lease this moment, and is itself not counted.
+    """
+    if token is not None:
+        if not token or not Run.objects.filter(pk=run.pk, status=Run.Status.RUNNING, lease_token=token).exists():
+            raise Refused(f"run {run.pk} is not running under that lease: only a run's own driver rewinds it", 409)
+    found = live_run(run, besides=run.pk if token is not None else None)
     if found is not None:
         which = "this run" if found.pk == run.pk else f"run {found.pk}"
         raise Refused(
@@ -440,9 +452,33 @@ def plan(*, run: Run, to: Any) -> Outcome:
 
 def rollback(*, run: Run, user: Any, to: Any, via: str = "api", request: Any = None) -> Outcome:
     """Restore the run's workspace to the point `to`, after snapshotting it as it is (the undo point)."""
-    point = resolve(run, to)
+    return _restore(run, resolve(run, to), user=user, by=user.get_username(), via=via, request=request)
+
+
+def rewind(*, run: Run, token: str, to: int, stall: int) -> Outcome:
+    """Restore the workspace of `run`, live under lease `token`, to the state its iteration `to` left it in.
+
+    Asked by the run itself when its stall handling in iteration `stall` rewinds (see the module's
+    doc); as a rollback does, it snapshots the workspace first (the undo point) and refuses
+    (`Refused`, 409) while another run on the workspace is live — and unless `run` is running under
+    `token` this very moment.
+    """
+    if not isinstance(to, int) or isinstance(to, bool) or not 0 < to < stall:
+        raise Refused(f"a stalled run rewinds to one of its earlier iterations, not {to!r}")
+    point = resolve(run, f"iteration-{to}")
+    if point.run_id != run.pk:
+        raise Refused(f"a stalled run rewinds to a snapshot of its own, not run {point.run_id}'s", 409)
+    return _restore(
+        run, point, user=None, by=f"run {run.pk} itself, stalled in iteration {stall}", via="system", token=token
+    )
+
+
+def _restore(
+    run: Run, point: Point, *, user: Any, by: str, via: str, request: Any = None, token: str | None = None
+) -> Outcome:
+    """What `rollback` and `rewind` do: refuse while a run is live, snapshot the workspace, restore `point`, record it."""
     with _exclusive(Path(run.instance.workspace_path())):
-        _refuse_if_live(run)
+        _refuse_if_live(run, token)
         current_tree = _current(run)
         current, target, outcome = _compare(point, current_tree, run)
         ours = _stored(run.pk)
@@ -460,7 +496,7 @@ def rollback(*, run: Run, user: Any, to: Any, via: str = "api", request: Any = N
         after, _ = snapshots.capture(run)
         outcome.exact = after == point.tree  # a tree's id is its content's, in any run's shadow directory
         outcome.done = True
-        _record(run, user, outcome, via, request)
+        _record(run, user, by, outcome, via, request)
     return outcome
 
 
@@ -510,12 +546,12 @@ def _apply(
     outcome.deleted = [p for p in outcome.deleted if p in gone]
 
 
-def _record(run: Run, user: Any, outcome: Outcome, via: str, request: Any) -> None:
+def _record(run: Run, user: Any, by: str, outcome: Outcome, via: str, request: Any) -> None:
     said = outcome.as_json()
     data = {
         "to": outcome.point.to,
         "label": outcome.point.label,
-        "by": user.get_username(),
+        "by": by,
         "via": via,
         "undo": outcome.undo,
         "exact": outcome.exact,

@@ -192,6 +192,10 @@ def view(kind, data, stopped_by=None):
         ("decision.made", {"iteration": 1, "verdict": "failed", "reason": "stopped mid-act"}, "Stopped by bo (the act was cut short)"),
         ("run.finished", {"outcome": "cancelled"}, "Stopped by bo"),
         ("run.finished", {"outcome": "no_progress"}, "Finished: no progress"),
+        ("stall.rewound", {"iteration": 8, "to": 2, "undo": "rollback-1", "added": 0, "modified": 3, "deleted": 1},
+         "Progress stalled: the workspace was rewound to iteration 2, its best (4 paths restored; undo: rollback-1)"),
+        ("stall.rewound", {"iteration": 8, "to": 2, "refused": "run 9 (x) is running on this workspace"},
+         "Not rewound to iteration 2 after a stall (run 9 (x) is running on this workspace)"),
     ],
 )
 def test_each_kind_has_a_human_title(kind, data, title):

@@ -5,8 +5,10 @@ iteration's check prints pytest's summary, its workspace is a tree label, and th
 policy gives is the next iteration's. `stale_after=0` is the classic policy, for comparison.
 """
 
+from dataclasses import replace
+
 from loops import policy, progress
-from loops.decision import from_checks
+from loops.decision import Decision, from_checks
 from loops.memory import Memory
 from loops.policy import Check, Continue, State, Stop
 
@@ -18,7 +20,7 @@ def output(tree, left):
     return f"{failing}\n{left} failed, 10 passed in 0.05s\n" if left else "10 passed in 0.05s\n"
 
 
-def simulate(steps, stale_after=K, max_iterations=30, waits=()):
+def simulate(steps, stale_after=K, max_iterations=30, waits=(), rewind=False):
     """Run `steps` ((tree, left) per iteration) until the policy stops; return [(iteration, step)].
 
     An iteration in `waits` asked a person (the decider escalated) and was answered at once.
@@ -41,6 +43,7 @@ def simulate(steps, stale_after=K, max_iterations=30, waits=()):
             track=memory.recent_track(number, measured, tree),
             stall=memory.stall,
             stale_after=stale_after,
+            rewind=rewind,
         )
         step = policy.next_step(state, decision, checks)
         memory = memory.after(
@@ -54,6 +57,7 @@ def simulate(steps, stale_after=K, max_iterations=30, waits=()):
             number=number,
             progress=measured,
             stall=step.stall,
+            rewound_to=step.rewind_to if isinstance(step, Continue) else 0,
         )
         taken.append((number, step))
         if number in waits and isinstance(step, Stop) and step.outcome == "escalated":
@@ -194,3 +198,74 @@ def test_the_forecast_says_whether_the_run_converges_before_its_caps():
 def test_an_unchanged_workspace_repeating_its_instruction_still_stops_at_once():
     # Nothing was edited and the checks say the same: the classic repeat rule stops it, as before.
     assert ending(simulate([("A", 5), ("A", 5), ("A", 5)])) == (2, "no_progress")
+
+
+# --- stage 2: the rewind to the best iteration (off unless the instance asks for it) -------------
+
+WORSE = [("w0", 5), ("w1", 3), *((f"w{i}", 4 + i) for i in range(2, 20))]  # its best is iteration 2's 3
+
+
+def rewound(taken):
+    return [(n, step.rewind_to) for n, step in taken if isinstance(step, Continue) and step.stall == policy.STALL_REWIND]
+
+
+def test_a_run_getting_worse_is_nudged_then_rewound_to_its_best_iteration_then_escalated():
+    taken = simulate(WORSE, rewind=True)
+    assert nudged(taken) == [5] and rewound(taken) == [(8, 2)]
+    said = dict(taken)[8].instruction
+    assert said.startswith("The workspace was rewound: progress stalled (the checks' count of what is left has not improved on 3")
+    assert "restored to the state iteration 2 left it in, the best so far (3 left" in said
+    assert "iterations 3–8 changed is undone" in said and "different approach" in said
+    number, step = taken[-1]  # once only: the next stall is handed to a person
+    assert (number, step.outcome, step.stall) == (11, "escalated", policy.STALL_ESCALATE)
+    assert "after a nudge and a rewind in iteration 8 to its best iteration's workspace" in step.detail
+
+
+def test_without_rewind_on_stall_nothing_is_rewound():
+    taken = simulate(WORSE)
+    assert rewound(taken) == [] and ending(taken) == (8, "escalated")
+    assert "after a nudge in iteration 5 to try another approach;" in taken[-1][1].detail
+
+
+def test_the_best_iteration_is_the_earliest_of_equal_counts_and_a_better_count_starts_a_new_episode():
+    ties = [("a", 4), ("b", 3), ("c", 3), ("d", 3), ("e", 3), ("f", 3), ("g", 3), ("h", 3), ("i", 3)]
+    assert rewound(simulate(ties, rewind=True)) == [(8, 2)]
+    # After the rewind it gets better (a new best, 1), then stalls again: a new episode, nudged and rewound again.
+    again = [*WORSE[:8], ("n9", 2), ("n10", 1), *((f"m{i}", 6) for i in range(11, 30))]
+    assert rewound(simulate(again, rewind=True)) == [(8, 2), (16, 10)]
+
+
+def test_a_refused_rewind_goes_on_to_the_escalation_and_says_why():
+    memory, track = (policy.STALL_NUDGE, 5), tuple((n, c, f"w{n}") for n, (_, c) in enumerate(WORSE[:8], 1))
+    state = State(iteration=8, max_iterations=30, act_ok=True, has_checks=True, track=track, stall=memory,
+                  stale_after=K, rewind=True)
+    checks = [Check("tests", True, False, output("w8", 11), progress=11)]
+    decision = from_checks(checks, act_ok=True, act_detail="")
+    assert policy.next_step(state, decision, checks).rewind_to == 2
+    step = policy.next_step(replace(state, rewind_refused="run 7 (x) is running on this workspace"), decision, checks)
+    assert isinstance(step, Stop) and (step.outcome, step.stall) == ("escalated", policy.STALL_ESCALATE)
+    assert "it was not rewound to its best iteration: run 7 (x) is running on this workspace" in step.detail
+
+
+def test_the_agent_cannot_ask_for_a_rewind_nor_choose_where_to():
+    # What the decider (which the agent's answer feeds) says carries no rewind: only the policy's stall
+    # stage does, and it goes to the best count's iteration whatever the instruction names.
+    asked = "Rewind the workspace to iteration 1 and roll back. The workspace was rewound: go on."
+    steps = [("a", 5), ("b", 4), ("c", 3)]
+    memory, given = Memory(), "make the tests pass"
+    for number, (tree, left) in enumerate(steps, 1):
+        checks = [Check("tests", True, False, output(tree, left), progress=left)]
+        state = State(iteration=number, max_iterations=30, act_ok=True, has_checks=True, stale_after=K, rewind=True,
+                      recent_instructions=memory.recent_instructions(given),
+                      track=memory.recent_track(number, left, tree), stall=memory.stall)
+        step = policy.next_step(state, Decision("continue", "", asked), checks)
+        assert isinstance(step, Continue) and (step.stall, step.rewind_to) == (0, 0)
+        memory = memory.after(instruction=given, fingerprint=tree, signature=tree, act_ok=True, response="",
+                              checks={}, verdict="continue", number=number, progress=left, stall=step.stall)
+        given = step.instruction
+    track = tuple((n, c, t) for n, (t, c) in enumerate(WORSE[:8], 1))
+    state = State(iteration=8, max_iterations=30, act_ok=True, has_checks=True, track=track,
+                  stall=(policy.STALL_NUDGE, 5), stale_after=K, rewind=True)
+    step = policy.next_step(state, Decision("continue", "", asked), [])
+    assert step.rewind_to == 2 and "iteration 1" not in step.instruction
+    assert not {"stall", "rewind_to"} & set(Decision.__dataclass_fields__)

@@ -7,6 +7,7 @@ sandbox) prints pytest's summary of what is left. `TETHER_STALL_ITERATIONS=0` is
 import pytest
 
 from bench.stall_bench import CHECK
+from loops import policy
 from loops.memory import Memory
 from loops.models import Event, Iteration, Run
 
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def scripted(settings, user, make_instance):
     settings.TETHER_BRAINS = {"scripted": "bench.stall_bench.ScriptedBrain"}
 
-    def build(agent, stale_after=3, max_iterations=12):
+    def build(agent, stale_after=3, max_iterations=12, **fields):
         settings.TETHER_STALL_ITERATIONS = stale_after
         return make_instance(
             user,
@@ -25,6 +26,7 @@ def scripted(settings, user, make_instance):
             brain="scripted",
             max_iterations=max_iterations,
             checks=[{"name": "tests", "command": CHECK, "required": True}],
+            **fields,
         )
 
     return build
@@ -99,3 +101,69 @@ def test_the_run_page_shows_the_progress_line_and_its_forecast_to_its_owner_only
     client.force_login(django_user_model.objects.create_user("mallory"))
     other = client.get(f"/runs/{run.pk}/")
     assert other.status_code == 404 and b"Left to fix" not in other.content
+
+
+# --- stage 2: the rewind to the best iteration (the instance's rewind_on_stall) -------------------
+
+
+def _tree(run, ref):
+    from reviews import snapshots
+
+    found = snapshots.repository(run.pk).references.get(f"refs/tether/{ref}")
+    return str(found.target) if found is not None else ""
+
+
+def test_a_run_that_makes_things_worse_is_rewound_to_its_best_iteration_and_recovers(scripted, start, drive):
+    # 5, 3 (its best, iteration 2), then worse and worse: nudged in 5, rewound in 8, then it recovers.
+    run = drive(start(scripted("worse-then-rewound", rewind_on_stall=True)))
+    assert (run.outcome, run.verified, run.iterations_done) == ("done", True, 10)
+    rewound = Event.objects.get(run=run, kind="stall.rewound").data
+    assert (rewound["iteration"], rewound["to"], rewound["exact"]) == (8, 2, True)
+    assert "refused" not in rewound
+    # The files on disk are the best iteration's: the next act found its tree, and the workspace as
+    # iteration 9 found it is the tree iteration 2 left (its snapshot), byte for byte.
+    assert Iteration.objects.get(run=run, number=9).response.startswith("found tree 'w1';")
+    assert _tree(run, "iteration-9") == _tree(run, "iteration-3") != ""
+    # ... and what the rewind replaced is kept: the rollback's undo point is what iteration 8 left.
+    assert rewound["undo"] == "rollback-1" and _tree(run, "rollback-1") not in ("", _tree(run, "iteration-3"))
+    instruction = Iteration.objects.get(run=run, number=9).instruction
+    assert instruction.startswith("The workspace was rewound:")
+    assert "restored to the state iteration 2 left it in" in instruction and "different approach" in instruction
+    assert Iteration.objects.get(run=run, number=6).instruction.startswith("Progress has stalled:")  # the nudge first
+    # Recorded: in the run's memory (the stall stage, and the brief of the iteration it followed) and
+    # as the rollback's own event and audit entry, by the run itself.
+    memory = Memory.of(run.history)
+    assert memory.stall == (policy.STALL_REWIND, 8)
+    assert [s.get("rewound_to") for s in memory.snapshot if s.get("iteration") == 8] == [2]
+    rolled = Event.objects.get(run=run, kind="workspace.rolled_back").data
+    assert (rolled["to"], rolled["via"], rolled["by"]) == ("iteration-2", "system", f"run {run.pk} itself, stalled in iteration 8")
+    from audit.models import AuditEntry
+
+    entry = AuditEntry.objects.get(action="workspace.rollback", run_ref=run.pk)
+    assert (entry.via, entry.user_id) == ("system", None)
+
+
+def test_a_run_still_stuck_after_its_rewind_is_escalated_once_rewound(scripted, start, drive):
+    run = drive(start(scripted("worse-stuck", rewind_on_stall=True, max_iterations=20)))
+    assert (run.status, run.iterations_done) == (Run.Status.WAITING, 11)
+    assert run.outcome_detail.startswith("stuck: the checks' count of what is left has not improved on 3 (iteration 2)")
+    assert "after a nudge and a rewind in iteration 8 to its best iteration's workspace" in run.outcome_detail
+    assert Event.objects.filter(run=run, kind="stall.rewound").count() == 1
+
+
+def test_without_rewind_on_stall_the_run_is_never_rewound(scripted, start, drive):
+    from instances.models import Instance
+
+    assert Instance().rewind_on_stall is False  # off by default
+    run = drive(start(scripted("worse-then-rewound")))
+    assert (run.status, run.iterations_done) == (Run.Status.WAITING, 8)
+    assert "after a nudge in iteration 5" in run.outcome_detail
+    assert not Event.objects.filter(run=run, kind__in=["stall.rewound", "workspace.rolled_back"]).exists()
+    assert Iteration.objects.get(run=run, number=8).response.startswith("found tree 'w6';")
+
+
+@pytest.mark.parametrize(("agent", "ends"), [("steady-plateaus", 21), ("regress-revert", 6)])
+def test_with_rewind_on_stall_a_steady_fixer_is_never_rewound_nor_stopped(scripted, start, drive, agent, ends):
+    run = drive(start(scripted(agent, max_iterations=30, rewind_on_stall=True)))
+    assert (run.outcome, run.verified, run.iterations_done) == ("done", True, ends)
+    assert not Event.objects.filter(run=run, kind__in=["stall.rewound", "workspace.rolled_back"]).exists()

@@ -282,3 +282,88 @@ def test_an_accepted_run_whose_work_a_rollback_undid_was_missed_in_review(coder,
     assert not kept.missed_in_review  # back to its end: the verified run's own work stays
     [row] = selectors.fleet_stats(user)
     assert (row.missed, row.accepted, row.rejected) == (1, 1, 1)
+
+
+# --- the rewind: the one way a live run is rolled back, by the run itself (loops.policy's stage 2) -------
+
+
+def _driving(coder, start, drive):
+    """A run of two iterations, made live again as its driver holds it: status running, lease "tok"."""
+    from loops.models import Run
+
+    run = drive(start(coder, objective="break calc.py", max_iterations=2))
+    assert run.iterations_done == 2
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, outcome="", lease_token="tok", lease_holder="w")
+    run.refresh_from_db()
+    return run
+
+
+def test_a_run_rewinds_itself_under_its_own_lease_and_the_rewind_can_be_undone(coder, start, drive, user):
+    run = _driving(coder, start, drive)
+    workspace = coder.workspace_path()
+    (workspace / "calc.py").write_text("changed after iteration 1\n")
+    done = rollback.rewind(run=run, token="tok", to=1, stall=2)
+    assert done.done and done.exact and done.undo == "rollback-1"
+    assert "a - b" in (workspace / "calc.py").read_text()
+    said = Event.objects.get(run=run, kind="workspace.rolled_back").data
+    assert (said["to"], said["via"], said["by"]) == ("iteration-1", "system", f"run {run.pk} itself, stalled in iteration 2")
+    audited = AuditEntry.objects.get(run_ref=run.pk, action="workspace.rollback")
+    assert (audited.via, audited.user_id, audited.owner_id) == ("system", None, user.pk)
+    # A person's rollback of the live run is refused as before; once it has finished, the undo point is there.
+    with pytest.raises(services.Refused) as refused:
+        rollback.rollback(run=run, user=user, to="rollback-1")
+    assert refused.value.status == 409 and f"run {run.pk}" in refused.value.message
+
+
+@pytest.mark.parametrize("token", ["", "not-its-lease", None])
+def test_a_rewind_without_the_runs_own_lease_is_refused(coder, start, drive, token):
+    run = _driving(coder, start, drive)
+    before = (coder.workspace_path() / "calc.py").read_text()
+    with pytest.raises(services.Refused) as refused:
+        rollback.rewind(run=run, token=token, to=1, stall=2)  # type: ignore[arg-type]
+    assert refused.value.status == 409
+    assert (coder.workspace_path() / "calc.py").read_text() == before
+    assert not AuditEntry.objects.filter(action="workspace.rollback").exists()
+
+
+def test_a_finished_run_is_never_rewound_even_with_its_old_lease(coder, start, drive):
+    from loops.models import Run
+
+    run = _driving(coder, start, drive)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FINISHED, outcome="max_iterations")
+    with pytest.raises(services.Refused) as refused:
+        rollback.rewind(run=run, token="tok", to=1, stall=2)
+    assert refused.value.status == 409 and "not running under that lease" in refused.value.message
+
+
+def test_a_rewind_is_refused_while_another_run_on_the_workspace_is_live(coder, start, drive, user, make_instance):
+    run = _driving(coder, start, drive)
+    sharer = make_instance(user, name="sharer", command=coder.command, workspace=str(coder.workspace_path()))
+    theirs = start(sharer, objective="share it")
+    before = (coder.workspace_path() / "calc.py").read_text()
+    with pytest.raises(services.Refused) as refused:
+        rollback.rewind(run=run, token="tok", to=1, stall=2)
+    assert refused.value.status == 409 and f"run {theirs.pk}" in refused.value.message
+    assert (coder.workspace_path() / "calc.py").read_text() == before
+
+
+@pytest.mark.parametrize("to", [0, 2, 3, True, "iteration-1", "verified", None])
+def test_a_rewind_goes_only_to_an_earlier_iteration_of_its_own(coder, start, drive, to):
+    run = _driving(coder, start, drive)
+    with pytest.raises(services.Refused) as refused:
+        rollback.rewind(run=run, token="tok", to=to, stall=2)
+    assert refused.value.status == 400
+    assert not Event.objects.filter(run=run, kind="workspace.rolled_back").exists()
+
+
+def test_the_api_takes_no_lease_to_rewind_a_live_run_with(coder, start, drive, user, client):
+    from web.auth import make_token
+
+    run = _driving(coder, start, drive)
+    url = f"/v1/instances/{coder.pk}/loop/{run.pk}/rollback"
+    headers = {"Authorization": f"Bearer {make_token(user)}"}
+    forged = client.post(url, {"to": "iteration-1", "token": "tok"}, content_type="application/json", headers=headers)
+    assert forged.status_code == 400
+    plain = client.post(url, {"to": "iteration-1"}, content_type="application/json", headers=headers)
+    assert plain.status_code == 409 and f"run {run.pk}" in plain.json()["error"]
+    assert not Event.objects.filter(run=run, kind="workspace.rolled_back").exists()

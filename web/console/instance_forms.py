@@ -161,6 +161,12 @@ class InstanceForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false"}),
         help_text='a JSON Schema the final answer must satisfy, like {"type": "object", "required": ["answer"]}; blank: none',
     )
+    # Stall handling (loops.policy): a safe field, it runs no program.
+    rewind_on_stall = forms.BooleanField(
+        required=False, label="Rewind to the best iteration when it stalls",
+        help_text="after a nudge, go back once to the workspace as its best iteration left it (an undoable rollback) "
+        "and ask for a different approach, before a person is asked",
+    )
     # The operator's fields (the run_programs capability).
     brain = forms.ChoiceField(
         choices=[(Instance.Brain.ANTHROPIC, "Claude (anthropic)"), (Instance.Brain.COMMAND, "a program (command)")]
@@ -210,7 +216,8 @@ class InstanceForm(forms.Form):
 
     SAFE = tuple(f for f in ("name", "model", "credential", "max_iterations", "objective_max_chars",
                              "max_tool_turns", "max_output_tokens", "workspace", "mcp_servers",
-                             "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema")
+                             "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema",
+                             "rewind_on_stall")
                  if f in capabilities.SAFE_OVERRIDES)
 
     # What only a Claude brain uses: hidden when the brain is a program (see console.css), and not
