@@ -11,9 +11,11 @@ same, and the spans that could not be sent are counted on /metrics.
 import gzip
 import socket
 import threading
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.utils import timezone
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -22,6 +24,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from instances.models import Credential
 from instances.templates_loader import create_instance
 from loops import runner, services
+from loops.models import Event, Run
 from tests.fakes.messages_server import text, tool_use
 from tests.instances.conftest import KEY
 from tests.instances.test_mcp_tools import TOKEN, mcp_agent, notes  # noqa: F401 - fixtures
@@ -274,6 +277,44 @@ def test_a_run_moved_to_another_worker_and_its_child_are_one_trace(receiver, use
     run_span = next(s for s in receiver.spans if s.name == f"run {run.pk}")
     iterations = [s for s in receiver.spans if s.name.startswith("iteration")]
     assert all(s.parent_span_id == run_span.span_id for s in iterations)
+
+
+def test_an_iteration_whose_worker_died_is_in_the_trace_as_lost(receiver, user, make_instance, script):
+    inst = make_instance(
+        user, command=script(AGENT), checks=[{"name": "two", "command": script(CHECK)}], max_iterations=3
+    )
+    run = services.run_start(instance=inst, user=user, objective="count to two")
+    lease = runner.claim(run.pk, run.next_iteration, "dying-worker")
+    begun = runner._begin(lease)  # iteration 1 begins: recorded, reserved
+
+    inside, never = threading.Event(), threading.Event()
+
+    def die_inside_the_span():  # the worker's iteration span opens and never ends while it is traced
+        with tracing.iteration(lambda: runner.trace_ids(begun.run), run.pk, begun.number, begun.run.attempt):
+            inside.set()
+            never.wait(120)
+
+    threading.Thread(target=die_inside_the_span, daemon=True).start()
+    assert inside.wait(30)
+    tracing.reset()  # the process is gone, with its open span
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    run = drive(run, holder="worker-2")  # takes the dead lease over: the attempt is recorded lost
+    assert (run.outcome, run.iterations_done) == ("done", 2), run.outcome_detail
+    assert tracing.flush()
+
+    assert len({span.trace_id for span in receiver.spans}) == 1
+    run_span = next(s for s in receiver.spans if s.name == f"run {run.pk}")
+    firsts = [s for s in receiver.spans if s.name == "iteration 1"]
+    assert len(firsts) == 2 and all(s.parent_span_id == run_span.span_id for s in firsts)
+    [lost] = [s for s in firsts if s.status.code == s.status.STATUS_CODE_ERROR]
+    assert lost.status.message == "worker lost"
+    assert attrs(lost)["tether.worker"] == "dying-worker" and attrs(lost)["tether.attempt"] == 1
+    began = Event.objects.get(run=run, kind="iteration.started", data__iteration=1, data__attempt=1).created_at
+    assert lost.start_time_unix_nano == int(began.timestamp() * 1_000_000_000)
+    assert lost.start_time_unix_nano <= lost.end_time_unix_nano
+    [retried] = [s for s in firsts if s is not lost]
+    assert lost.end_time_unix_nano <= retried.start_time_unix_nano
+    never.set()  # (its span ends now, in a tracer long shut down: nothing more is sent)
 
 
 def test_a_delegated_run_moved_across_a_restart_is_one_trace(
