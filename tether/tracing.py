@@ -13,12 +13,17 @@ of the run span wherever it runs; the run span itself is written once, when the 
 from its recorded start and end. A delegated run is in its root run's trace, its run span a
 child of its parent's. Under an iteration: `act`, `checks`, `decider`, `judge`, each model call
 (`gen_ai.*` attributes of the GenAI semantic conventions, and `tether.cost_usd`) and each tool call.
+A `command` agent's model calls, served by the metering gateway in another thread, are opened
+under the act's span taken where the act runs (`current`, `model_call_started`). An iteration
+whose worker died in it (its span died unended with the process) is written once its attempt is
+recorded lost (`iteration_lost`), from its recorded start, status error "worker lost".
 
 Prompt and completion text are never exported unless `TETHER_OTEL_CAPTURE_CONTENT` is on, and
-then they are redacted (`tether.redaction`) and bounded.
+then they are redacted (`tether.redaction`, with the caller's own secrets: `content`) and bounded.
 
-The callers (the runner, the brains) make thin calls: `iteration`, `span`, `model_call`,
-`run_finished`. Every one is a no-op, at the cost of one check, when tracing is off.
+The callers (the runner, the brains, the gateway) make thin calls: `iteration`, `span`,
+`model_call`, `model_call_started`, `iteration_lost`, `run_finished`. Every one is a no-op, at
+the cost of one check, when tracing is off. OpenTelemetry itself is imported only once tracing is on.
 """
 
 from __future__ import annotations
