@@ -238,7 +238,7 @@ def test_a_command_agent_s_gateway_calls_are_model_call_spans_of_its_act(
     assert KEY.encode() not in sent and b"tether-gateway-" not in sent
 
 
-def test_a_refused_gateway_call_is_an_error_span(receiver, user, make_instance, script, server, price):
+def test_a_refused_gateway_call_is_an_error_span_without_content_by_default(receiver, user, make_instance, script, server, price):
     credential = Credential.create_for(user, label="k", secret=KEY)
     inst = make_instance(
         user, brain="command", decider="checks", base_url=server.url, credential=credential, model=MODEL,
@@ -251,6 +251,7 @@ def test_a_refused_gateway_call_is_an_error_span(receiver, user, make_instance, 
     [call] = [s for s in receiver.spans if s.name == f"chat {MODEL}"]
     assert call.status.code == call.status.STATUS_CODE_ERROR and "529" in call.status.message
     assert attrs(call)["http.response.status_code"] == 529
+    assert "gen_ai.input.messages" not in attrs(call) and b"plain call" not in b"".join(receiver.bodies)  # content off
 
 
 AGENT = """
