@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import json
 import logging
 import os
 import shutil
@@ -41,6 +42,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,9 +269,9 @@ def checked_workspace(path: Path, *, instance_id: int | None = None) -> Path:
     if exposes:
         raise WorkspaceRefused(f"workspace {path} leads to {current}, which would expose Tether's own files; refused")
     if instance_id is not None:
-        from instances.validation import workspace_conflict
+        from instances import validation  # lazy: validation imports the tools, which import this module
 
-        if why := workspace_conflict(path, instance_id=instance_id):
+        if why := validation.workspace_conflict(path, instance_id=instance_id):
             raise WorkspaceRefused(f"{why}; refused")
     return current
 
@@ -301,6 +303,26 @@ def _prepare(
     launch: Launch, argv: list[str], spec: Spec, workspace: Path, uid: int | None, cwd: Path | None,
     _net: tuple[int, ...], passes_fds: bool,
 ) -> Launch:
+    """Fill `launch` in: what it holds open, then bubblewrap's namespaces, mounts and user, the limits."""
+    sources = _hold_sources(launch, spec, workspace, uid, passes_fds)
+    inner = cwd.resolve() if cwd is not None else workspace
+    args = _namespaces(uid, _net)
+    args += _mounts(spec, workspace, sources, passes_fds)
+    args += ["--chdir", str(inner), "--"]
+    if uid is None:
+        args.insert(1, "--disable-userns")  # no user namespace of its own inside (a kernel surface less)
+    else:
+        args += _as_instance_user(uid, inner)
+    launch.argv = [*_limits(uid), "--", *args, *argv]
+    if passes_fds:
+        launch.kwargs["pass_fds"] = tuple(held.fd for held in launch.held)
+    return launch
+
+
+def _hold_sources(launch: Launch, spec: Spec, workspace: Path, uid: int | None, passes_fds: bool) -> dict[str, str]:
+    """Hold the workspace and each bind's source open (the writable ones given to `uid`); return how
+    bubblewrap names each, by its path."""
+
     def hold(source: Path) -> str:
         """Hold `source` open (never through a link) for the sandbox; return how bubblewrap names it.
 
@@ -314,15 +336,17 @@ def _prepare(
         launch.held.append(held)
         return str(held.fd) if passes_fds else f"/proc/{os.getpid()}/fd/{held.fd}"
 
-    bind, ro_bind = ("--bind-fd", "--ro-bind-fd") if passes_fds else ("--bind", "--ro-bind")
     sources = {str(workspace): hold(workspace)}
     give_to(launch.held[0], uid)
     for extra in spec.binds:
         sources[str(extra.source)] = hold(extra.source.resolve())
         if extra.writable:
             give_to(launch.held[-1], uid)
-    inner = cwd.resolve() if cwd is not None else workspace
+    return sources
 
+
+def _namespaces(uid: int | None, _net: tuple[int, ...]) -> list[str]:
+    """Return bubblewrap and its namespaces (with egress: the descriptors slirp4netns sets it up by)."""
     if uid is None:
         # Not root: an unprivileged user namespace; the program keeps the server's uid outside it.
         args = ["bwrap", "--unshare-all", "--uid", "65534", "--gid", "65534"]
@@ -336,7 +360,12 @@ def _prepare(
         # Egress: the program waits (--block-fd) until slirp4netns has given its namespace a route out.
         info, block, resolv = _net
         args += ["--info-fd", str(info), "--block-fd", str(block), "--ro-bind-data", str(resolv), "/etc/resolv.conf"]
+    return args
 
+
+def _mounts(spec: Spec, workspace: Path, sources: dict[str, str], passes_fds: bool) -> list[str]:
+    """Return bubblewrap's mounts: the system read-only, a /tmp of its own, the bytecode, the binds."""
+    bind, ro_bind = ("--bind-fd", "--ro-bind-fd") if passes_fds else ("--bind", "--ro-bind")
     readonly = ["/usr"]
     readonly += [p for p in MERGED_USR if os.path.isdir(p) and not os.path.islink(p)]
     readonly += [p for p in ETC_FILES if os.path.exists(p)]
@@ -348,39 +377,52 @@ def _prepare(
     extra_ro = [(str(b.source), b.dest) for b in spec.binds if not b.writable]
     # /tmp is the program's own, and writable by it (sticky, as a system's /tmp is): bubblewrap
     # would make it 0755 and root's, which the instance's uid cannot write.
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(int(settings.TETHER_SANDBOX_TMP_MB) << 20),
-             "--perms", "1777", "--tmpfs", "/tmp"]
+    args = ["--proc", "/proc", "--dev", "/dev", "--size", str(int(settings.TETHER_SANDBOX_TMP_MB) << 20),
+            "--perms", "1777", "--tmpfs", "/tmp"]
     dests = readonly + [d for _, d in writable + extra_ro]
     args += _dirs_for(sorted(dests), {"/usr", "/proc", "/dev"})
     for path in readonly:
         args += ["--ro-bind", path, path]
-    # The interpreter's bytecode, compiled once by the server (instances.bytecode): read-only, under
-    # a cache directory the program can still write for its own modules.
-    if cached := bytecode.mounts():
-        args += ["--perms", "1777", "--dir", bytecode.PREFIX_SEEN]
-        below = {str(a) for _, dest in cached for a in Path(dest).parents
-                 if str(a).startswith(bytecode.PREFIX_SEEN + "/")}
-        # Writable and sticky like /tmp: the workspace's own bytecode may belong beside a mount (a
-        # workspace in the checkout that holds the virtualenv, as `make run` has them).
-        for name in sorted(below):
-            args += ["--perms", "1777", "--dir", name]
-        for source, dest in cached:
-            args += ["--ro-bind", source, dest]
+    args += _bytecode_mounts()
     args += _merged_usr_links()
     for source, dest in writable:
         args += [bind, sources[source], dest]
     for source, dest in extra_ro:
         args += [ro_bind, sources[source], dest]
-    args += ["--chdir", str(inner), "--"]
-    if uid is None:
-        args.insert(1, "--disable-userns")  # no user namespace of its own inside (a kernel surface less)
-    else:
-        args += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
-                 "--bounding-set=-all", "--pdeathsig=KILL", "--"]
-        # A user namespace of its own, mapping the instance's uid to itself, in which no other can
-        # be made: the program cannot `unshare -U` its way to a kernel surface root mode leaves open.
-        args += ["bwrap", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(uid),
-                 "--die-with-parent", "--dev-bind", "/", "/", "--chdir", str(inner), "--"]
+    return args
+
+
+def _bytecode_mounts() -> list[str]:
+    """The interpreter's bytecode, compiled once by the server (instances.bytecode): read-only, under
+    a cache directory the program can still write for its own modules."""
+    cached = bytecode.mounts()
+    if not cached:
+        return []
+    args = ["--perms", "1777", "--dir", bytecode.PREFIX_SEEN]
+    below = {str(a) for _, dest in cached for a in Path(dest).parents
+             if str(a).startswith(bytecode.PREFIX_SEEN + "/")}
+    # Writable and sticky like /tmp: the workspace's own bytecode may belong beside a mount (a
+    # workspace in the checkout that holds the virtualenv, as `make run` has them).
+    for name in sorted(below):
+        args += ["--perms", "1777", "--dir", name]
+    for source, dest in cached:
+        args += ["--ro-bind", source, dest]
+    return args
+
+
+def _as_instance_user(uid: int, inner: Path) -> list[str]:
+    """Return how root mode drops to the instance's uid, with no capabilities, in a user namespace of its own."""
+    args = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--pdeathsig=KILL", "--"]
+    # A user namespace of its own, mapping the instance's uid to itself, in which no other can
+    # be made: the program cannot `unshare -U` its way to a kernel surface root mode leaves open.
+    args += ["bwrap", "--unshare-user", "--disable-userns", "--uid", str(uid), "--gid", str(uid),
+             "--die-with-parent", "--dev-bind", "/", "/", "--chdir", str(inner), "--"]
+    return args
+
+
+def _limits(uid: int | None) -> list[str]:
+    """Return the resource limits the sandbox starts under (processes counted per uid: root mode only)."""
     limits = [
         "prlimit",
         f"--as={int(settings.TETHER_SANDBOX_MEMORY_MB) << 20}",
@@ -390,10 +432,7 @@ def _prepare(
     ]
     if uid is not None:
         limits.append(f"--nproc={int(settings.TETHER_SANDBOX_MAX_PROCESSES)}")
-    launch.argv = [*limits, "--", *args, *argv]
-    if passes_fds:
-        launch.kwargs["pass_fds"] = tuple(held.fd for held in launch.held)
-    return launch
+    return limits
 
 
 def spawn(argv: list[str], spec: Spec, *, cwd: Path | None = None, **popen_kwargs: Any) -> tuple[
@@ -550,8 +589,6 @@ def _await_block(pid: int, timeout: float = 5.0) -> None:
     slirp4netns configuring the namespace while bubblewrap still sets up its loopback makes
     bubblewrap fail, so the route out is added only once bubblewrap is done.
     """
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -565,8 +602,6 @@ def _await_block(pid: int, timeout: float = 5.0) -> None:
 
 def _child_pid(info: int) -> int:
     """Read the sandbox's child pid from bubblewrap's --info-fd (JSON)."""
-    import json
-
     data = b""
     while b"}" not in data:
         chunk = os.read(info, 4096)

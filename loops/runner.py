@@ -370,6 +370,11 @@ def record_lost_attempt(run: Run, worker: str, changes: dict[str, Any] | None) -
     data["tool_calls"] = journal.calls_of(run.pk, number)[:50]
     events.append(run.pk, "attempt.lost", data)
     log.warning("run %s: attempt %s of iteration %s was lost (worker %s)", run.pk, data["attempt"], number, worker)
+    if tracing.enabled():  # its span died with its worker: the trace gets it from the record
+        lost_at = datetime.fromisoformat(data["lost_at"])
+        transaction.on_commit(lambda: tracing.iteration_lost(
+            trace_ids(run), run.pk, number, data["attempt"], started=began_at, lost=lost_at, worker=worker
+        ))
     return closed
 
 

@@ -13,12 +13,17 @@ of the run span wherever it runs; the run span itself is written once, when the 
 from its recorded start and end. A delegated run is in its root run's trace, its run span a
 child of its parent's. Under an iteration: `act`, `checks`, `decider`, `judge`, each model call
 (`gen_ai.*` attributes of the GenAI semantic conventions, and `tether.cost_usd`) and each tool call.
+A `command` agent's model calls, served by the metering gateway in another thread, are opened
+under the act's span taken where the act runs (`current`, `model_call_started`). An iteration
+whose worker died in it (its span died unended with the process) is written once its attempt is
+recorded lost (`iteration_lost`), from its recorded start, status error "worker lost".
 
 Prompt and completion text are never exported unless `TETHER_OTEL_CAPTURE_CONTENT` is on, and
-then they are redacted (`tether.redaction`) and bounded.
+then they are redacted (`tether.redaction`, with the caller's own secrets: `content`) and bounded.
 
-The callers (the runner, the brains) make thin calls: `iteration`, `span`, `model_call`,
-`run_finished`. Every one is a no-op, at the cost of one check, when tracing is off.
+The callers (the runner, the brains, the gateway) make thin calls: `iteration`, `span`,
+`model_call`, `model_call_started`, `iteration_lost`, `run_finished`. Every one is a no-op, at
+the cost of one check, when tracing is off. OpenTelemetry itself is imported only once tracing is on.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.cache import caches
+
+from tether.redaction import redact
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +73,6 @@ def capture_content() -> bool:
 
 
 def _count_dropped(count: int) -> None:
-    from django.core.cache import caches
-
     try:
         cache = caches["workers"]
         cache.add(DROPPED_KEY, 0, timeout=None)
@@ -77,8 +83,6 @@ def _count_dropped(count: int) -> None:
 
 def dropped() -> int:
     """How many spans could not be exported (every process's, since the cache was last cleared)."""
-    from django.core.cache import caches
-
     try:
         return int(caches["workers"].get(DROPPED_KEY) or 0)
     except Exception:  # noqa: BLE001 - a metrics scrape reads what it can
@@ -86,13 +90,14 @@ def dropped() -> int:
 
 
 def _build() -> Any:
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter  # lazy: OTel only when tracing is on
+    from opentelemetry.sdk import resources  # lazy: OTel (~0.3 s) only when tracing is on
+    from opentelemetry.sdk import trace as sdk_trace  # lazy: OTel (~0.3 s) only when tracing is on
+    from opentelemetry.sdk.trace import export, id_generator  # lazy: OTel (~0.3 s) only when tracing is on
 
-    class Ids(RandomIdGenerator):
+    SpanExporter, SpanExportResult = export.SpanExporter, export.SpanExportResult
+
+    class Ids(id_generator.RandomIdGenerator):
         """Random ids, except where the run decides them (its trace, its run span)."""
 
         def generate_span_id(self) -> int:
@@ -122,7 +127,7 @@ def _build() -> Any:
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return bool(self.inner.force_flush(timeout_millis))
 
-    class Queue(BatchSpanProcessor):
+    class Queue(export.BatchSpanProcessor):
         """The batch processor, counting the spans its full queue turns away (or that end after shutdown).
 
         The SDK reports each such span to its processor metrics (`drop_items`); those are counted here too.
@@ -151,9 +156,9 @@ def _build() -> Any:
 
             batch._metrics = Metrics()
 
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE})
-    provider = TracerProvider(resource=resource, id_generator=Ids())
-    provider.add_span_processor(Queue(Counting(OTLPSpanExporter())))
+    resource = resources.Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE})
+    provider = sdk_trace.TracerProvider(resource=resource, id_generator=Ids())
+    provider.add_span_processor(Queue(Counting(trace_exporter.OTLPSpanExporter())))
     return provider
 
 
@@ -213,11 +218,11 @@ def run_ids(run_key_: str, root_key: str, parent_key: str | None) -> RunIds:
 
 
 def _remote(trace_id: int, span_id: int) -> Any:
-    from opentelemetry import trace
-    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+    from opentelemetry import trace  # lazy: OTel (~0.3 s) only when tracing is on
 
-    context = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-    return trace.set_span_in_context(NonRecordingSpan(context))
+    flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
+    context = trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
+    return trace.set_span_in_context(trace.NonRecordingSpan(context))
 
 
 def _ns(when: datetime | None) -> int | None:
@@ -242,9 +247,28 @@ class Span:
 
     def error(self, description: str) -> None:
         if self.span is not None:
-            from opentelemetry.trace import Status, StatusCode
+            from opentelemetry import trace  # lazy: OTel (~0.3 s) only when tracing is on
 
-            self.span.set_status(Status(StatusCode.ERROR, description[:300]))
+            self.span.set_status(trace.Status(trace.StatusCode.ERROR, description[:300]))
+
+    def end(self, when: datetime | None = None) -> None:
+        """End a span opened without a block (`model_call_started`, a lost iteration's)."""
+        if self.span is not None:
+            self.span.end(end_time=_ns(when))
+
+
+def current() -> Any:
+    """The current span's context, for spans another thread opens under it (None when tracing is off)."""
+    if tracer() is None:
+        return None
+    from opentelemetry import context  # lazy: OTel (~0.3 s) only when tracing is on
+
+    return context.get_current()
+
+
+def _iteration(number: int, run_id: int, attempt: int) -> tuple[str, dict[str, Any]]:
+    """An iteration span's name and attributes (its own, or a lost one's)."""
+    return f"iteration {number}", {"tether.run_id": run_id, "tether.iteration": number, "tether.attempt": attempt}
 
 
 @contextmanager
@@ -258,11 +282,30 @@ def iteration(run_ids_of: Callable[[], RunIds], run_id: int, number: int, attemp
         yield Span()
         return
     ids = run_ids_of()
-    attributes = {"tether.run_id": run_id, "tether.iteration": number, "tether.attempt": attempt}
+    name, attributes = _iteration(number, run_id, attempt)
     with found.start_as_current_span(
-        f"iteration {number}", context=_remote(ids.trace_id, ids.span_id), attributes=attributes
+        name, context=_remote(ids.trace_id, ids.span_id), attributes=attributes
     ) as span:
         yield Span(span)
+
+
+def iteration_lost(
+    ids: RunIds, run_id: int, number: int, attempt: int, *, started: datetime, lost: datetime, worker: str
+) -> None:
+    """Write the span of an iteration whose worker died in it (its own span died with that process).
+
+    From what was recorded: when it began, when its loss was found; under the run span, status error.
+    """
+    found = tracer()
+    if found is None:
+        return
+    name, attributes = _iteration(number, run_id, attempt)
+    opened = Span(
+        found.start_span(name, context=_remote(ids.trace_id, ids.span_id), start_time=_ns(started), attributes=attributes)
+    )
+    opened.set(tether__worker=worker, tether__lost=True)
+    opened.error("worker lost")
+    opened.end(lost)
 
 
 @contextmanager
@@ -278,26 +321,45 @@ def span(name: str, **attributes: Any) -> Iterator[Span]:
         yield wrapped
 
 
-def content(text: str) -> str | None:
-    """Prompt or completion text as a span may carry it: None unless allowed, then redacted and bounded."""
+def content(text: str, secrets: Sequence[str] = ()) -> str | None:
+    """Prompt or completion text as a span may carry it: None unless allowed, then redacted and bounded.
+
+    Redacted of the server's keys and of `secrets`: what the call's own session keeps out of its
+    texts (its key, its MCP servers' secrets, which no global list holds).
+    """
     if not capture_content():
         return None
-    from tether.redaction import redact
+    return redact(text, tuple(secrets))[:CONTENT_MAX_CHARS]
 
-    return redact(text)[:CONTENT_MAX_CHARS]
+
+def _model_call(system: str, model: str, operation: str) -> tuple[str, dict[str, Any]]:
+    """A model call span's name and the GenAI semantic conventions' request attributes."""
+    return f"{operation} {model}", {
+        "gen_ai__system": system,
+        "gen_ai__provider__name": system,
+        "gen_ai__operation__name": operation,
+        "gen_ai__request__model": model,
+    }
 
 
 @contextmanager
 def model_call(system: str, model: str, operation: str = "chat") -> Iterator[Span]:
-    """A model call's span with the GenAI semantic conventions' request attributes; the caller adds usage."""
-    with span(
-        f"{operation} {model}",
-        gen_ai__system=system,
-        gen_ai__provider__name=system,
-        gen_ai__operation__name=operation,
-        gen_ai__request__model=model,
-    ) as opened:
+    """A model call's span under the current one; the caller adds usage (`brains.base.trace_call`)."""
+    name, attributes = _model_call(system, model, operation)
+    with span(name, **attributes) as opened:
         yield opened
+
+
+def model_call_started(parent: Any, system: str, model: str, operation: str = "chat") -> Span:
+    """A model call's span under `parent` (`current()` where the act runs), for a call served in
+    another thread (the gateway's); the caller adds usage and ends it (`Span.end`)."""
+    found = tracer()
+    if found is None or parent is None:
+        return Span()
+    name, attributes = _model_call(system, model, operation)
+    opened = Span(found.start_span(name, context=parent))
+    opened.set(**attributes)
+    return opened
 
 
 def run_finished(
@@ -312,10 +374,10 @@ def run_finished(
     found = tracer()
     if found is None:
         return
-    from opentelemetry.context import Context
+    from opentelemetry import context as otel_context  # lazy: OTel (~0.3 s) only when tracing is on
 
     # Never the current context: a run finishes inside its last iteration's span.
-    context = _remote(ids.trace_id, ids.parent_span_id) if ids.parent_span_id else Context()
+    context = _remote(ids.trace_id, ids.parent_span_id) if ids.parent_span_id else otel_context.Context()
     span_token = _forced_span_id.set(ids.span_id)
     trace_token = _forced_trace_id.set(ids.trace_id)
     try:

@@ -73,6 +73,7 @@ from instances.brains.base import (
     Reply,
     Usage,
     check_delegate,
+    trace_call,
 )
 from instances.pinned import Pinned
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
@@ -512,7 +513,9 @@ class Session:
                     if grant is not None and self.meter is not None:
                         cost = self.meter.after(grant, _since(before, self.usage))
                         self.usage.metered_micros += cost
-                _trace_call(traced, params, _since(before, self.usage), cost, ok, value)
+                failed = "" if ok else "the provider refused or failed the call"
+                trace_call(traced, params, _since(before, self.usage), cost, value if ok and isinstance(value, dict) else None,
+                           secrets=self.secrets, failed=failed)
             self.usage.calls += 1
             if ok:
                 body: dict[str, Any] = value
@@ -627,24 +630,6 @@ class Session:
         self.usage.output_tokens += int(usage.get("output_tokens") or 0)
         self.usage.cache_write_tokens += int(usage.get("cache_creation_input_tokens") or 0)
         self.usage.cache_read_tokens += int(usage.get("cache_read_input_tokens") or 0)
-
-
-def _trace_call(traced: tracing.Span, params: dict[str, Any], usage: Usage, cost: int, ok: bool, value: Any) -> None:
-    """A model call's span: the GenAI semantic conventions' usage and response, and what it cost."""
-    body = value if ok and isinstance(value, dict) else {}
-    traced.set(
-        gen_ai__request__max_tokens=int(params.get("max_tokens") or 0),
-        gen_ai__usage__input_tokens=usage.input_tokens,
-        gen_ai__usage__output_tokens=usage.output_tokens,
-        tether__cost_usd=cost / 1_000_000,
-        gen_ai__response__id=body.get("id"),
-        gen_ai__response__model=body.get("model"),
-        gen_ai__response__finish_reasons=[str(body["stop_reason"])] if body.get("stop_reason") else None,
-        gen_ai__input__messages=tracing.content(json.dumps(params.get("messages"), default=str)),
-        gen_ai__output__messages=tracing.content(json.dumps(body.get("content"), default=str)) if body else None,
-    )
-    if not ok:
-        traced.error("the provider refused or failed the call")
 
 
 def _since(before: Usage, after: Usage) -> Usage:

@@ -8,14 +8,16 @@ so far. Provider words never leave a brain module: errors are translated into th
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from budgets import grants
 from budgets.grants import Grant
+from tether import tracing
 
 
 @dataclass
@@ -219,3 +221,40 @@ def check_delegate(run_id: int, arguments: Any, earlier: list[dict[str, Any]]) -
     if not _delegate_checks:
         return dict(arguments) if isinstance(arguments, dict) else {}
     return _delegate_checks[0](run_id, arguments, earlier)
+
+
+def trace_call(
+    traced: tracing.Span,
+    params: dict[str, Any],
+    usage: Usage,
+    cost: int,
+    body: dict[str, Any] | None,
+    *,
+    secrets: Sequence[str] = (),
+    failed: str = "",
+) -> None:
+    """Fill a model call's span: the GenAI semantic conventions' usage and response, and what it cost.
+
+    The one owner for every model call Tether makes or meters (the Claude brain's, the gateway's).
+    `body` is the Messages API's answer (None when there was none); `secrets` are what the caller's
+    texts are kept clear of beyond the server's keys (its key, its MCP servers' secrets). `failed`
+    says why the call failed, if it did.
+    """
+    if traced.span is None:
+        return  # tracing is off: nothing to work out
+    body = body or {}
+    traced.set(
+        gen_ai__request__max_tokens=int(params.get("max_tokens") or 0),
+        gen_ai__usage__input_tokens=usage.input_tokens,
+        gen_ai__usage__output_tokens=usage.output_tokens,
+        tether__cost_usd=cost / 1_000_000,
+        gen_ai__response__id=body.get("id"),
+        gen_ai__response__model=body.get("model"),
+        gen_ai__response__finish_reasons=[str(body["stop_reason"])] if body.get("stop_reason") else None,
+        gen_ai__input__messages=tracing.content(json.dumps(params.get("messages"), default=str), secrets),
+        gen_ai__output__messages=(
+            tracing.content(json.dumps(body.get("content"), default=str), secrets) if body else None
+        ),
+    )
+    if failed:
+        traced.error(failed)

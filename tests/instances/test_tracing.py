@@ -2,17 +2,20 @@
 
 The receiver is a small HTTP server decoding the OTLP protobuf the SDK's exporter posts. The runs are
 driven through the real runner: a Claude agent played by the local Messages server (model and tool
-calls), and a command agent whose run moves to another driver, with a fresh tracer as after a
-restart, between its iterations. With the receiver down the run still ends the same, and the
-spans that could not be sent are counted on /metrics.
+calls, an MCP server's tool), a command agent calling models through the metering gateway, and a
+command agent whose run moves to another driver, with a fresh tracer as after a restart, between
+its iterations, or whose worker dies mid-iteration. With the receiver down the run still ends the
+same, and the spans that could not be sent are counted on /metrics.
 """
 
 import gzip
 import socket
 import threading
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from django.utils import timezone
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -21,8 +24,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from instances.models import Credential
 from instances.templates_loader import create_instance
 from loops import runner, services
+from loops.models import Event, Run
 from tests.fakes.messages_server import text, tool_use
 from tests.instances.conftest import KEY
+from tests.instances.test_mcp_tools import TOKEN, mcp_agent, notes  # noqa: F401 - fixtures
 from tether import tracing
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -168,6 +173,87 @@ def test_prompt_text_goes_only_when_allowed_and_then_redacted(receiver, claude_a
     assert KEY not in call["gen_ai.input.messages"] and KEY.encode() not in b"".join(receiver.bodies)
 
 
+def test_an_mcp_server_s_secret_never_reaches_a_span(receiver, notes, mcp_agent, server, settings):  # noqa: F811
+    """With content captured, what the model wrote (its tool call's input) is redacted of the server's secret too."""
+    settings.TETHER_OTEL_CAPTURE_CONTENT = True
+    notes(everyone=True)
+    server.enqueue(
+        tool_use("mcp__notes__lookup", {"term": f"the token {TOKEN}"}),
+        text(f"Looked up {TOKEN}."),
+        tool_use("record_decision", {"verdict": "done", "reason": "looked"}),
+    )
+    inst = mcp_agent()
+    run = drive(services.run_start(instance=inst, user=inst.owner, objective="look the notes up"))
+    assert run.outcome == "done", run.outcome_detail
+    assert tracing.flush()
+    captured = [attrs(s) for s in receiver.spans if s.name == f"chat {MODEL}"]
+    assert any("the token" in c.get("gen_ai.output.messages", "") for c in captured)  # content was captured
+    assert any("Looked up" in c.get("gen_ai.input.messages", "") for c in captured)
+    assert TOKEN.encode() not in b"".join(receiver.bodies)
+    assert not [s.name for s in receiver.spans if any(TOKEN in str(v) for v in attrs(s).values())]
+
+
+GATEWAY_AGENT = """
+import anthropic
+client = anthropic.Anthropic(max_retries=0)
+client.messages.create(model="claude-test-1", max_tokens=500, messages=[{"role": "user", "content": "plain call"}])
+with client.messages.stream(model="claude-test-1", max_tokens=500,
+                            messages=[{"role": "user", "content": "streamed call"}]) as stream:
+    stream.get_final_message()
+print("made two calls")
+"""
+
+
+def test_a_command_agent_s_gateway_calls_are_model_call_spans_of_its_act(
+    receiver, user, make_instance, script, server, price, settings
+):
+    settings.TETHER_OTEL_CAPTURE_CONTENT = True
+    credential = Credential.create_for(user, label="k", secret=KEY)
+    inst = make_instance(
+        user, brain="command", decider="checks", base_url=server.url, credential=credential, model=MODEL,
+        command=script(GATEWAY_AGENT), checks=[], max_iterations=1,
+    )
+    inst.workspace_path().mkdir(parents=True, exist_ok=True)
+    server.enqueue(
+        text("plain answer", usage={"input_tokens": 70, "output_tokens": 20}),
+        text("streamed answer", usage={"input_tokens": 90, "output_tokens": 40}),
+    )
+    run = drive(services.run_start(instance=inst, user=user, objective="call twice", max_cost_usd="1.00"))
+    assert run.outcome == "done", run.outcome_detail
+    assert server.calls == 2 and tracing.flush()
+    assert len({span.trace_id for span in receiver.spans}) == 1
+    [act] = [s for s in receiver.spans if s.name == "act"]
+    calls = [s for s in receiver.spans if s.name == f"chat {MODEL}"]
+    assert len(calls) == 2 and all(s.parent_span_id == act.span_id for s in calls)
+    plain, streamed = sorted((attrs(s) for s in calls), key=lambda c: c["gen_ai.usage.input_tokens"])
+    assert (plain["gen_ai.usage.input_tokens"], plain["gen_ai.usage.output_tokens"]) == (70, 20)
+    assert (streamed["gen_ai.usage.input_tokens"], streamed["gen_ai.usage.output_tokens"]) == (90, 40)
+    assert plain["gen_ai.request.model"] == MODEL and plain["gen_ai.system"] == "anthropic"
+    assert plain["gen_ai.response.finish_reasons"] and streamed["gen_ai.response.id"]
+    assert sum(c["tether.cost_usd"] for c in (plain, streamed)) == pytest.approx(run.spent_micros / 1_000_000)
+    assert "plain call" in plain["gen_ai.input.messages"] and "plain answer" in plain["gen_ai.output.messages"]
+    assert "streamed answer" in streamed["gen_ai.output.messages"]
+    assert all(s.status.code != s.status.STATUS_CODE_ERROR for s in calls)
+    sent = b"".join(receiver.bodies)
+    assert KEY.encode() not in sent and b"tether-gateway-" not in sent
+
+
+def test_a_refused_gateway_call_is_an_error_span_without_content_by_default(receiver, user, make_instance, script, server, price):
+    credential = Credential.create_for(user, label="k", secret=KEY)
+    inst = make_instance(
+        user, brain="command", decider="checks", base_url=server.url, credential=credential, model=MODEL,
+        command=script(GATEWAY_AGENT), checks=[], max_iterations=1,
+    )
+    inst.workspace_path().mkdir(parents=True, exist_ok=True)
+    server.enqueue_error(529, "overloaded")
+    drive(services.run_start(instance=inst, user=user, objective="call", max_cost_usd="1.00"))
+    assert tracing.flush()
+    [call] = [s for s in receiver.spans if s.name == f"chat {MODEL}"]
+    assert call.status.code == call.status.STATUS_CODE_ERROR and "529" in call.status.message
+    assert attrs(call)["http.response.status_code"] == 529
+    assert "gen_ai.input.messages" not in attrs(call) and b"plain call" not in b"".join(receiver.bodies)  # content off
+
+
 AGENT = """
 calc = pathlib.Path('n.txt')
 calc.write_text(str(int(calc.read_text() if calc.exists() else '0') + 1))
@@ -192,6 +278,44 @@ def test_a_run_moved_to_another_worker_and_its_child_are_one_trace(receiver, use
     run_span = next(s for s in receiver.spans if s.name == f"run {run.pk}")
     iterations = [s for s in receiver.spans if s.name.startswith("iteration")]
     assert all(s.parent_span_id == run_span.span_id for s in iterations)
+
+
+def test_an_iteration_whose_worker_died_is_in_the_trace_as_lost(receiver, user, make_instance, script):
+    inst = make_instance(
+        user, command=script(AGENT), checks=[{"name": "two", "command": script(CHECK)}], max_iterations=3
+    )
+    run = services.run_start(instance=inst, user=user, objective="count to two")
+    lease = runner.claim(run.pk, run.next_iteration, "dying-worker")
+    begun = runner._begin(lease)  # iteration 1 begins: recorded, reserved
+
+    inside, never = threading.Event(), threading.Event()
+
+    def die_inside_the_span():  # the worker's iteration span opens and never ends while it is traced
+        with tracing.iteration(lambda: runner.trace_ids(begun.run), run.pk, begun.number, begun.run.attempt):
+            inside.set()
+            never.wait(120)
+
+    threading.Thread(target=die_inside_the_span, daemon=True).start()
+    assert inside.wait(30)
+    tracing.reset()  # the process is gone, with its open span
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    run = drive(run, holder="worker-2")  # takes the dead lease over: the attempt is recorded lost
+    assert (run.outcome, run.iterations_done) == ("done", 2), run.outcome_detail
+    assert tracing.flush()
+
+    assert len({span.trace_id for span in receiver.spans}) == 1
+    run_span = next(s for s in receiver.spans if s.name == f"run {run.pk}")
+    firsts = [s for s in receiver.spans if s.name == "iteration 1"]
+    assert len(firsts) == 2 and all(s.parent_span_id == run_span.span_id for s in firsts)
+    [lost] = [s for s in firsts if s.status.code == s.status.STATUS_CODE_ERROR]
+    assert lost.status.message == "worker lost"
+    assert attrs(lost)["tether.worker"] == "dying-worker" and attrs(lost)["tether.attempt"] == 1
+    began = Event.objects.get(run=run, kind="iteration.started", data__iteration=1, data__attempt=1).created_at
+    assert lost.start_time_unix_nano == int(began.timestamp() * 1_000_000_000)
+    assert lost.start_time_unix_nano <= lost.end_time_unix_nano
+    [retried] = [s for s in firsts if s is not lost]
+    assert lost.end_time_unix_nano <= retried.start_time_unix_nano
+    never.set()  # (its span ends now, in a tracer long shut down: nothing more is sent)
 
 
 def test_a_delegated_run_moved_across_a_restart_is_one_trace(
