@@ -1,8 +1,9 @@
 """Grade a `done` before the run is allowed to finish with it.
 
 Runs in the worker, outside any transaction (the judge makes a model call and the diff runs
-git). Writes one `GradeRecord` per graded iteration (idempotent). `on_done_proposed` hears the
-loop's `done_proposed` signal and returns `grade(run, final_iteration, checks)`; the loop feeds the
+git). Writes one `GradeRecord` per graded iteration (idempotent). `on_done_proposed` is the
+grader `reviews.apps` registers with `loops.grading` (after the composition's role check) and
+returns `grade(run, final_iteration, checks)`; the loop feeds the
 grade's `assessment` to `loops.policy.verdict`, the one place "done / verified" is decided (it
 also applies the command checks and the protected evidence). What the graders look at:
 
@@ -44,7 +45,7 @@ from django.conf import settings
 from instances.brains.base import Usage
 from instances.validation import json_schema_problem
 from loops import policy, tamper
-from loops.signals import FinalAct
+from loops.grading import FinalAct
 from reviews.judge import Verdict
 from tether.redaction import redact
 
@@ -409,8 +410,6 @@ def _record(run: Any, final: Any, result: Grade) -> Grade:
     return result
 
 
-def on_done_proposed(
-    sender: Any, *, run: Any, final: FinalAct, checks: Any, stop: Any = None, meter: Any = None, **kwargs: Any
-) -> Grade:
-    """Grade a done the loop proposes (the `loops.signals.done_proposed` receiver)."""
+def on_done_proposed(*, run: Any, final: FinalAct, checks: Any, stop: Any = None, meter: Any = None) -> Grade:
+    """Grade a done the loop proposes (the `loops.grading.CONFIGURED` grader)."""
     return grade(run, final, checks, stop=stop, meter=meter)
