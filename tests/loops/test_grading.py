@@ -2,7 +2,9 @@
 
 import pytest
 
+from instances.brains.base import Usage
 from loops import delegation, grading
+from loops.policy import Assessment
 from reviews import graders
 
 
@@ -53,3 +55,45 @@ def test_the_apps_register_the_role_check_then_the_configured_graders():
     ]
     with pytest.raises(grading.AlreadyRegistered):  # an app's ready run twice does not grade twice
         grading.register("configured", graders.on_done_proposed, order=grading.CONFIGURED + 1)
+
+
+class Vouch:
+    """A grader that vouches for the done, naming itself on the timeline."""
+
+    def __init__(self, name, heard):
+        self.name, self.heard = name, heard
+
+    def __call__(self, *, run, final, checks, stop, meter):
+        self.heard.append(self.name)
+        return self
+
+    @property
+    def assessment(self):
+        return Assessment(outcome="done", verified=True, evidence=f"{self.name} vouched")
+
+    @property
+    def usage(self):
+        return Usage()
+
+    def as_event(self, iteration):
+        return ("grade.role", {"iteration": iteration, "passed": True, "reason": self.name})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_runner_asks_the_registry_and_records_its_reports_in_the_declared_order(
+    user, make_instance, script, start, drive, monkeypatch
+):
+    heard = []
+    registry = grading.Registry()
+    registry.register("second", Vouch("second", heard), order=2)
+    registry.register("first", Vouch("first", heard), order=1)
+    monkeypatch.setattr(grading, "grade", registry.grade)
+    inst = make_instance(user, command=script("print('did it')\n"))  # no checks: the graders' evidence verifies
+
+    run = drive(start(inst, objective="do it"))
+
+    assert heard == ["first", "second"]
+    told = [e.data["reason"] for e in run.events.filter(kind="grade.role").order_by("seq")]
+    assert told == ["first", "second"]
+    assert (run.outcome, run.verified) == ("done", True)
+    assert "verified: first vouched; second vouched" in run.outcome_detail
