@@ -17,7 +17,7 @@ class LoopsConfig(AppConfig):
         from django_q.signals import post_spawn
 
         from instances.brains import base
-        from loops import delegation, driver, signals
+        from loops import delegation, driver, grading, signals
         from loops.models import Run
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
@@ -29,7 +29,7 @@ class LoopsConfig(AppConfig):
         # A child run's start and end are told on its parent's timeline; its end may resume the parent.
         signals.run_starting.connect(delegation.on_run_starting, dispatch_uid="tether-delegation-start")
         signals.run_finished.connect(delegation.on_run_finished, dispatch_uid="tether-delegation")
-        # A composition's done is verified only with its verifying role's pass.
-        signals.done_proposed.connect(delegation.on_done_proposed, dispatch_uid="tether-composition")
+        # A composition's done is verified only with its verifying role's pass (the first grader).
+        grading.register("composition-role", delegation.role_check, order=grading.ROLE)
         # A brain's `delegate` call is vetted at once, so a refusal is that call's own tool result.
         base.on_delegate(delegation.check_in_act)

@@ -591,10 +591,8 @@ class RoleCheck:
     """A composition's grade of a proposed done: verified only when its verifying role's latest run passed."""
 
     def __init__(self, passed: bool, reason: str) -> None:
-        from loops.policy import Assessment
-
         self.passed = passed
-        self.assessment = Assessment(
+        self.assessment = policy.Assessment(
             outcome="done", verified=passed, reasons=() if passed else (reason,), evidence=reason if passed else ""
         )
         self.usage = Usage()
@@ -604,8 +602,8 @@ class RoleCheck:
         return ("grade.role", {"iteration": iteration, "passed": self.passed, "reason": self.reason})
 
 
-def on_done_proposed(sender: Any, *, run: Any, **kwargs: Any) -> RoleCheck | None:
-    """`signals.done_proposed` receiver: a composition's done needs its verifying role's pass."""
+def role_check(*, run: Any, **kwargs: Any) -> RoleCheck | None:
+    """The `loops.grading.ROLE` grader: a composition's done needs its verifying role's pass."""
     template = run.instance.template if run.instance.template_id else None
     role = getattr(template, "verify_with_role", "") if template is not None else ""
     if not role:

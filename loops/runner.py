@@ -35,7 +35,7 @@ from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
 from loops import decision as decision_mod
-from loops import delegation, events, journal, policy, progress, signals
+from loops import delegation, events, grading, journal, policy, progress, signals
 from loops.event_kinds import changed_names
 from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run
@@ -795,10 +795,9 @@ def _graders(
     lease: Lease, begun: Begun, reply: Reply, checks: list[policy.Check], fingerprint: str, meter: metering.RunMeter
 ) -> list[Any]:
     """What the graders report of a proposed done (each with its assessment, its usage and its event)."""
-    final = signals.FinalAct(begun.number, reply.text, fingerprint)
-    with tracing.span("judge"):
-        sent = signals.done_proposed.send(sender=Run, run=begun.run, final=final, checks=checks, stop=lease.stop, meter=meter)
-    return [report for _, report in sent if report is not None]
+    final = grading.FinalAct(begun.number, reply.text, fingerprint)
+    with tracing.span("judge"):  # the registered graders, in their declared order (loops.grading)
+        return list(grading.grade(run=begun.run, final=final, checks=checks, stop=lease.stop, meter=meter))
 
 
 def _parked(

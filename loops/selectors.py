@@ -7,6 +7,7 @@ sockets into close code 4404).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from django.db.models import Count, F, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
+from budgets import money
 from instances.models import Instance
 from loops import event_kinds, outcomes
 from loops.models import Event, Iteration, Run
@@ -104,6 +106,72 @@ def fleet_version(user: Any) -> tuple[int, int]:
     """Return a value that changes whenever any of the user's runs records an event or a run starts."""
     row = Run.objects.filter(owner=user).aggregate(events=Sum("last_seq"), runs=Count("id"))
     return (row["events"] or 0, row["runs"] or 0)
+
+
+# --- a run as JSON ----------------------------------------------------------------------------
+#
+# The one mapping of a run's fields to JSON: the REST API and MCP answer `run_json(run)` (the
+# `loops.schemas.Run` shape); receipts, webhooks and a trigger's answer take projections of it.
+
+
+def origin_json(run: Run) -> dict[str, Any]:
+    """Return how the run started: its kind, and which schedule and firing or trigger and delivery."""
+    ref = run.origin_ref if isinstance(run.origin_ref, dict) else {}
+    return {"kind": run.origin, **{key: ref[key] for key in ORIGIN_KEYS if key in ref}}
+
+
+ORIGIN_KEYS = ("schedule", "firing", "trigger", "delivery", "parent")
+
+
+def child_ids(run: Run) -> list[int]:
+    """Return the ids of the runs `run` delegated to, oldest first (one query unless prefetched)."""
+    cached = getattr(run, "_prefetched_objects_cache", {}).get("children")
+    if cached is not None:
+        return sorted(child.pk for child in cached)
+    return list(Run.objects.filter(parent_id=run.pk).order_by("pk").values_list("pk", flat=True))
+
+
+def continued_as(run: Run) -> int | None:
+    """Return the id of the run that continues `run`, or None (one query unless select_related)."""
+    later = getattr(run, "continuation", None)
+    return later.pk if later is not None else None
+
+
+def _at(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+RUN_FIELDS: dict[str, Callable[[Run], Any]] = {
+    "id": lambda run: run.pk,
+    "instance": lambda run: run.instance_id,
+    "objective": lambda run: run.objective,
+    "origin": origin_json,
+    "status": lambda run: run.status,
+    "outcome": lambda run: run.outcome or None,
+    "outcome_detail": lambda run: run.outcome_detail or None,
+    "verified": lambda run: run.verified,
+    "iterations": lambda run: run.iterations_done,
+    "max_iterations": lambda run: run.max_iterations,
+    "spent_usd": lambda run: money.usd_string(run.spent_micros),
+    "spent_micros": lambda run: run.spent_micros,
+    "max_cost_usd": lambda run: None if run.max_cost_micros is None else money.usd_string(run.max_cost_micros),
+    "stop_requested": lambda run: run.cancel_requested_at is not None,
+    "last_seq": lambda run: run.last_seq,
+    "created_at": lambda run: _at(run.created_at),
+    "started_at": lambda run: _at(run.started_at),
+    "finished_at": lambda run: _at(run.finished_at),
+    "continued_from": lambda run: run.continued_from_id,
+    "continued_as": continued_as,
+    "parent": lambda run: run.parent_id,
+    "children": child_ids,
+}
+# What the API and MCP answer for a run (`loops.schemas.Run`): every field but the raw micros.
+API_FIELDS = tuple(name for name in RUN_FIELDS if name != "spent_micros")
+
+
+def run_json(run: Run, fields: Sequence[str] = API_FIELDS) -> dict[str, Any]:
+    """Return `run` as JSON: the API's shape, or the projection on `fields` (each mapped as in RUN_FIELDS)."""
+    return {name: RUN_FIELDS[name](run) for name in fields}
 
 
 # --- one run ----------------------------------------------------------------------------------

@@ -1,13 +1,12 @@
 """What the loop tells the apps above it, so they can listen without the loop importing them.
 
+A proposed done is not a signal: its graders register with `loops.grading`, which calls them in
+a declared order.
+
 Sent by `loops.runner` with `sender=Run`:
 
 - `run_starting(run)` — in the worker before the run's first act (iteration 1; again if that
   iteration is retried after a dead worker, so receivers are idempotent), outside any transaction.
-- `done_proposed(run, final, checks, stop)` — in the worker when the policy would finish the run
-  `done`, outside any transaction. `final` is a `FinalAct`, `checks` the results after its act,
-  `stop` the lease's event (abandon model calls when it is set). A receiver that grades returns a
-  `GradeReport`; `loops.policy.verdict` turns every report's assessment into the run's verdict.
 - `run_finished(run_id)` — after the commit that finished the run or made it wait for a person.
 - `iteration_starting(run, number)` — in the worker as an iteration's first attempt begins, before
   its act, outside any transaction (e.g. the workspace a lost attempt's changes are measured from).
@@ -23,37 +22,11 @@ Sent by `loops.runner` with `sender=Run`:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
-
 from django.dispatch import Signal
 
-from loops.policy import Assessment
-
 run_starting = Signal()
-done_proposed = Signal()
 run_finished = Signal()
 iteration_starting = Signal()
 attempt_lost = Signal()
 rewind_requested = Signal()
 
-
-@dataclass(frozen=True)
-class FinalAct:
-    """The iteration whose decider proposed done: what the runner knows before recording it."""
-
-    number: int
-    response: str
-    fingerprint: str = ""
-
-
-class GradeReport(Protocol):
-    """What a `done_proposed` receiver that grades returns."""
-
-    @property
-    def assessment(self) -> Assessment: ...
-
-    @property
-    def usage(self) -> Any: ...  # an `instances.brains.base.Usage`: the grader's model calls
-
-    def as_event(self, iteration: int) -> tuple[str, dict[str, Any]]: ...

@@ -1,13 +1,13 @@
 """Stopping is not succeeding: graders, the review queue, receipts, notifications.
 
 The loop's runner does not import this app: it sends `loops.signals`, and `ReviewsConfig.ready`
-connects:
+connects (and registers):
 
 - `run_starting` → `reviews.snapshots.take(run)` — in the worker before the first act, outside any
   transaction: snapshot the workspace (a tree in a shadow git directory, and a fingerprint), once no
   rollback is writing it (`reviews.rollback.wait_for_rollback`; `iteration_starting` waits the same way).
-- `done_proposed` → `reviews.graders.on_done_proposed` — in the worker when the policy would say
-  `done`: returns a `Grade`, whose `assessment` the loop feeds to `loops.policy.verdict` (the one
+- and registers `reviews.graders.on_done_proposed` with `loops.grading` as the `CONFIGURED` grader
+  (after the composition's role check) — in the worker when the policy would say `done`: returns a `Grade`, whose `assessment` the loop feeds to `loops.policy.verdict` (the one
   place "done / verified" is decided) and whose `usage` (the judge's model call) it adds to the
   iteration's cost; `grade.as_event(number)` is the `grade.finished` event for the timeline.
 - `run_finished` → `reviews.services.on_run_finished(run_id)` — after the commit that finished a run,

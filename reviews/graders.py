@@ -1,8 +1,9 @@
 """Grade a `done` before the run is allowed to finish with it.
 
 Runs in the worker, outside any transaction (the judge makes a model call and the diff runs
-git). Writes one `GradeRecord` per graded iteration (idempotent). `on_done_proposed` hears the
-loop's `done_proposed` signal and returns `grade(run, final_iteration, checks)`; the loop feeds the
+git). Writes one `GradeRecord` per graded iteration (idempotent). `on_done_proposed` is the
+grader `reviews.apps` registers with `loops.grading` (after the composition's role check) and
+returns `grade(run, final_iteration, checks)`; the loop feeds the
 grade's `assessment` to `loops.policy.verdict`, the one place "done / verified" is decided (it
 also applies the command checks and the protected evidence). What the graders look at:
 
@@ -34,6 +35,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -44,8 +46,11 @@ from django.conf import settings
 from instances.brains.base import Usage
 from instances.validation import json_schema_problem
 from loops import policy, tamper
-from loops.signals import FinalAct
+from loops.grading import FinalAct
+from reviews import judge as judge_mod
+from reviews import snapshots
 from reviews.judge import Verdict
+from reviews.models import GradeRecord, Grading
 from tether.redaction import redact
 
 __all__ = ["FinalAct", "Grade", "grade", "on_done_proposed"]
@@ -72,10 +77,6 @@ class Config:
 
 def config_for(instance: Any) -> Config:
     """Return the grading configuration of `instance`: its own fields, its admin row, its template's, then defaults."""
-    from types import SimpleNamespace
-
-    from reviews.models import Grading
-
     fields = SimpleNamespace(
         response_schema=instance.response_schema or None,
         response_pattern="",
@@ -252,6 +253,7 @@ class Grade:
         return policy.Assessment(self.outcome, self.verified, tuple(self.reasons), self.instruction, evidence)
 
     def as_json(self) -> dict[str, Any]:
+        """Return the grade as JSON: the one mapping, for its event and its `GradeRecord` (`GradeRecord.as_json`)."""
         return {
             "verified": self.verified,
             "outcome": self.outcome,
@@ -291,11 +293,7 @@ def grade(
     recorded `loops.models.Iteration`). `checks` are the results the runner got after the act.
     `stop` (the lease's) abandons the judge's model call when the run is being stopped.
     """
-    from reviews import judge as judge_mod
-    from reviews import snapshots
-
-    instance = run.instance
-    config = config_for(instance)
+    config = config_for(run.instance)
     answer = final_iteration.response or ""
     reasons: list[str] = []
     found: dict[str, Any] = {}
@@ -305,58 +303,29 @@ def grade(
     if response is not None and response.misconfigured:
         reasons.append(response.detail)
     elif response is not None and not response.passed:
-        result = _rejected(
-            run,
-            final_iteration,
-            [f"the final answer fails the response check: {response.detail}"],
-            "the final answer does not have the required form.",
-            response.detail,
-            **found,
-        )
-        return _record(run, final_iteration, result)
+        problem = f"the final answer fails the response check: {response.detail}"
+        heading = "the final answer does not have the required form."
+        return _record(run, final_iteration, _rejected(run, final_iteration, [problem], heading, response.detail, **found))
 
     tampering = tamper_reason(run)
     if tampering:
         reasons.append(tampering)
-
-    unchanged = None
-    if config.expects_changes:
-        start = snapshots.start_fingerprint(run)
-        if start and final_iteration.fingerprint:
-            unchanged = start == final_iteration.fingerprint
+    unchanged = _unchanged(run, config, final_iteration)
     found["unchanged_workspace"] = unchanged
     if unchanged:
         reasons.append(UNCHANGED)
 
-    usage = Usage()
     verdict = None
     if config.judge:
-        verdict = judge_mod.judge(
-            instance,
-            objective=run.objective,
-            criteria=config.judge_criteria,
-            answer=answer,
-            checks=checks,
-            diff=snapshots.diff(run, max_chars=judge_mod.DIFF_CHARS),
-            model=config.judge_model,
-            pass_threshold=config.judge_pass_threshold,
-            stop=stop,
-            meter=meter,
-        )
-        usage = verdict.usage
+        verdict = _judge(run, config, answer, checks, stop=stop, meter=meter)
         found["judge"] = verdict
-        found["usage"] = usage
+        found["usage"] = verdict.usage
         said = "; ".join(verdict.reasons) or verdict.error or "no reasons given"
         if verdict.verdict == "fail":
-            result = _rejected(
-                run,
-                final_iteration,
-                [f"the judge rejected the result: {said}"],
-                "an independent review of the result rejected it.",
-                "The reviewer's reasons:\n" + "\n".join(f"- {r}" for r in (verdict.reasons or [said])),
-                **found,
-            )
-            return _record(run, final_iteration, result)
+            body = "The reviewer's reasons:\n" + "\n".join(f"- {r}" for r in (verdict.reasons or [said]))
+            heading = "an independent review of the result rejected it."
+            rejected = _rejected(run, final_iteration, [f"the judge rejected the result: {said}"], heading, body, **found)
+            return _record(run, final_iteration, rejected)
         if verdict.verdict == "needs-human":
             reasons.append(f"the judge asks for a person: {said}")
 
@@ -364,8 +333,33 @@ def grade(
     judged_ok = verdict is None or verdict.verdict == "pass"
     verified = not unchanged and not broken and judged_ok and not tampering
     review = bool(unchanged) or broken or bool(tampering) or (verdict is not None and verdict.verdict == "needs-human")
-    result = Grade(verified, "done", review, reasons, **found)
-    return _record(run, final_iteration, result)
+    return _record(run, final_iteration, Grade(verified, "done", review, reasons, **found))
+
+
+def _unchanged(run: Any, config: Config, final: Any) -> bool | None:
+    """Return whether a run expected to change its workspace left it as it started (None: not known or not asked)."""
+    if not config.expects_changes:
+        return None
+    start = snapshots.start_fingerprint(run)
+    if start and final.fingerprint:
+        return bool(start == final.fingerprint)
+    return None
+
+
+def _judge(run: Any, config: Config, answer: str, checks: Sequence[policy.Check], *, stop: Any, meter: Any) -> Verdict:
+    """Ask the LLM judge of the answer and the run's diff, against the configured rubric."""
+    return judge_mod.judge(
+        run.instance,
+        objective=run.objective,
+        criteria=config.judge_criteria,
+        answer=answer,
+        checks=checks,
+        diff=snapshots.diff(run, max_chars=judge_mod.DIFF_CHARS),
+        model=config.judge_model,
+        pass_threshold=config.judge_pass_threshold,
+        stop=stop,
+        meter=meter,
+    )
 
 
 def tamper_reason(run: Any) -> str:
@@ -375,8 +369,6 @@ def tamper_reason(run: Any) -> str:
     `atexit`, a patched `unittest`/`pytest`/`builtins`, a write into `sys.modules`. The first
     line found leads, for the reviewer.
     """
-    from reviews import snapshots
-
     if not run.instance.checks:
         return ""
     findings = tamper.scan(*snapshots.changed_sources(run))
@@ -390,27 +382,14 @@ def tamper_reason(run: Any) -> str:
 
 
 def _record(run: Any, final: Any, result: Grade) -> Grade:
-    from reviews.models import GradeRecord
-
     GradeRecord.objects.update_or_create(
         run_id=run.pk,
         iteration=final.number,
-        defaults={
-            "verified": result.verified,
-            "review": result.review,
-            "outcome": result.outcome,
-            "reasons": result.reasons,
-            "response_check": result.response_check.as_json() if result.response_check else None,
-            "judge": result.judge.as_json() if result.judge else None,
-            "unchanged_workspace": result.unchanged_workspace,
-            "usage": result.usage.as_json(),
-        },
+        defaults={**result.as_json(), "usage": result.usage.as_json()},
     )
     return result
 
 
-def on_done_proposed(
-    sender: Any, *, run: Any, final: FinalAct, checks: Any, stop: Any = None, meter: Any = None, **kwargs: Any
-) -> Grade:
-    """Grade a done the loop proposes (the `loops.signals.done_proposed` receiver)."""
+def on_done_proposed(*, run: Any, final: FinalAct, checks: Any, stop: Any = None, meter: Any = None) -> Grade:
+    """Grade a done the loop proposes (the `loops.grading.CONFIGURED` grader)."""
     return grade(run, final, checks, stop=stop, meter=meter)

@@ -170,7 +170,7 @@ def judge(
 
     With `pass_threshold` (1-100) a pass needs the judge's score to reach it, else it is a fail.
     """
-    from instances.brains import anthropic as brain
+    from instances.brains import anthropic as brain  # lazy: the Anthropic SDK loads only for a judge
 
     timeout = float(settings.TETHER_JUDGE_TIMEOUT_SECONDS)
     try:

@@ -7,13 +7,20 @@ and `reviews.notify`, never by the loop itself. The audit trail is the `audit` a
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
+from typing import Any
 
+import jsonschema
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
+
+from budgets import selectors as budget_selectors
+from budgets.pricing import UnpricedModel
+from instances import credentials
 
 
 class Grading(models.Model):
@@ -71,10 +78,6 @@ class Grading(models.Model):
         return f"grading of {self.instance or self.template}"
 
     def clean(self) -> None:
-        import re
-
-        import jsonschema
-
         if self.response_pattern:
             try:
                 re.compile(self.response_pattern)
@@ -87,11 +90,8 @@ class Grading(models.Model):
                 raise ValidationError({"response_schema": f"not a JSON Schema: {exc.message}"}) from None
         if self.judge_model:
             # A judge call that cannot be priced could not be metered: it would never be made.
-            from budgets import selectors
-            from budgets.pricing import UnpricedModel
-
             try:
-                selectors.price_for_model(self.judge_model)
+                budget_selectors.price_for_model(self.judge_model)
             except UnpricedModel as exc:
                 raise ValidationError({"judge_model": str(exc)}) from None
 
@@ -117,6 +117,13 @@ class GradeRecord(models.Model):
 
     def __str__(self) -> str:
         return f"grade of run {self.run_id} iteration {self.iteration}"
+
+    def as_json(self) -> dict[str, Any]:
+        """Return the recorded grade as JSON: its iteration and what `reviews.graders.Grade.as_json` wrote."""
+        return {"iteration": self.iteration, **{name: getattr(self, name) for name in self.JSON_FIELDS}}
+
+    # The columns `reviews.graders.Grade.as_json` fills, by the same names (the grade's JSON, stored).
+    JSON_FIELDS = ("verified", "outcome", "review", "reasons", "response_check", "judge", "unchanged_workspace")
 
 
 
@@ -251,13 +258,9 @@ class NotificationTarget(models.Model):
         return self.active and (not self.events or event in self.events)
 
     def set_secret(self, secret: str) -> None:
-        from instances import credentials
-
         self.secret_encrypted = credentials.encrypt(secret)
 
     def reveal_secret(self) -> str:
-        from instances import credentials
-
         return credentials.decrypt(self.secret_encrypted) if self.secret_encrypted else ""
 
 

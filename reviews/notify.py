@@ -46,10 +46,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
+from django_q.tasks import async_task
 
 from budgets import money
 from budgets.models import Pool
-from loops import outcomes
+from loops import delegation, outcomes, selectors
 from reviews.models import Delivery, DeliveryAttempt, NotificationTarget
 
 log = logging.getLogger(__name__)
@@ -105,23 +106,28 @@ def run_event(run: Any) -> str | None:
 
 
 def run_payload(run: Any, event: str) -> dict[str, Any]:
+    """Return a run's notification: a projection of `loops.selectors.run_json`, its texts cut short."""
+    shown = selectors.run_json(run, PAYLOAD_FIELDS)
     return {
         "event": event,
         "run": {
-            "id": run.pk,
-            "instance": run.instance_id,
+            "id": shown["id"],
+            "instance": shown["instance"],
             "instance_name": run.instance.name,
-            "objective": run.objective[:500],
-            "status": run.status,
-            "outcome": run.outcome or None,
-            "detail": (run.outcome_detail or "")[:2000],
-            "verified": run.verified,
-            "iterations": run.next_iteration - 1,
-            "spent_usd": money.usd_string(run.spent_micros),
+            "objective": shown["objective"][:500],
+            "status": shown["status"],
+            "outcome": shown["outcome"],
+            "detail": (shown["outcome_detail"] or "")[:2000],
+            "verified": shown["verified"],
+            "iterations": shown["iterations"],
+            "spent_usd": shown["spent_usd"],
             "url": public_url(_run_path(run.pk)),
         },
         "at": timezone.now().isoformat(),
     }
+
+
+PAYLOAD_FIELDS = ("id", "instance", "objective", "status", "outcome", "outcome_detail", "verified", "iterations", "spent_usd")
 
 
 def notify_run(run: Any) -> list[Delivery]:
@@ -144,8 +150,6 @@ def _child_result(run: Any) -> list[Delivery]:
     A child continued while its parent waits is the parent's child again, and the parent reads its
     result (`loops.delegation.replace_child`); otherwise nobody would hear it but the person.
     """
-    from loops import delegation
-
     if run.status != "finished" or (parent := delegation.delegated_by(run)) is None:
         return []
     payload = run_payload(run, Event.CHILD_RESULT)
@@ -218,8 +222,6 @@ def create(targets: Iterable[NotificationTarget], event: str, key: str, payload:
 
 def enqueue(delivery_ids: list[int]) -> None:
     """Hand deliveries to the worker queue (each becomes one `reviews.tasks.deliver` task)."""
-    from django_q.tasks import async_task
-
     for delivery_id in delivery_ids:
         try:
             async_task("reviews.tasks.deliver", delivery_id, task_name=f"notify-{delivery_id}", group="notify")

@@ -33,6 +33,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from budgets import money, spending
+from loops import selectors
 from reviews import changecard
 from reviews.models import GradeRecord, Receipt, ReviewItem
 from tether.redaction import redact_data
@@ -206,35 +207,79 @@ def _usd(micros: int) -> str:
 def document(run: Any) -> dict[str, Any]:
     """Return the receipt document of a run, from the database."""
     instance = run.instance
-    iterations = []
-    for it in run.iterations.order_by("number"):
-        decision = it.decision or {}
-        iterations.append(
+    shown = selectors.run_json(run, RUN_FIELDS)
+    grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+    return {
+        "version": VERSION,
+        "run": run.pk,
+        "objective": shown["objective"],
+        "instance": {"id": instance.pk, "name": instance.name, "brain": instance.brain, "decider": instance.decider},
+        "template": instance.template.name if instance.template_id else None,
+        "owner": run.owner.get_username(),
+        "iterations": [_iteration(it) for it in run.iterations.order_by("number")],
+        "lost_attempts": _lost_attempts(run),
+        "outcome": shown["outcome"],
+        "outcome_detail": shown["outcome_detail"] or "",  # a receipt says "" when there is none
+        "verified": shown["verified"],
+        "grade": None if grade is None else {key: grade.as_json()[key] for key in GRADE_FIELDS},
+        "review": _review(run),
+        "change_card": changecard.for_run(run),
+        "cost": {
+            "spent_usd": shown["spent_usd"],
+            "spent_micros": shown["spent_micros"],
+            "by_model": spending.spending_by_model(run.pk),
+        },
+        "parent": shown["parent"],
+        # A delegation tree's receipts verify together: each child's receipt, by its signed digest map.
+        "children": [
+            {"run": child.pk, "receipt_sha256": _digest(envelope["signature"]["fields"]) if envelope else None}
+            for child, envelope in _children_receipts(run)
+        ],
+        "created_at": shown["created_at"],
+        "started_at": shown["started_at"],
+        "finished_at": shown["finished_at"],
+        "issued_at": timezone.now().isoformat(),
+    }
+
+
+# What a receipt holds of the run's and the grade's JSON (`loops.selectors.run_json`, `GradeRecord.as_json`).
+RUN_FIELDS = (
+    "objective", "outcome", "outcome_detail", "verified", "spent_usd", "spent_micros", "parent",
+    "created_at", "started_at", "finished_at",
+)
+GRADE_FIELDS = ("iteration", "verified", "outcome", "reasons", "response_check", "judge", "unchanged_workspace")
+
+
+def _iteration(it: Any) -> dict[str, Any]:
+    """One iteration as the receipt holds it: digests of what was said, never the text."""
+    decision = it.decision or {}
+    return {
+        "number": it.number,
+        "instruction_sha256": _text_digest(it.instruction),
+        "response_sha256": _text_digest(it.response),
+        "act_ok": it.act_ok,
+        "decision": {"verdict": decision.get("verdict"), "reason": decision.get("reason", "")},
+        "checks": [
             {
-                "number": it.number,
-                "instruction_sha256": _text_digest(it.instruction),
-                "response_sha256": _text_digest(it.response),
-                "act_ok": it.act_ok,
-                "decision": {"verdict": decision.get("verdict"), "reason": decision.get("reason", "")},
-                "checks": [
-                    {
-                        "name": c.get("name"),
-                        "required": c.get("required"),
-                        "passed": c.get("passed"),
-                        # What the pass rests on: "report" (a test report from outside the
-                        # workspace) or "exit code" (its exit status only).
-                        "evidence": c.get("evidence", "exit code"),
-                        "output_sha256": _text_digest(str(c.get("output", ""))),
-                    }
-                    for c in (it.checks or [])
-                ],
-                "workspace_fingerprint": it.fingerprint,
-                "cost_usd": _usd(it.cost_micros),
-                "started_at": _at(it.started_at),
-                "finished_at": _at(it.finished_at),
+                "name": c.get("name"),
+                "required": c.get("required"),
+                "passed": c.get("passed"),
+                # What the pass rests on: "report" (a test report from outside the
+                # workspace) or "exit code" (its exit status only).
+                "evidence": c.get("evidence", "exit code"),
+                "output_sha256": _text_digest(str(c.get("output", ""))),
             }
-        )
-    lost_attempts = [
+            for c in (it.checks or [])
+        ],
+        "workspace_fingerprint": it.fingerprint,
+        "cost_usd": _usd(it.cost_micros),
+        "started_at": _at(it.started_at),
+        "finished_at": _at(it.finished_at),
+    }
+
+
+def _lost_attempts(run: Any) -> list[dict[str, Any]]:
+    return [
         {
             "iteration": d.get("iteration"),
             "attempt": d.get("attempt"),
@@ -248,61 +293,24 @@ def document(run: Any) -> dict[str, Any]:
         }
         for d in run.events.filter(kind="attempt.lost").order_by("seq").values_list("data", flat=True)
     ]
-    grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+
+
+def _review(run: Any) -> dict[str, Any] | None:
+    """The person's verdict on the run, when one was given (the latest)."""
     verdict = (
         ReviewItem.objects.filter(run=run, status__in=[ReviewItem.Status.ACCEPTED, ReviewItem.Status.REJECTED])
         .select_related("decided_by")
         .order_by("-decided_at", "-id")
         .first()
     )
+    if verdict is None:
+        return None
     return {
-        "version": VERSION,
-        "run": run.pk,
-        "objective": run.objective,
-        "instance": {"id": instance.pk, "name": instance.name, "brain": instance.brain, "decider": instance.decider},
-        "template": instance.template.name if instance.template_id else None,
-        "owner": run.owner.get_username(),
-        "iterations": iterations,
-        "lost_attempts": lost_attempts,
-        "outcome": run.outcome or None,
-        "outcome_detail": run.outcome_detail,
-        "verified": run.verified,
-        "grade": None
-        if grade is None
-        else {
-            "iteration": grade.iteration,
-            "verified": grade.verified,
-            "outcome": grade.outcome,
-            "reasons": grade.reasons,
-            "response_check": grade.response_check,
-            "judge": grade.judge,
-            "unchanged_workspace": grade.unchanged_workspace,
-        },
-        "review": None
-        if verdict is None
-        else {
-            "verdict": verdict.status,
-            "reason": verdict.reason,
-            "note": verdict.note,
-            "by": verdict.decided_by.get_username() if verdict.decided_by else None,
-            "at": _at(verdict.decided_at),
-        },
-        "change_card": changecard.for_run(run),
-        "cost": {
-            "spent_usd": _usd(run.spent_micros),
-            "spent_micros": run.spent_micros,
-            "by_model": spending.spending_by_model(run.pk),
-        },
-        "parent": getattr(run, "parent_id", None),
-        # A delegation tree's receipts verify together: each child's receipt, by its signed digest map.
-        "children": [
-            {"run": child.pk, "receipt_sha256": _digest(envelope["signature"]["fields"]) if envelope else None}
-            for child, envelope in _children_receipts(run)
-        ],
-        "created_at": _at(run.created_at),
-        "started_at": _at(run.started_at),
-        "finished_at": _at(run.finished_at),
-        "issued_at": timezone.now().isoformat(),
+        "verdict": verdict.status,
+        "reason": verdict.reason,
+        "note": verdict.note,
+        "by": verdict.decided_by.get_username() if verdict.decided_by else None,
+        "at": _at(verdict.decided_at),
     }
 
 

@@ -23,11 +23,16 @@ it and re-signs the receipt with it.
 from __future__ import annotations
 
 import logging
+import secrets
+import unicodedata
+import zoneinfo
 from typing import Any
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import EmailValidator, URLValidator
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -36,7 +41,7 @@ from loops import event_kinds, outcomes
 from loops.models import Run
 from loops.services import Refused
 from reviews import graders, notify, receipts, sampling, snapshots, watch
-from reviews.models import GradeRecord, ReviewItem
+from reviews.models import DigestPreference, GradeRecord, NotificationTarget, ReviewItem
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +263,6 @@ def _ascii_stand_in(address: str) -> str:
     its domain is checked in its IDNA form by the validator itself. Spaces, controls and other
     invisible characters stay, so they are still refused.
     """
-    import unicodedata
-
     local, at, domain = address.rpartition("@")
     if not at:
         return address
@@ -273,13 +276,6 @@ def notification_target_add(
     *, user: Any, kind: str, address: str, events: list[str] | None = None, request: Any = None, via: str = "console"
 ) -> tuple[Any, str]:
     """Add an e-mail or webhook target for `user`; return it and, for a webhook, its new secret (shown once)."""
-    import secrets
-
-    from django.core.exceptions import ValidationError
-    from django.core.validators import EmailValidator, URLValidator
-
-    from reviews.models import NotificationTarget
-
     address = (address or "").strip()
     events = [e for e in (events or []) if e]
     unknown = sorted(set(events) - set(NotificationTarget.Event.values))
@@ -322,10 +318,6 @@ def notification_target_remove(*, user: Any, target: Any, request: Any = None, v
 
 def digest_preference_set(*, user: Any, frequency: str, time_zone: str) -> Any:
     """Set how often `user` gets a digest (off, daily, weekly) and in which IANA time zone."""
-    import zoneinfo
-
-    from reviews.models import DigestPreference
-
     if frequency not in DigestPreference.Frequency.values:
         raise Refused(f"a digest is {', '.join(DigestPreference.Frequency.values)}; not {frequency[:40]!r}")
     time_zone = (time_zone or "UTC").strip()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from django_q.models import Schedule
+from django_q.tasks import schedule
+
 from reviews import digest, notify, watch
 from reviews.models import Delivery
 
@@ -11,9 +14,6 @@ def deliver(delivery_id: int) -> None:
     delivery = notify.attempt(delivery_id)
     if delivery is None or delivery.status != Delivery.Status.PENDING or delivery.next_attempt_at is None:
         return
-    from django_q.models import Schedule
-    from django_q.tasks import schedule
-
     schedule(
         "reviews.tasks.deliver",
         delivery_id,

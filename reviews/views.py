@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from audit import trail
 from loops.services import Refused
 from reviews import digest, selectors, services, watch
+from reviews.models import NotificationTarget
 
 QUEUE_LIMIT = 200
 AUDIT_CSV_LIMIT = 100_000
@@ -108,8 +109,6 @@ def _day(value: str, end: bool = False) -> datetime | None:
 @login_required
 def notifications(request: HttpRequest) -> HttpResponse:
     """List the user's notification targets; add one (POST)."""
-    from reviews.models import NotificationTarget
-
     secret, error, status = "", "", 200
     if request.method == "POST":
         try:
@@ -142,8 +141,6 @@ def notifications(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def notification_remove(request: HttpRequest, target_id: int) -> HttpResponse:
-    from reviews.models import NotificationTarget
-
     target = NotificationTarget.objects.filter(owner=request.user, pk=target_id).first()
     if target is None:
         raise Http404("no such notification target")

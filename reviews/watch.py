@@ -31,6 +31,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from reviews import notify
 from reviews.models import ReviewItem
 
 NO_TEMPLATE = "(no template)"
@@ -142,8 +143,6 @@ def alerts(found: Backlog) -> list[str]:
 
 def notify_alerts(now: datetime | None = None) -> int:
     """Send the `review.waiting` notification to each person whose queue calls for it; return how many."""
-    from reviews import notify
-
     now = now or timezone.now()
     sent = 0
     owners = (

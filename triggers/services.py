@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from audit import trail
 from budgets import money
-from loops import objective_template, services
+from loops import objective_template, selectors, services
 from loops.models import Run
 from tether import redaction
 from tether.limits import (
@@ -255,7 +255,7 @@ def _refuse(asked: _Request, status: int, reason: str) -> Answer:
 
 
 def _run_answer(run: Run) -> dict[str, Any]:
-    return {"id": run.pk, "instance": run.instance_id, "status": run.status, "outcome": run.outcome or None}
+    return selectors.run_json(run, ("id", "instance", "status", "outcome"))
 
 
 def receive(

@@ -12,7 +12,7 @@ from django.db.models import Prefetch
 from django.http import HttpRequest
 from ninja import Body, Query, Router, Status
 
-from budgets import metering, money
+from budgets import metering
 from budgets import services as budget_services
 from budgets.selectors import headroom_for_run, pool_as_json, pools_visible_to
 from budgets.spending import run_spending
@@ -32,55 +32,6 @@ router = Router(tags=["runs"])
 INSTANCE = "/instances/{id:instance_id}"
 RUN = INSTANCE + "/loop/{id:run_id}"
 NO_BODY = Body(None)  # an optional body: absent, or a JSON object of the schema's fields
-
-
-def run_json(run: Run) -> dict[str, Any]:
-    return {
-        "id": run.pk,
-        "instance": run.instance_id,
-        "objective": run.objective,
-        "origin": origin_json(run),
-        "status": run.status,
-        "outcome": run.outcome or None,
-        "outcome_detail": run.outcome_detail or None,
-        "verified": run.verified,
-        "iterations": run.iterations_done,
-        "max_iterations": run.max_iterations,
-        "spent_usd": money.usd_string(run.spent_micros),
-        "max_cost_usd": None if run.max_cost_micros is None else money.usd_string(run.max_cost_micros),
-        "stop_requested": run.cancel_requested_at is not None,
-        "last_seq": run.last_seq,
-        "created_at": run.created_at.isoformat(),
-        "started_at": run.started_at.isoformat() if run.started_at else None,
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-        "continued_from": run.continued_from_id,
-        "continued_as": continued_as(run),
-        "parent": run.parent_id,
-        "children": child_ids(run),
-    }
-
-
-def origin_json(run: Run) -> dict[str, Any]:
-    """Return how the run started: its kind, and which schedule and firing or trigger and delivery."""
-    ref = run.origin_ref if isinstance(run.origin_ref, dict) else {}
-    return {"kind": run.origin, **{key: ref[key] for key in ORIGIN_KEYS if key in ref}}
-
-
-ORIGIN_KEYS = ("schedule", "firing", "trigger", "delivery", "parent")
-
-
-def child_ids(run: Run) -> list[int]:
-    """Return the ids of the runs `run` delegated to, oldest first (one query unless prefetched)."""
-    cached = getattr(run, "_prefetched_objects_cache", {}).get("children")
-    if cached is not None:
-        return sorted(child.pk for child in cached)
-    return list(Run.objects.filter(parent_id=run.pk).order_by("pk").values_list("pk", flat=True))
-
-
-def continued_as(run: Run) -> int | None:
-    """Return the id of the run that continues `run`, or None (one query unless select_related)."""
-    later = getattr(run, "continuation", None)
-    return later.pk if later is not None else None
 
 
 def owned_instance(request: HttpRequest, instance_id: int) -> Instance:
@@ -109,7 +60,7 @@ def _changed(request: HttpRequest, instance_id: int, run_id: int, change: Any, *
         run = change(run=run, user=request.user, request=request, **options)
     except services.Refused as exc:
         raise _refused(exc) from None
-    return Status(202, run_json(run))
+    return Status(202, selectors.run_json(run))
 
 
 def _usd(value: Any) -> str | None:
@@ -139,7 +90,7 @@ def loop_list(
         .prefetch_related(Prefetch("children", queryset=Run.objects.only("pk", "parent_id")))
         .order_by("-id")[:200]
     )
-    return {"runs": [run_json(r) for r in runs]}
+    return {"runs": [selectors.run_json(r) for r in runs]}
 
 
 @router.post(
@@ -159,13 +110,13 @@ def loop_start(request: HttpRequest, instance_id: Id, payload: schemas.RunIn) ->
         )
     except services.Refused as exc:
         raise _refused(exc) from None
-    return Status(201, run_json(run))
+    return Status(201, selectors.run_json(run))
 
 
 @router.get(RUN, url_name="run-detail", response={200: schemas.RunDetail, **errors()}, summary="Get a run")
 def run_detail(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
     run = _run(request, instance_id, run_id)
-    return {**run_json(run), "budget": headroom_for_run(run).as_json()}
+    return {**selectors.run_json(run), "budget": headroom_for_run(run).as_json()}
 
 
 @router.post(
@@ -190,7 +141,7 @@ def run_interject(request: HttpRequest, instance_id: Id, run_id: Id, payload: sc
     except services.Refused as exc:
         raise _refused(exc) from None
     run.refresh_from_db()
-    return Status(202, {"interjection": interjection.pk, "run": run_json(run)})
+    return Status(202, {"interjection": interjection.pk, "run": selectors.run_json(run)})
 
 
 @router.post(
@@ -232,7 +183,7 @@ def run_continue(
         )
     except services.Refused as exc:
         raise _refused(exc) from None
-    return Status(201, run_json(new))
+    return Status(201, selectors.run_json(new))
 
 
 @router.post(
@@ -332,8 +283,7 @@ def run_costs(
     found = run_spending(run.pk, before=before, chain=chain, calls=COST_CALLS)
     return {
         "run": run.pk,
-        "spent_usd": money.usd_string(run.spent_micros),
-        "spent_micros": run.spent_micros,
+        **selectors.run_json(run, ("spent_usd", "spent_micros")),
         "iterations": [it.as_json() for it in found.iterations],
         "earlier": found.earlier,
         "budget": chain.as_json(),

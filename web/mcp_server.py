@@ -184,12 +184,6 @@ def _instance_json(instance: Any) -> dict[str, Any]:
     }
 
 
-def _run_json(run: Run) -> dict[str, Any]:
-    from web.api import run_json
-
-    return run_json(run)
-
-
 class TetherMCPServer(MCPServer):
     """MCPServer whose argument errors read as one line per field, without pydantic's links."""
 
@@ -243,7 +237,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 instance=found, user=user, objective=objective, max_iterations=max_iterations,
                 max_cost_usd=max_cost_usd, max_minutes=max_minutes, via="mcp", request=device,
             )
-            return _run_json(run)
+            return selectors.run_json(run)
 
         return await _call(ctx, identify, work)
 
@@ -253,7 +247,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
 
         def work(user, device):
             run = _run(user, run_id)
-            return {**_run_json(run), "budget": headroom_for_run(run).as_json()}
+            return {**selectors.run_json(run), "budget": headroom_for_run(run).as_json()}
 
         return await _call(ctx, identify, work)
 
@@ -272,7 +266,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 runs = runs.filter(instance=_instance(user, instance))
             if status is not None:
                 runs = runs.filter(status=status)
-            return {"runs": [_run_json(r) for r in runs.order_by("-id")[:limit]]}
+            return {"runs": [selectors.run_json(r) for r in runs.order_by("-id")[:limit]]}
 
         return await _call(ctx, identify, work)
 
@@ -305,7 +299,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             run = _run(user, run_id)
             queued = services.run_interject(run=run, user=user, text=message, via="mcp", request=device)
             run.refresh_from_db()
-            return {"interjection": queued.pk, "run": _run_json(run)}
+            return {"interjection": queued.pk, "run": selectors.run_json(run)}
 
         return await _call(ctx, identify, work)
 
@@ -333,7 +327,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 run=run, user=user, text=message, approve=approve, via="mcp", request=device
             )
             run.refresh_from_db()
-            return {"interjection": queued.pk, "run": _run_json(run)}
+            return {"interjection": queued.pk, "run": selectors.run_json(run)}
 
         return await _call(ctx, identify, work)
 
@@ -343,7 +337,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
 
         def work(user, device):
             run = services.run_cancel(run=_run(user, run_id), user=user, via="mcp", request=device)
-            return _run_json(run)
+            return selectors.run_json(run)
 
         return await _call(ctx, identify, work)
 
@@ -367,7 +361,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 run=_run(user, run_id), user=user, message=message, max_iterations=max_iterations,
                 max_cost_usd=max_cost_usd, max_minutes=max_minutes, via="mcp", request=device,
             )
-            return _run_json(new)
+            return selectors.run_json(new)
 
         return await _call(ctx, identify, work)
 

@@ -23,5 +23,5 @@ def test_the_runner_does_not_import_reviews():
 
 
 def test_reviews_listens_to_every_run_signal():
-    for signal in (signals.run_starting, signals.done_proposed, signals.run_finished):
+    for signal in (signals.run_starting, signals.run_finished, signals.iteration_starting, signals.attempt_lost):
         assert signal.has_listeners(Run), signal
