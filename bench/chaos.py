@@ -100,13 +100,13 @@ def prepare(runs: int, seconds: float, home: str) -> dict[str, Any]:
     from django.core.management import call_command
     from django.test import Client
 
-    from budgets import ledger
+    from budgets import limits
     from budgets import services as budgets
     from instances.models import Instance
 
     call_command("migrate", verbosity=0, interactive=False)
     user = get_user_model().objects.create_user(USERNAME, password="chaos-pw-123")
-    ledger.set_limit(budgets.user_pool(user), 100_000_000, "chaos")  # $100: limited, never reached
+    limits.set_limit(budgets.user_pool(user), 100_000_000, "chaos")  # $100: limited, never reached
     instances = []
     for name, act, cost, share, bound, limit in SHAPES:
         steps = goal(act, share, seconds)
@@ -120,7 +120,7 @@ def prepare(runs: int, seconds: float, home: str) -> dict[str, Any]:
             act_timeout_seconds=60,
         )
         if limit is not None:
-            ledger.set_limit(budgets.instance_pool(instance), money.usd_to_micros(limit, exact=True), "chaos")
+            limits.set_limit(budgets.instance_pool(instance), money.usd_to_micros(limit, exact=True), "chaos")
         instances.append(instance.pk)
     client = Client()
     client.force_login(user)

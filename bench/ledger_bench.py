@@ -82,7 +82,7 @@ def hammer(job: Job, barrier: Any, results: Any) -> None:
     result = Result()
     try:
         configure(job.env)
-        from budgets import ledger
+        from budgets import booking, ledger, retry
         from budgets.models import Pool
         from loops.models import Run
 
@@ -100,7 +100,7 @@ def hammer(job: Job, barrier: Any, results: Any) -> None:
                     )
 
         def settle(reservation: int, amount: int) -> None:
-            ledger.atomic_with_retry(
+            retry.atomic_with_retry(
                 lambda: ledger.settle(reservation, actual=rng.randint(0, amount)), on_retry=retried
             )
             result.settled += 1
@@ -122,8 +122,8 @@ def hammer(job: Job, barrier: Any, results: Any) -> None:
 
             began = time.monotonic()
             try:
-                reservation = ledger.atomic_with_retry(reserve, on_retry=retried)
-            except ledger.BudgetRefused:
+                reservation = retry.atomic_with_retry(reserve, on_retry=retried)
+            except booking.BudgetRefused:
                 result.refused += 1
                 continue
             assert reservation is not None
@@ -230,14 +230,14 @@ def _backend(env: dict[str, str | None], worker_counts: list[int], pairs: int, o
         from django.core.management import call_command
         from django.db import connection, connections
 
-        from budgets import ledger
+        from budgets import limits
 
         call_command("migrate", verbosity=0)
         rows = []
         for workers in worker_counts:
             run_ids, root_id = _fixtures(workers, f"{workers}")
             # A large but real limit: every reservation is checked against it.
-            ledger.set_limit(root_id, 10**15, "bench")
+            limits.set_limit(root_id, 10**15, "bench")
             row: dict[str, Any] = {"workers": workers}
             for baseline in (False, True):
                 jobs = [

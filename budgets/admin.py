@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 
 from audit import trail
 from audit.trail import AuditedAdmin
-from budgets import ledger, selectors, services, spending
+from budgets import booking, selectors, services, spending
 from budgets.models import LedgerEntry, Pool, Price, Reservation
 from budgets.money import format_usd, micros_to_decimal, usd_to_micros
 
@@ -50,7 +50,7 @@ class PoolForm(forms.ModelForm):
         data["limit"] = None if limit is None else usd_to_micros(limit)
         pool = self.instance
         if pool.pk:
-            spent = ledger.effective_spent(pool)
+            spent = booking.effective_spent(pool)
             if data["limit"] is not None and data["limit"] < spent:
                 self.add_error("limit_usd", f"This pool has already spent {format_usd(spent)} this period.")
             if data.get("top_up_usd") and data["limit"] is None:
@@ -69,7 +69,7 @@ def _limit(pool: Pool) -> str:
 
 @admin.display(description="spent")
 def _spent(pool: Pool) -> str:
-    return format_usd(ledger.effective_spent(pool))
+    return format_usd(booking.effective_spent(pool))
 
 
 @admin.display(description="reserved")
@@ -216,7 +216,7 @@ class PoolAdmin(admin.ModelAdmin):
         for pool in queryset:
             try:
                 services.pool_reset_period(pool, user=request.user, via="admin", request=request)
-            except ledger.InvalidBudget as error:
+            except booking.InvalidBudget as error:
                 self.message_user(request, str(error), messages.ERROR)
             else:
                 self.message_user(request, f"{pool.name}: period reset", messages.SUCCESS)

@@ -39,187 +39,52 @@ returns the lease at once, so the overdraft reaches every ancestor and blocks it
 
 `BudgetRefused` is raised after the work is done, so a caller that catches it inside
 its own `atomic()` block can carry on in the same transaction.
+
+Around it: `budgets.booking` (the locks, entries, refusals and periods every change stands on),
+`budgets.leases` (drawing a lease's slices), `budgets.limits` (limits, top-ups, period resets) and
+`budgets.retry` (retrying a whole transaction).
 """
 
 from __future__ import annotations
 
-import logging
-import random
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Iterable
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.contrib.auth.base_user import AbstractBaseUser
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, transaction
 from django.db.models import F, Subquery
 from django.utils import timezone
 
+from budgets.booking import (
+    HELD,
+    Actor,
+    BudgetRefused,
+    InvalidBudget,
+    Kind,
+    ThresholdCrossing,
+    actor_of,
+    announce_crossings,
+    check_amount,
+    ledger_entry,
+    lock_pools,
+    over_threshold,
+    period_floor,
+    pool_id_of,
+    refusal,
+)
+from budgets.leases import admit, draw_slice
 from budgets.models import LedgerEntry, Pool, Reservation
-from budgets.money import format_usd, usd_to_micros
-
-type Actor = AbstractBaseUser | str | None
-"""Who made a change: a user, a label ("runner", "reaper", "admin"), or None for the default."""
-
-log = logging.getLogger(__name__)
-
-HELD = Reservation.Status.HELD
-Kind = LedgerEntry.Kind
-
-
-class BudgetRefused(Exception):
-    """A pool in the run's chain has no room for the reservation."""
-
-    def __init__(self, pool_name: str, detail: str, pool_id: int | None = None) -> None:
-        super().__init__(detail)
-        self.pool_name = pool_name
-        self.pool_id = pool_id
-        self.detail = detail
-
-
-class InvalidBudget(ValueError):
-    """Bad input for a budget change (a negative limit, a cap below what is spent, ...); nothing changed."""
-
-
-@dataclass(frozen=True)
-class ThresholdCrossing:
-    """A pool's settled spend reached its soft threshold for the first time this period."""
-
-    pool_id: int
-    pool_name: str
-    spent: int
-    limit: int
-    threshold_percent: int
-    run_id: int | None
-
-    @property
-    def detail(self) -> str:
-        return (
-            f"pool {self.pool_name!r} has spent {format_usd(self.spent)} of its {format_usd(self.limit)} limit "
-            f"(threshold {self.threshold_percent}%)"
-        )
-
-
-# --- time and periods ----------------------------------------------------------------
-
-
-def period_floor(period: str, now: datetime) -> datetime | None:
-    """Return the start (UTC) of the period containing `now`; None for pools without a period."""
-    now = now.astimezone(UTC)
-    if period == Pool.Period.DAILY:
-        return now.replace(hour=0, minute=0, second=0, microsecond=0)
-    if period == Pool.Period.MONTHLY:
-        return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return None
-
-
-def effective_spent(pool: Pool, now: datetime | None = None) -> int:
-    """Return the pool's spent as it stands at `now` (zero if a period boundary has passed)."""
-    start = period_floor(pool.period, now or timezone.now())
-    if start is not None and start > pool.period_start:
-        return 0
-    return int(pool.spent)
-
-
-# --- actors and entries ----------------------------------------------------------------
-
-
-def _actor(actor: Actor, default: str) -> tuple[Any, str]:
-    if actor is None:
-        return None, default
-    if isinstance(actor, str):
-        return None, actor[:150]
-    return actor, (actor.get_username() or f"user {actor.pk}")[:150]
-
-
-def _entry(pool: Pool, kind: str, actor: tuple[Any, str], now: datetime, **fields: Any) -> LedgerEntry:
-    user, label = actor
-    return LedgerEntry(
-        pool_id=pool.pk,
-        kind=kind,
-        spent_after=pool.spent,
-        reserved_after=pool.reserved,
-        limit_after=pool.limit,
-        actor=user,
-        actor_label=label,
-        created_at=now,
-        **fields,
-    )
-
-
-# --- locking ---------------------------------------------------------------------------
-
-
-def _lock(pool_ids: Iterable[int], now: datetime, actor: tuple[Any, str]) -> list[Pool]:
-    """Lock the pools in ascending id order and apply any due period reset; return them in that order."""
-    pools = list(Pool.objects.select_for_update().filter(pk__in=sorted(set(pool_ids))).order_by("pk"))
-    entries = []
-    for pool in pools:
-        start = period_floor(pool.period, now)
-        if start is None or start <= pool.period_start:
-            continue
-        cleared = pool.spent
-        Pool.objects.filter(pk=pool.pk).update(spent=0, period_start=start, threshold_flagged_at=None)
-        pool.spent, pool.period_start, pool.threshold_flagged_at = 0, start, None
-        entries.append(
-            _entry(
-                pool,
-                Kind.PERIOD_RESET,
-                actor,
-                now,
-                amount=cleared,
-                spent_delta=-cleared,
-                note=f"new {pool.period} period from {start:%Y-%m-%d}; {format_usd(cleared)} spent last period",
-            )
-        )
-    if entries:
-        LedgerEntry.objects.bulk_create(entries)
-    return pools
+from budgets.money import format_usd
 
 
 def _chain_for_run(run: Any) -> list[int]:
     """Return the ids of the run's pool chain, root first, opening its pools if they do not exist yet."""
     path = Pool.objects.filter(kind=Pool.Kind.RUN, run_id=run.pk).values_list("path", flat=True).first()
     if path is None:
-        from budgets.services import open_run_pools
+        from budgets.services import open_run_pools  # lazy: budgets.services imports this module
 
         return open_run_pools(run).chain_ids()
     return [int(part) for part in path.strip("/").split("/") if part]
-
-
-def _refusal(pools: list[Pool], amount: int, run: Any, iteration: int, what: str = "") -> BudgetRefused | None:
-    """Return why the chain cannot hold `amount` more (naming the innermost pool), or None.
-
-    `what` names what needs it, if not (iteration, run) or "the call".
-    """
-    for pool in sorted(pools, key=lambda p: -len(p.path)):
-        if pool.limit is None:
-            continue
-        committed = pool.spent + pool.reserved
-        if committed > pool.limit:
-            detail = (
-                f"pool {pool.name!r} is overdrawn: spent {format_usd(pool.spent)} + reserved "
-                f"{format_usd(pool.reserved)} exceeds its {format_usd(pool.limit)} limit; "
-                "nothing more is granted until it is covered (top up or raise the limit)"
-            )
-            return BudgetRefused(pool.name, detail, pool.pk)
-        if committed + amount > pool.limit:
-            detail = (
-                f"pool {pool.name!r} has {format_usd(pool.limit - committed)} left of its "
-                f"{format_usd(pool.limit)} limit (spent {format_usd(pool.spent)}, reserved "
-                f"{format_usd(pool.reserved)}); "
-                + (what or (f"iteration {iteration} of run {run.pk}" if run is not None else "the call"))
-                + f" needs up to {format_usd(amount)}"
-            )
-            return BudgetRefused(pool.name, detail, pool.pk)
-    return None
-
-
-def _check_amount(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a whole, non-negative number of micro-dollars, got {value!r}")
-    return value
 
 
 # --- reserve / settle / release / close -----------------------------------------------------
@@ -278,9 +143,9 @@ def hold(
     pool: Pool | None = None,
 ) -> Held:
     """`reserve`, returning the reservation as `Held`: a `settle` given it writes without reading it first."""
-    amount = _check_amount("amount", amount)
+    amount = check_amount("amount", amount)
     now = now or timezone.now()
-    who = _actor(actor, "runner")
+    who = actor_of(actor, "runner")
     if run is None and pool is None:
         raise ValueError("a reservation needs a run or a pool")
     with transaction.atomic(savepoint=False):
@@ -298,7 +163,7 @@ def _reserve(
     if run is None:
         assert pool is not None
         chain = pool.chain_ids()
-        leaf, locked = None, _lock(chain, now, who)
+        leaf, locked = None, lock_pools(chain, now, who)
     else:
         try:
             chain, leaf, locked = _lock_run(run, now, who, key=(iteration, call))
@@ -310,7 +175,7 @@ def _reserve(
             if held is not None:
                 return Held(*held)
     run_id = None if run is None else run.pk
-    pools, no = _admit(chain, leaf, locked, amount, now, who, f"iteration {iteration} of run {run_id}" if run else "")
+    pools, no = admit(chain, leaf, locked, amount, now, who, f"iteration {iteration} of run {run_id}" if run else "")
     if no is not None:
         return no
     return _hold(pools, amount, who, now, lease=leaf, run_id=run_id, iteration=iteration, call=call, model=model)
@@ -342,87 +207,8 @@ def _lock_run(
             raise BudgetRefused(f"run {run.pk}", f"run {run.pk} cannot have its cost cap: {error}") from error
         mine = leased.first()  # opened just now, with a lease
         if mine is None:
-            return chain, None, _lock([*chain, *also], now, who)
+            return chain, None, lock_pools([*chain, *also], now, who)
     return mine.chain_ids(), mine, []
-
-
-def _admit(
-    chain: list[int], leaf: Pool | None, locked: list[Pool], amount: int, now: datetime, who: tuple[Any, str],
-    what: str, also: Iterable[int] = (),
-) -> tuple[list[Pool], BudgetRefused | None]:
-    """Return the (locked) pools a new reservation of `amount` holds money in, or why it cannot.
-
-    Without a lease (`leaf` None): the whole chain, `locked` already, refused if any limited pool
-    lacks room. With one: the run pool and `also` (refused if they lack room), after drawing the
-    slice its lease is short of from its ancestors.
-    """
-    if leaf is None:
-        return locked, _refusal(locked, amount, None, 0, what)
-    also = [pk for pk in also if pk != leaf.pk]
-    refused = _refusal([leaf], amount, None, 0, what)
-    if refused is not None:
-        return [], refused
-    unused = int(leaf.quota or 0) - leaf.quota_used
-    short = amount - unused
-    shared = _lock([*(chain[:-1] if short > 0 else []), *also], now, who)
-    extra = [p for p in shared if p.pk in also]
-    refused = _refusal(extra, amount, None, 0, what)
-    if refused is not None:
-        return [], refused
-    if short > 0:
-        ancestors = [p for p in shared if p.pk in chain]
-        spare = _slice_size()
-        if leaf.limit is not None:  # never lease more than the run pool could ever use
-            spare = min(spare, leaf.limit - leaf.spent - leaf.reserved - unused)
-        tightest = min((p.limit - p.spent - p.reserved for p in ancestors if p.limit is not None), default=None)
-        if tightest is not None:  # nor more than a quarter of what is left: scarce headroom is shared out
-            spare = min(spare, tightest // 4)
-        draw = spare if spare > short and _refusal(ancestors, spare, None, 0, what) is None else short
-        refused = _refusal(ancestors, draw, None, 0, what)
-        if refused is not None:
-            return [], refused
-        _draw(leaf, ancestors, draw, who, now)
-    return [leaf, *extra], None
-
-
-def _slice_size() -> int:
-    from django.conf import settings
-
-    return usd_to_micros(str(settings.TETHER_BUDGET_LEASE_USD))
-
-
-def leasing() -> bool:
-    """Return whether new run pools lease their headroom (`TETHER_BUDGET_LEASE_USD` above 0).
-
-    At 0, every reservation holds money in its whole chain at once: every pool exact at every
-    moment, at the price of locking the shared root and user rows on every call.
-    """
-    return _slice_size() > 0
-
-
-def _draw(
-    leaf: Pool, ancestors: list[Pool], amount: int, who: tuple[Any, str], now: datetime, note: str = ""
-) -> Reservation:
-    """Hold `amount` more in `leaf`'s (locked) ancestors as a slice of its lease (no limit check: the caller's)."""
-    piece: Reservation = Reservation.objects.create(
-        iteration=0, amount=amount, lease_for=leaf, chain=[p.pk for p in ancestors], created_at=now,
-    )
-    if not amount:  # an empty slice: only what a settle beyond the lease books through it
-        return piece
-    Pool.objects.filter(pk__in=piece.chain).update(reserved=F("reserved") + amount)
-    leaf.quota = int(leaf.quota or 0) + amount
-    Pool.objects.filter(pk=leaf.pk).update(quota=leaf.quota)
-    entries = []
-    for pool in ancestors:
-        pool.reserved += amount
-        entries.append(
-            _entry(
-                pool, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount, reservation_id=piece.pk,
-                run_id=leaf.run_id, note=note or f"a slice of {leaf.name}'s lease",
-            )
-        )
-    LedgerEntry.objects.bulk_create(entries)
-    return piece
 
 
 def _hold(
@@ -449,7 +235,7 @@ def _hold(
     for locked in pools:
         locked.reserved += amount
         entries.append(
-            _entry(
+            ledger_entry(
                 locked, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount,
                 reservation_id=reservation.pk, run_id=run_id, iteration=iteration, note=note,
             )
@@ -470,9 +256,9 @@ def settle(
     """
     if reservation is None:
         return []
-    actual = _check_amount("actual", actual)
+    actual = check_amount("actual", actual)
     return _close(
-        reservation, actual, Kind.SETTLE, Reservation.Status.SETTLED, _actor(actor, "runner"), now, usage
+        reservation, actual, Kind.SETTLE, Reservation.Status.SETTLED, actor_of(actor, "runner"), now, usage
     )
 
 
@@ -484,7 +270,7 @@ def roll(held: Held | None, *, actual: int, run: Any, iteration: int, amount: in
     write of it, the two reservations and one insert of both entries. Anything else is the
     `settle` and the `hold` it stands for, one after the other; raises `BudgetRefused` as `hold` does.
     """
-    actual, amount = _check_amount("actual", actual), _check_amount("amount", amount)
+    actual, amount = check_amount("actual", actual), check_amount("amount", amount)
     now = now or timezone.now()
     with transaction.atomic(savepoint=False):
         leaf = (
@@ -503,11 +289,11 @@ def roll(held: Held | None, *, actual: int, run: Any, iteration: int, amount: in
 
 def _rolled(leaf: Pool, held: Held, actual: int, run: Any, iteration: int, amount: int, now: datetime) -> Held:
     """`roll`'s steady case, with `held` settled already: book it, and hold `amount` in the run's pool alone."""
-    who = _actor(None, "runner")
+    who = actor_of(None, "runner")
     reserved_before = leaf.reserved
     leaf.reserved -= held.amount
     leaf.spent += actual
-    settled = _entry(
+    settled = ledger_entry(
         leaf, Kind.SETTLE, who, now, amount=actual, spent_delta=actual, reserved_delta=-held.amount,
         reservation_id=held.pk, run_id=run.pk, iteration=held.iteration,
     )
@@ -520,7 +306,7 @@ def _rolled(leaf: Pool, held: Held, actual: int, run: Any, iteration: int, amoun
         reserved=F("reserved") + (leaf.reserved - reserved_before), spent=F("spent") + actual,
         quota_used=leaf.quota_used,
     )
-    reserved = _entry(
+    reserved = ledger_entry(
         leaf, Kind.RESERVE, who, now, amount=amount, reserved_delta=amount, reservation_id=reservation.pk,
         run_id=run.pk, iteration=iteration,
     )
@@ -541,17 +327,17 @@ def _rolls(leaf: Pool, held: Held, actual: int, amount: int, now: datetime) -> b
         limit=leaf.limit, spent=leaf.spent + actual, reserved=leaf.reserved - held.amount,
         threshold_percent=leaf.threshold_percent,
     )
-    if _over_threshold(after) and leaf.threshold_flagged_at is None:
+    if over_threshold(after) and leaf.threshold_flagged_at is None:
         return False  # a soft threshold is crossed: the general path announces it
     unused = int(leaf.quota or 0) - (leaf.quota_used + actual - held.amount)
-    return amount <= unused and _refusal([after], amount, None, 0) is None
+    return amount <= unused and refusal([after], amount, None, 0) is None
 
 
 def release(reservation_id: int | None, *, actor: Actor = None, now: datetime | None = None) -> None:
     """Give the whole reservation back: the act never ran, nothing was spent. Idempotent."""
     if reservation_id is None:
         return
-    _close(reservation_id, 0, Kind.RELEASE, Reservation.Status.RELEASED, _actor(actor, "runner"), now)
+    _close(reservation_id, 0, Kind.RELEASE, Reservation.Status.RELEASED, actor_of(actor, "runner"), now)
 
 
 def carve(
@@ -566,15 +352,15 @@ def carve(
     Raises `BudgetRefused` naming the pool that has no room. Idempotent: a pool already carved
     has its carve's id returned.
     """
-    amount = _check_amount("amount", amount)
+    amount = check_amount("amount", amount)
     now = now or timezone.now()
-    who = _actor(actor, "runner")
+    who = actor_of(actor, "runner")
     with transaction.atomic(savepoint=False):
         done = Reservation.objects.filter(carved=pool).values_list("pk", flat=True).first()
         if done is not None:
             return int(done)
         chain, leaf, locked = _lock_run(parent, now, who, also)
-        pools, refused = _admit(chain, leaf, locked, amount, now, who, "the child run's budget", also)
+        pools, refused = admit(chain, leaf, locked, amount, now, who, "the child run's budget", also)
         if refused is None:
             return _hold(
                 pools, amount, who, now, lease=leaf, carved=pool,
@@ -592,14 +378,14 @@ def refund_carve(pool: Pool | int, *, actor: Actor = None, now: datetime | None 
     never under the child's spend. Idempotent: a carve no longer held is left alone.
     """
     now = now or timezone.now()
-    who = _actor(actor, "runner")
+    who = actor_of(actor, "runner")
     with transaction.atomic(savepoint=False):
         held = Reservation.objects.filter(carved=pool, status=HELD).values_list("pk", "chain").first()
         if held is None:
             return None
         pk, chain = held
-        child_id = _pool_id(pool)
-        locked = {p.pk: p for p in _lock([*chain, child_id], now, who)}
+        child_id = pool_id_of(pool)
+        locked = {p.pk: p for p in lock_pools([*chain, child_id], now, who)}
         reservation = Reservation.objects.select_for_update().get(pk=pk)
         if reservation.status != HELD:
             return None
@@ -618,13 +404,13 @@ def close_abandoned(run: Any, *, actor: Actor = None, now: datetime | None = Non
     Conservative: the act may have spent up to the reservation, so all of it counts as spent.
     """
     now = now or timezone.now()
-    who = _actor(actor, "reaper")
+    who = actor_of(actor, "reaper")
     total = 0
     with transaction.atomic(savepoint=False):
         held = list(Reservation.objects.filter(run_id=run.pk, status=HELD).values_list("pk", "chain"))
         if not held:
             return 0
-        pools = {p.pk: p for p in _lock((pk for _, chain in held for pk in chain), now, who)}
+        pools = {p.pk: p for p in lock_pools((pk for _, chain in held for pk in chain), now, who)}
         for reservation in (
             Reservation.objects.select_for_update().filter(pk__in=[pk for pk, _ in held]).order_by("pk")
         ):
@@ -660,7 +446,7 @@ def _close(
                 reservation = found
             if reservation.status != HELD:
                 return []
-            pools = _lock(reservation.chain, now, who)
+            pools = lock_pools(reservation.chain, now, who)
             # Guarded: closed (or its lease given back) between the read and the lock, it is read again.
             closed = _apply_close(reservation, pools, actual, kind, status, who, now, guarded=True, usage=usage)
             if closed is not None:
@@ -699,25 +485,9 @@ def _apply_close(
     amount = reservation.amount - keeps
     run_id, iteration = (cause.run_id, cause.iteration) if cause is not None else (reservation.run_id, reservation.iteration)
     overdraft = max(0, actual - amount)
-    closing = Reservation.objects.filter(pk=reservation.pk)
-    if guarded:
-        closing = closing.filter(status=HELD, on_lease_id=reservation.on_lease_id)
-    written: dict[str, Any] = {"status": status, "actual": actual, "overdraft": overdraft, "closed_at": now}
-    if usage is not None:
-        written["usage"] = usage
-    if keeps:
-        closing.update(amount=keeps)  # still held, with what it keeps
-    elif not closing.update(**written) and guarded:
+    if not _close_row(reservation, status, actual, overdraft, now, guarded, usage, keeps):
         return None
-    lease = next((p for p in pools if p.pk == reservation.on_lease_id), None)
-    if lease is not None:
-        lease.quota_used += actual - amount
-        Pool.objects.filter(pk=lease.pk).update(
-            reserved=F("reserved") - amount, spent=F("spent") + actual, quota_used=lease.quota_used
-        )
-    shared = [p.pk for p in pools if p is not lease]
-    if shared:
-        Pool.objects.filter(pk__in=shared).update(reserved=F("reserved") - amount, spent=F("spent") + actual)
+    lease = _move_money(pools, reservation.on_lease_id, amount, actual)
     if keeps:
         reservation.amount = keeps
     else:
@@ -727,6 +497,53 @@ def _apply_close(
     elif overdraft:
         exceeded = f"actual cost exceeded the reservation of {format_usd(amount)} by {format_usd(overdraft)}"
         note = f"{note}; {exceeded}" if note else exceeded
+    crossings = _book_close(pools, reservation.pk, amount, actual, overdraft, kind, who, now, run_id, iteration, note)
+    if lease is not None and lease.quota_used > int(lease.quota or 0):
+        crossings += _book_beyond_lease(lease, reservation, who, now)
+    if lease is not None and lease.lease_ending and not lease.reserved:
+        crossings += _return(lease, who, now)  # the last reservation of an ended run's lease: the rest goes back
+    if crossings and announce:
+        announce_crossings(crossings)
+    return crossings
+
+
+def _close_row(
+    reservation: Reservation, status: str, actual: int, overdraft: int, now: datetime, guarded: bool,
+    usage: dict[str, int] | None, keeps: int,
+) -> bool:
+    """Write the reservation closed (or, with `keeps`, still held with that); False if `guarded` and it was not held."""
+    closing = Reservation.objects.filter(pk=reservation.pk)
+    if guarded:
+        closing = closing.filter(status=HELD, on_lease_id=reservation.on_lease_id)
+    written: dict[str, Any] = {"status": status, "actual": actual, "overdraft": overdraft, "closed_at": now}
+    if usage is not None:
+        written["usage"] = usage
+    if keeps:
+        closing.update(amount=keeps)  # still held, with what it keeps
+    elif not closing.update(**written) and guarded:
+        return False
+    return True
+
+
+def _move_money(pools: list[Pool], on_lease_id: int | None, amount: int, actual: int) -> Pool | None:
+    """Take `amount` out of the pools' `reserved` and add `actual` to their `spent`; return the lease it was on."""
+    lease = next((p for p in pools if p.pk == on_lease_id), None)
+    if lease is not None:
+        lease.quota_used += actual - amount
+        Pool.objects.filter(pk=lease.pk).update(
+            reserved=F("reserved") - amount, spent=F("spent") + actual, quota_used=lease.quota_used
+        )
+    shared = [p.pk for p in pools if p is not lease]
+    if shared:
+        Pool.objects.filter(pk__in=shared).update(reserved=F("reserved") - amount, spent=F("spent") + actual)
+    return lease
+
+
+def _book_close(
+    pools: list[Pool], reservation_id: int, amount: int, actual: int, overdraft: int, kind: str,
+    who: tuple[Any, str], now: datetime, run_id: int | None, iteration: int, note: str,
+) -> list[ThresholdCrossing]:
+    """Write the close's entries on every (locked) pool, with its overdrafts; flag and return the thresholds crossed."""
     entries = []
     crossings = []
     flagged = []
@@ -734,7 +551,7 @@ def _apply_close(
         pool.reserved -= amount
         pool.spent += actual
         entries.append(
-            _entry(
+            ledger_entry(
                 pool,
                 kind,
                 who,
@@ -742,7 +559,7 @@ def _apply_close(
                 amount=actual,
                 spent_delta=actual,
                 reserved_delta=-amount,
-                reservation_id=reservation.pk,
+                reservation_id=reservation_id,
                 run_id=run_id,
                 iteration=iteration,
                 note=note,
@@ -752,20 +569,20 @@ def _apply_close(
             continue
         if overdraft and pool.spent + pool.reserved > pool.limit:
             entries.append(
-                _entry(
+                ledger_entry(
                     pool,
                     Kind.OVERDRAFT,
                     who,
                     now,
                     amount=pool.spent + pool.reserved - pool.limit,
-                    reservation_id=reservation.pk,
+                    reservation_id=reservation_id,
                     run_id=run_id,
                     iteration=iteration,
                     note=f"over its limit by {format_usd(pool.spent + pool.reserved - pool.limit)}; "
                     "no new reservation until covered",
                 )
             )
-        if _over_threshold(pool) and pool.threshold_flagged_at is None and pool.threshold_percent is not None:
+        if over_threshold(pool) and pool.threshold_flagged_at is None and pool.threshold_percent is not None:
             pool.threshold_flagged_at = now
             flagged.append(pool.pk)
             crossing = ThresholdCrossing(
@@ -773,7 +590,7 @@ def _apply_close(
             )
             crossings.append(crossing)
             entries.append(
-                _entry(
+                ledger_entry(
                     pool,
                     Kind.THRESHOLD,
                     who,
@@ -786,22 +603,25 @@ def _apply_close(
     if flagged:
         Pool.objects.filter(pk__in=flagged).update(threshold_flagged_at=now)
     LedgerEntry.objects.bulk_create(entries)
-    if lease is not None and lease.quota_used > int(lease.quota or 0):
-        # Beyond what the lease holds (only a reported cost can be): the ancestors must see it now,
-        # and are blocked by it. The excess is booked up the chain through an empty slice.
-        excess = lease.quota_used - int(lease.quota or 0)
-        ancestors = _lock(lease.chain_ids()[:-1], now, who)
-        piece = _draw(lease, ancestors, 0, who, now)
-        crossings += _apply_close(
-            piece, ancestors, excess, Kind.SETTLE, Reservation.Status.SETTLED, who, now, announce=False,
-            cause=reservation, note=f"{lease.name} spent {format_usd(excess)} beyond its lease",
-        )
-        lease.quota_used = int(lease.quota or 0)
-        Pool.objects.filter(pk=lease.pk).update(quota_used=lease.quota_used)
-    if lease is not None and lease.lease_ending and not lease.reserved:
-        crossings += _return(lease, who, now)  # the last reservation of an ended run's lease: the rest goes back
-    if crossings and announce:
-        _announce(crossings)
+    return crossings
+
+
+def _book_beyond_lease(
+    lease: Pool, cause: Reservation, who: tuple[Any, str], now: datetime
+) -> list[ThresholdCrossing]:
+    """Book what the (locked) `lease` spent beyond what it holds up its chain at once, through an empty slice.
+
+    Only a reported cost can go beyond the lease: the ancestors must see it now, and are blocked by it.
+    """
+    excess = lease.quota_used - int(lease.quota or 0)
+    ancestors = lock_pools(lease.chain_ids()[:-1], now, who)
+    piece = draw_slice(lease, ancestors, 0, who, now)
+    crossings: list[ThresholdCrossing] = _apply_close(
+        piece, ancestors, excess, Kind.SETTLE, Reservation.Status.SETTLED, who, now, announce=False,
+        cause=cause, note=f"{lease.name} spent {format_usd(excess)} beyond its lease",
+    )
+    lease.quota_used = int(lease.quota or 0)
+    Pool.objects.filter(pk=lease.pk).update(quota_used=lease.quota_used)
     return crossings
 
 
@@ -813,9 +633,9 @@ def return_lease(pool: Pool | int, *, actor: Actor = None, now: datetime | None 
     `_return`). Idempotent: a pool with nothing leased is left alone (returns 0).
     """
     now = now or timezone.now()
-    who = _actor(actor, "runner")
+    who = actor_of(actor, "runner")
     with transaction.atomic(savepoint=False):
-        locked = _lock([_pool_id(pool)], now, who)
+        locked = lock_pools([pool_id_of(pool)], now, who)
         if not locked or not locked[0].quota:
             return 0  # nothing leased
         if locked[0].quota == locked[0].reserved == locked[0].quota_used:  # only what is still held:
@@ -825,7 +645,7 @@ def return_lease(pool: Pool | int, *, actor: Actor = None, now: datetime | None 
         taken = int(locked[0].quota_used - locked[0].reserved)
         crossings = _return(locked[0], who, now)
     if crossings:
-        _announce(crossings)
+        announce_crossings(crossings)
     return taken
 
 
@@ -845,7 +665,7 @@ def _return(
     anew, so an ancestor that an overdraft took past its limit is written no reserve — nothing is
     granted there. The lease ends for good when the last of it settles (`lease_ending`).
     """
-    ancestors = _lock(leaf.chain_ids()[:-1], now, who)
+    ancestors = lock_pools(leaf.chain_ids()[:-1], now, who)
     slices = list(Reservation.objects.select_for_update().filter(lease_for=leaf, status=HELD).order_by("pk"))
     held = int(leaf.reserved)
     spent = leaf.quota_used - held
@@ -858,7 +678,7 @@ def _return(
         if kept < piece.amount or not piece.amount:
             returned.insert(0, (piece, kept))
     if spent > 0 and not returned:  # nothing leased, yet spent: a $0 reservation settled at a reported cost
-        returned = [(_draw(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond its lease"), 0)]
+        returned = [(draw_slice(leaf, ancestors, 0, who, now, note=f"{leaf.name} spent beyond its lease"), 0)]
     crossings: list[ThresholdCrossing] = []
     for index, (piece, kept) in enumerate(returned):
         part = piece.amount - kept
@@ -874,158 +694,3 @@ def _return(
     leaf.quota, leaf.quota_used, leaf.lease_ending = held, held, bool(held)
     Pool.objects.filter(pk=leaf.pk).update(quota=leaf.quota, quota_used=leaf.quota_used, lease_ending=leaf.lease_ending)
     return crossings
-
-
-def _over_threshold(pool: Pool) -> bool:
-    if pool.limit is None or pool.threshold_percent is None:
-        return False
-    return bool(pool.spent * 100 >= pool.limit * pool.threshold_percent)
-
-
-def _announce(crossings: list[ThresholdCrossing]) -> None:
-    from budgets.signals import threshold_crossed
-
-    def send() -> None:
-        for crossing in crossings:
-            threshold_crossed.send(sender=Pool, crossing=crossing)
-
-    transaction.on_commit(send)
-
-
-# --- limits, top-ups, period resets (admin and API) -------------------------------------------
-
-
-def _pool_id(pool: Pool | int) -> int:
-    return pool if isinstance(pool, int) else pool.pk
-
-
-def top_up(pool: Pool | int, amount: int, actor: Actor, *, now: datetime | None = None) -> Pool:
-    """Raise a limited pool's limit by `amount` micro-dollars; return the pool as it now stands."""
-    if isinstance(amount, bool) or not isinstance(amount, int) or amount <= 0:
-        raise InvalidBudget(f"a top-up must be a positive whole number of micro-dollars, got {amount!r}")
-    now = now or timezone.now()
-    who = _actor(actor, "system")
-    with transaction.atomic():
-        (locked,) = _lock([_pool_id(pool)], now, who)
-        _refuse_carved(locked)
-        if locked.limit is None:
-            raise InvalidBudget(f"pool {locked.name!r} is unlimited; set a limit instead of topping it up")
-        before = locked.limit
-        locked.limit = before + amount
-        _refresh_threshold_flag(locked)
-        Pool.objects.filter(pk=locked.pk).update(
-            limit=locked.limit, threshold_flagged_at=locked.threshold_flagged_at
-        )
-        _entry(
-            locked,
-            Kind.TOP_UP,
-            who,
-            now,
-            amount=amount,
-            note=f"limit {format_usd(before)} -> {format_usd(locked.limit)}",
-        ).save()
-    return locked
-
-
-def set_limit(pool: Pool | int, limit: int | None, actor: Actor, *, now: datetime | None = None) -> Pool:
-    """Set a pool's limit (None = unlimited); refuses a limit below what the pool has spent this period."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise InvalidBudget(
-            f"a limit must be empty or a whole, non-negative number of micro-dollars, got {limit!r}"
-        )
-    now = now or timezone.now()
-    who = _actor(actor, "system")
-    with transaction.atomic():
-        (locked,) = _lock([_pool_id(pool)], now, who)
-        _refuse_carved(locked)
-        if limit is not None and limit < locked.spent:
-            raise InvalidBudget(
-                f"pool {locked.name!r} has already spent {format_usd(locked.spent)} this period; "
-                f"a limit of {format_usd(limit)} would be below that"
-            )
-        if limit == locked.limit:
-            return locked
-        before = locked.limit
-        locked.limit = limit
-        _refresh_threshold_flag(locked)
-        Pool.objects.filter(pk=locked.pk).update(
-            limit=limit, threshold_flagged_at=locked.threshold_flagged_at
-        )
-        _entry(
-            locked,
-            Kind.LIMIT,
-            who,
-            now,
-            amount=limit or 0,
-            note=f"limit {format_usd(before)} -> {format_usd(limit)}",
-        ).save()
-    return locked
-
-
-def reset_period(pool: Pool | int, actor: Actor, *, now: datetime | None = None) -> Pool:
-    """Start a periodic pool's spend again from zero now (an explicit, logged period reset)."""
-    now = now or timezone.now()
-    who = _actor(actor, "system")
-    with transaction.atomic():
-        (locked,) = _lock([_pool_id(pool)], now, who)
-        if locked.period == Pool.Period.NONE:
-            raise InvalidBudget(f"pool {locked.name!r} has no period to reset; raise its limit instead")
-        cleared = locked.spent
-        locked.spent, locked.threshold_flagged_at = 0, None
-        Pool.objects.filter(pk=locked.pk).update(spent=0, threshold_flagged_at=None)
-        _entry(
-            locked,
-            Kind.PERIOD_RESET,
-            who,
-            now,
-            amount=cleared,
-            spent_delta=-cleared,
-            note=f"period reset by hand; {format_usd(cleared)} spent before it",
-        ).save()
-    return locked
-
-
-def _refuse_carved(pool: Pool) -> None:
-    # A carved pool's limit is the money its parent's chain holds for it: changing one alone
-    # would let the child spend what was never set aside (or strand what was).
-    if Reservation.objects.filter(carved=pool).exists():
-        raise InvalidBudget(
-            f"pool {pool.name!r} is a child run's budget, carved from its parent run's; its limit cannot change"
-        )
-
-
-def _refresh_threshold_flag(pool: Pool) -> None:
-    # A limit raised past the spend re-arms the soft threshold for this period.
-    if pool.threshold_flagged_at is not None and not _over_threshold(pool):
-        pool.threshold_flagged_at = None
-
-
-# --- retrying whole transactions ------------------------------------------------------------
-
-
-def atomic_with_retry[T](
-    work: Callable[[], T],
-    *,
-    attempts: int = 10,
-    backoff: float = 0.005,
-    on_retry: Callable[[OperationalError], None] | None = None,
-) -> T:
-    """Run `work()` in its own transaction, retrying it on a deadlock, serialization failure or busy database.
-
-    For callers that own the whole transaction (workers, scripts, benchmarks); it cannot be
-    used inside an `atomic()` block, because a failed statement spoils the outer transaction.
-    """
-    if connection.in_atomic_block:
-        raise RuntimeError("atomic_with_retry must own the transaction; call it outside atomic()")
-    for attempt in range(1, attempts + 1):
-        try:
-            with transaction.atomic():
-                return work()
-        except OperationalError as error:
-            if attempt == attempts:
-                raise
-            log.info("ledger transaction retried after %s (attempt %d)", error, attempt)
-            if on_retry is not None:
-                on_retry(error)
-            time.sleep(backoff * (2 ** (attempt - 1)) * (0.5 + random.random()))
-    raise AssertionError("unreachable")

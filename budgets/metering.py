@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from budgets import ledger, money, pricing, selectors
+from budgets import booking, ledger, money, pricing, selectors
 from budgets.grants import BudgetExhausted, Grant
 from tether import dbfaults
 
@@ -90,7 +90,7 @@ class RunMeter:
                 ),
                 what=f"meter: reserve call {call}",
             )
-        except ledger.BudgetRefused as refused:  # another call took the headroom meanwhile
+        except booking.BudgetRefused as refused:  # another call took the headroom meanwhile
             raise BudgetExhausted(refused.detail) from None
         with self._lock:
             self.reserved += amount

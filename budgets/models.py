@@ -2,8 +2,8 @@
 """Budget pools, reservations, the append-only ledger and the price table.
 
 Money is integer micro-dollars (BigIntegerField) everywhere; prices are Decimal USD
-per million tokens. Pools and reservations change only through `budgets.ledger`,
-which writes one `LedgerEntry` per pool per change.
+per million tokens. Pools and reservations change only through `budgets.ledger`
+(limits, top-ups and period resets through `budgets.limits`), which writes one `LedgerEntry` per pool per change.
 """
 
 from __future__ import annotations

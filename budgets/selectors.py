@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from budgets import money, pricing
-from budgets.ledger import effective_spent
+from budgets.booking import effective_spent
 from budgets.models import LedgerEntry, Pool, Price, Reservation
 
 log = logging.getLogger(__name__)

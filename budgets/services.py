@@ -2,7 +2,7 @@
 
 Every function runs in the caller's transaction (inside a savepoint, so an
 `InvalidBudget` leaves nothing behind). Money inside pools moves only through
-`budgets.ledger`. What a person does to a pool — create one (`pool_create` with `via`), set its
+`budgets.ledger` (limits through `budgets.limits`). What a person does to a pool — create one (`pool_create` with `via`), set its
 limit (`pool_set_limit`), top it up (`pool_top_up`), reset its period (`pool_reset_period`),
 rename it or move its threshold (`pool_update`), change a run's cap (`run_set_cap` with `via`) —
 goes through here and is recorded in the audit trail (`audit.trail`) with its before and
@@ -15,14 +15,15 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import trail
-from budgets import ledger
-from budgets.ledger import InvalidBudget
+from budgets import booking, leases, ledger, limits
+from budgets.booking import InvalidBudget
 from budgets.models import Pool
 from budgets.money import format_usd, usd_string
+from budgets.selectors import chain_headroom
 
 ROOT_NAME = "organisation"
 
@@ -38,7 +39,7 @@ def pool_create(
     limit: int | None = None,
     period: str = Pool.Period.NONE,
     threshold_percent: int | None = 80,
-    actor: ledger.Actor = None,
+    actor: booking.Actor = None,
     own_chain: bool = False,
     leased: bool = False,
     via: str | None = None,
@@ -70,14 +71,14 @@ def pool_create(
             instance=instance,
             run=run,
             period=period,
-            period_start=ledger.period_floor(period, now) or now,
+            period_start=booking.period_floor(period, now) or now,
             threshold_percent=threshold_percent,
             quota=0 if leased else None,
         )
         pool.path = f"{parent.path if parent and not own_chain else '/'}{pool.pk}/"
         Pool.objects.filter(pk=pool.pk).update(path=pool.path)
         if limit is not None:
-            pool = ledger.set_limit(pool, limit, actor)
+            pool = limits.set_limit(pool, limit, actor)
         if via is not None:
             _audit(actor, "pool.create", pool, via, request, None, _shown(pool))
     return pool
@@ -107,7 +108,7 @@ def pool_set_limit(pool: Pool | int, limit: int | None, *, user: Any, via: str, 
     """Set a pool's limit (None = unlimited) as `user` did through `via`; return the pool."""
     with transaction.atomic():
         before = _shown(Pool.objects.get(pk=getattr(pool, "pk", pool)))
-        changed = ledger.set_limit(pool, limit, user)
+        changed = limits.set_limit(pool, limit, user)
         if before != _shown(changed):
             _audit(user, "pool.limit", changed, via, request, before, _shown(changed))
     return changed
@@ -117,7 +118,7 @@ def pool_top_up(pool: Pool | int, amount: int, *, user: Any, via: str, request: 
     """Raise a limited pool's limit by `amount` micro-dollars as `user` did through `via`; return the pool."""
     with transaction.atomic():
         before = _shown(Pool.objects.get(pk=getattr(pool, "pk", pool)))
-        changed = ledger.top_up(pool, amount, user)
+        changed = limits.top_up(pool, amount, user)
         _audit(user, "pool.top_up", changed, via, request, before, _shown(changed), amount=usd_string(amount))
     return changed
 
@@ -126,7 +127,7 @@ def pool_reset_period(pool: Pool | int, *, user: Any, via: str, request: Any = N
     """Start a periodic pool's spend again from zero as `user` did through `via`; return the pool."""
     with transaction.atomic():
         spent = Pool.objects.get(pk=getattr(pool, "pk", pool)).spent
-        changed = ledger.reset_period(pool, user)
+        changed = limits.reset_period(pool, user)
         _audit(user, "pool.period_reset", changed, via, request, {"spent": usd_string(spent)}, {"spent": "0"})
     return changed
 
@@ -191,8 +192,6 @@ def instance_pool(instance: Any) -> Pool:
 
 def _create_once(create: Callable[[], Pool], **lookup: Any) -> Pool:
     # Two transactions may race to create the same pool; the unique constraint lets one win.
-    from django.db import IntegrityError
-
     try:
         with transaction.atomic():
             return create()
@@ -239,7 +238,7 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
             limit=cap,
             threshold_percent=None,
             own_chain=child,
-            leased=not child and ledger.leasing(),
+            leased=not child and leases.leasing(),
         )
         if child:
             assert cap is not None
@@ -247,13 +246,13 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
                 # A child on another instance is held to that instance's pool too (its limit, its period).
                 also = [] if run.instance_id == run.parent.instance_id else [instance_pool(run.instance).pk]
                 ledger.carve(parent=run.parent, pool=pool, amount=cap, now=now, also=also)
-            except ledger.BudgetRefused as refused:
+            except booking.BudgetRefused as refused:
                 raise InvalidBudget(f"a budget of {format_usd(cap)} does not fit: {refused.detail}") from None
         return pool
 
 
 def run_set_cap(
-    run: Any, cap: int | None, actor: ledger.Actor, *, via: str | None = None, request: Any = None
+    run: Any, cap: int | None, actor: booking.Actor, *, via: str | None = None, request: Any = None
 ) -> Pool:
     """Give `run` a cost cap (or remove it with None), e.g. "raise the cap and resume"; return its pool.
 
@@ -270,7 +269,7 @@ def run_set_cap(
     return pool
 
 
-def _set_cap(run: Any, cap: int | None, actor: ledger.Actor) -> Pool:
+def _set_cap(run: Any, cap: int | None, actor: booking.Actor) -> Pool:
     with transaction.atomic():
         pool: Pool | None = Pool.objects.filter(kind=Pool.Kind.RUN, run=run).first()
         if pool is None:
@@ -288,13 +287,13 @@ def _set_cap(run: Any, cap: int | None, actor: ledger.Actor) -> Pool:
                 limit=cap,
                 threshold_percent=None,
                 actor=actor,
-                leased=ledger.leasing(),
+                leased=leases.leasing(),
             )
         if cap is not None:
             cap = _check_cap(cap)
             assert pool.parent is not None
             _check_fits(pool.parent, cap - pool.spent - pool.reserved, f"run {run.pk}", cap)
-        return ledger.set_limit(pool, cap, actor)
+        return limits.set_limit(pool, cap, actor)
 
 
 def _check_limit(limit: Any, what: str = "a limit") -> int | None:
@@ -317,8 +316,6 @@ def _check_cap(cap: Any) -> int:
 def _check_fits(
     parent: Pool, needed: int, label: str, cap: int | None = None, now: datetime | None = None
 ) -> None:
-    from budgets.selectors import chain_headroom
-
     remaining, tightest = chain_headroom(Pool.objects.filter(pk__in=parent.chain_ids()), now)
     if remaining is not None and needed > remaining:
         assert tightest is not None

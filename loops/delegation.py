@@ -15,8 +15,8 @@ a call that fails inside Tether (logged), and the act's other calls still start.
 The parent then waits (status `waiting`, "children running", no lease, no worker): when the
 last child started in that act finishes — on any worker, after any crash (the reaper checks
 too) — `resume_parent` folds each child's outcome, verified flag, detail, answer excerpt,
-spend and (for `copy`) the patch of its workspace into the parent's next instruction and
-schedules its next iteration.
+spend and (for `copy`) the patch of its workspace into the parent's next instruction
+(`loops.delegation_results`) and schedules its next iteration.
 
 Writes runs, instances (template targets), workspaces (`copy`), events; called by the runner
 (after an act, outside its iteration transaction) and on every run's finish.
@@ -24,13 +24,8 @@ Writes runs, instances (template targets), workspaces (`copy`), events; called b
 
 from __future__ import annotations
 
-import difflib
-import hashlib
-import json
 import logging
-import os
 import shutil
-from contextlib import ExitStack
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -47,16 +42,13 @@ from instances.brains.base import DelegateRefused, Usage
 from instances.models import AgentTemplate, Instance
 from instances.templates_loader import TemplateError, create_instance
 from instances.tools import mcp
-from loops import events, policy, tasks
+from loops import events, policy, schemas, tasks
+from loops.delegation_results import render_results, results_key, resume_instruction
 from loops.memory import Memory
 from loops.models import Run
 from tether import dbfaults
 
 log = logging.getLogger(__name__)
-
-EXCERPT = 1500
-PATCH_CHARS = 20_000
-PATCH_SKIP = frozenset({".git", "__pycache__"})
 
 
 class Refusal(DelegateRefused):
@@ -81,8 +73,6 @@ def arguments_of(arguments: Any) -> Any:
     `loops.schemas.DelegateIn` holds a run's rules (`RunIn`'s objective, cap and iteration count),
     so the model gets the sentence a person gets from the REST API for the same value.
     """
-    from loops import schemas
-
     try:
         return schemas.checked(schemas.DelegateIn, arguments)
     except schemas.Invalid as exc:
@@ -275,7 +265,7 @@ def check_call(run: Run, arguments: dict[str, Any], earlier: list[dict[str, Any]
     Nothing is created: the children start when the act ends (`start_pending`), where each
     call is vetted again against the tree as it stands then.
     """
-    from loops import services
+    from loops import services  # lazy: loops.services imports this module
 
     carved = sum((_budget(call["input"]) for call in earlier), Decimal(0))
     _, size = _tree(run)
@@ -311,7 +301,7 @@ def start_children(run: Run, iteration: int, calls: list[dict[str, Any]]) -> lis
     leaves nothing behind and gets an `error` the model reads, and the other calls go on. A
     transient database error is raised (the whole start is tried again: `start_pending`).
     """
-    from loops import services
+    from loops import services  # lazy: loops.services imports this module
 
     results: list[dict[str, Any]] = []
     _, size = _tree(run)
@@ -399,74 +389,6 @@ def start_pending(parent_id: int) -> None:
         resume_parent(parent_id, parent_id=parent_id)  # every call was refused: the model reads why
 
 
-def _patch(parent: Run, child: Run) -> str:
-    """Return the unified diff of a `copy` child's workspace against its parent's (bounded).
-
-    Both are read through their directories held open: a link shows as its target's name,
-    never its content, and only regular files are read.
-    """
-    out: list[str] = []
-    with ExitStack() as held:
-        sides: list[pinned.Pinned | None] = []
-        for run in (parent, child):
-            try:
-                sides.append(held.enter_context(pinned.Pinned(sandbox.checked_workspace(run.instance.workspace_path()))))
-            except (sandbox.WorkspaceRefused, OSError):
-                sides.append(None)
-        listed = [_entries(side) for side in sides]
-        for name in sorted(set(listed[0]) | set(listed[1])):
-            a, b = (_lines(side, name, entries.get(name)) for side, entries in zip(sides, listed, strict=True))
-            if a != b:
-                out.extend(difflib.unified_diff(a, b, f"a/{name}", f"b/{name}"))
-            if sum(len(line) for line in out) > PATCH_CHARS:
-                out.append("\n… (patch cut)\n")
-                break
-    return "".join(out)[:PATCH_CHARS]
-
-
-def _entries(side: pinned.Pinned | None) -> dict[str, str]:
-    """{path: kind} of the files and links in a workspace (not .git or caches)."""
-    if side is None:
-        return {}
-    return {e.path: e.kind for e in side.walk(skip=PATCH_SKIP) if e.kind in ("file", "link")}
-
-
-def _lines(side: pinned.Pinned | None, name: str, kind: str | None) -> list[str]:
-    if side is None or kind is None:
-        return []
-    try:
-        if kind == "link":
-            parent, _, leaf = name.rpartition("/")
-            where = side.dir(parent or ".")
-            try:
-                return [f"(a symbolic link to {os.readlink(leaf, dir_fd=where)})\n"]
-            finally:
-                os.close(where)
-        data, _ = side.read(name, PATCH_CHARS)
-    except OSError:
-        return []
-    return data.decode(errors="replace").splitlines(keepends=True)
-
-
-def render_results(parent: Run, children: list[Run], refused: list[dict[str, Any]]) -> str:
-    """Return what the parent's next instruction says of its children (the delegate calls' results)."""
-    lines = ["The runs you delegated have finished. Their results (one per delegate call):"]
-    for child in children:
-        asked = (parent.delegation.get("placed") or {}).get(str(child.pk)) or child.delegation
-        verified = " (verified)" if child.verified else (" (unverified)" if child.outcome == "done" else "")
-        answer = (child.iterations.order_by("-number").values_list("response", flat=True).first() or "")[-EXCERPT:]
-        lines.append(
-            f"\n## delegate call {asked.get('call', '')} → run {child.pk} on {child.instance.name}: "
-            f"{child.outcome}{verified}, spent {money.format_usd(child.spent_micros)}\n"
-            f"detail: {child.outcome_detail[:500]}\nfinal answer (excerpt):\n{answer}"
-        )
-        if asked.get("workspace") == "copy":
-            lines.append(f"patch of its copy of your workspace:\n{_patch(parent, child) or '(no changes)'}")
-    for entry in refused:
-        lines.append(f"\n## delegate call {entry['id']} to {entry['to']!r} was refused: {entry['error']}")
-    return "\n".join(lines)
-
-
 def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
     """Resume the parent of a finished child once every child of that act has finished."""
     if parent_id is None:
@@ -492,7 +414,7 @@ def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
         )
         recorded = {
             "next_instruction": instruction, "history": memory.as_json(),
-            "delegation": {**parent.delegation, "state": "done", "results": _results_key(parent, kids, refused)},
+            "delegation": {**parent.delegation, "state": "done", "results": results_key(parent, kids, refused)},
         }
         # The resume is a way into the next iteration: the policy's bounds apply to it too.
         state = policy.State(
@@ -501,7 +423,7 @@ def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
             deadline_passed=bool(parent.deadline and timezone.now() >= parent.deadline), refusals=memory.refusals,
         )
         if (stop := policy.resume(state)) is not None:
-            from loops import runner
+            from loops import runner  # lazy: loops.runner imports this module
 
             Run.objects.filter(pk=parent.pk).update(**recorded)
             runner.finish_run(parent.pk, None, stop.outcome, stop.detail)
@@ -562,29 +484,6 @@ def delegated_by(run: Run, *, limit: int = 100) -> Run | None:
         if parent_id is not None:
             return Run.objects.filter(pk=parent_id).first()
     return None
-
-
-def resume_instruction(results: str, objective: str) -> str:
-    """Return a parent's instruction after its children: this round's results, then the objective."""
-    return f"{results}\n\nGo on with the objective of this run:\n{objective}"
-
-
-def _results_key(parent: Run, children: list[Run], refused: list[dict[str, Any]]) -> str:
-    """A digest of what a round of children came back with, blind to run numbers and run-to-run noise."""
-    from loops.decision import scrub
-
-    calls = {c.get("id"): c.get("input") or {} for c in parent.delegation.get("calls", [])}
-    rows = []
-    for child in children:
-        asked = (parent.delegation.get("placed") or {}).get(str(child.pk)) or {}
-        answer = child.iterations.order_by("-number").values_list("response", flat=True).first() or ""
-        rows.append([
-            str(calls.get(asked.get("call"), {}).get("to", "")), child.outcome, child.verified,
-            scrub(child.outcome_detail[:500]), scrub(answer[-EXCERPT:]),
-        ])
-    rows.sort(key=str)
-    rows += sorted([str(r.get("to", "")), str(r.get("error", ""))] for r in refused)
-    return hashlib.sha256(json.dumps(rows, ensure_ascii=False, default=str).encode()).hexdigest()[:16]
 
 
 class RoleCheck:
@@ -668,7 +567,7 @@ def check_parked(limit: int = 100) -> int:
     be resumed is logged once and tried again on the next pass. A transient database error ends
     the pass (the heartbeat tries again on a fresh connection).
     """
-    from loops.driver import failed
+    from loops.driver import failed  # lazy: loops.driver imports loops.runner, which imports this module
 
     moved = 0
     parked = Run.objects.filter(status=Run.Status.WAITING, delegation__state__in=["starting", "waiting"])
@@ -692,7 +591,7 @@ def _crash_unstartable(run_id: int, exc: Exception) -> int:
     Nothing of its act's calls was started (`start_pending` is one transaction), so no child holds
     a carve of it; waiting would only fail the same way on every pass.
     """
-    from loops import runner
+    from loops import runner  # lazy: loops.runner imports this module
 
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id, status=Run.Status.WAITING).first()

@@ -47,7 +47,7 @@ TRACK_DIGEST = 16  # hex digits of a workspace fingerprint the track keeps (enou
 SNAPSHOT_CHARS = 500  # of an iteration's instruction and response, each
 # What tells two rounds of the same delegation apart in the instruction that reports them, and means
 # nothing to the model: the ids of the delegate calls and the numbers of the runs they started
-# ("## delegate call toolu_… → run 72 on helper: done", `delegation.render_results`).
+# ("## delegate call toolu_… → run 72 on helper: done", `delegation_results.render_results`).
 _ROUND_IDS = re.compile(r"(?<=delegate call )\S+|(?<=→ run )\d+")
 # An entry's numbering, not what happened in it.
 _NUMBERING = frozenset({"iteration", "first", "times", "from_iteration"})

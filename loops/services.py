@@ -16,7 +16,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import trail
-from budgets import ledger, money
+from budgets import booking, money
 from budgets import services as budget_services
 from budgets.pricing import UnpricedModel
 from instances import credentials, prices, sandbox
@@ -181,7 +181,7 @@ def _open(
     )
     try:
         budget_services.open_run_pools(run)
-    except ledger.InvalidBudget as exc:
+    except booking.InvalidBudget as exc:
         raise Refused(str(exc)) from None
     started = {
         "objective": objective[:2000],
@@ -324,7 +324,7 @@ def run_resume(*, run: Run, user, via: str = "api", request=None, max_cost_usd: 
                 )
             try:
                 budget_services.run_set_cap(run, new_cap, user, via=via, request=request)
-            except ledger.InvalidBudget as exc:
+            except booking.InvalidBudget as exc:
                 raise Refused(str(exc)) from None
             Run.objects.filter(pk=run.pk).update(max_cost_micros=new_cap)
         Run.objects.filter(pk=run.pk).update(outcome="", outcome_detail="", verified=None, finished_at=None)

@@ -327,7 +327,7 @@ TETHER_ACT_TIMEOUT_SECONDS = _env_float("TETHER_ACT_TIMEOUT_SECONDS", 600)
 TETHER_CHECK_TIMEOUT_SECONDS = _env_float("TETHER_CHECK_TIMEOUT_SECONDS", 300)
 TETHER_OUTPUT_CAP_BYTES = _env_int("TETHER_OUTPUT_CAP_BYTES", 64 * 1024)
 TETHER_WORKSPACES = Path(os.environ.get("TETHER_WORKSPACES", TETHER_HOME / "workspaces")).resolve()
-# A run pool leases headroom from its ancestors in slices of this many dollars (budgets/ledger.py);
+# A run pool leases headroom from its ancestors in slices of this many dollars (budgets/leases.py);
 # "0" turns leases off: every reservation then locks the whole pool chain.
 TETHER_BUDGET_LEASE_USD = os.environ.get("TETHER_BUDGET_LEASE_USD", "0.25").strip()
 

@@ -36,7 +36,7 @@ from pydantic import Field
 
 from budgets import money
 from instances import gateway
-from loops import delegation, schemas
+from loops import delegation, delegation_results, schemas
 from loops.models import Run
 from web.mcp_server import ID_MAX, TetherMCPServer
 
@@ -139,7 +139,7 @@ def _child(act: gateway.Act, run_id: int) -> dict[str, Any]:
         "max_cost_usd": money.usd_string(child.max_cost_micros)
         if child.max_cost_micros is not None
         else None,
-        "answer_excerpt": answer[-delegation.EXCERPT :],
+        "answer_excerpt": answer[-delegation_results.EXCERPT :],
     }
 
 

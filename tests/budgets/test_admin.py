@@ -3,7 +3,7 @@
 import pytest
 from django.urls import reverse
 
-from budgets import ledger, services
+from budgets import ledger, limits, services
 from budgets.models import LedgerEntry, Pool, Price
 
 pytestmark = pytest.mark.django_db
@@ -47,7 +47,7 @@ def test_a_limit_set_in_admin_goes_through_the_ledger(admin_client, admin_user, 
 
 
 def test_a_top_up_in_admin_is_logged(admin_client, admin_user, instance_pool):
-    ledger.set_limit(instance_pool, 1_000_000, "setup")
+    limits.set_limit(instance_pool, 1_000_000, "setup")
     assert change(admin_client, instance_pool, limit_usd="1", top_up_usd="0.75").status_code == 302
     instance_pool.refresh_from_db()
     assert instance_pool.limit == 1_750_000

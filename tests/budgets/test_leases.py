@@ -8,8 +8,8 @@ finishes, parks or is deleted, and at once when a settle goes beyond it.
 
 import pytest
 
-from budgets import ledger, selectors, services
-from budgets.ledger import BudgetRefused
+from budgets import ledger, limits, selectors, services
+from budgets.booking import BudgetRefused
 from budgets.models import LedgerEntry, Pool, Reservation
 
 pytestmark = pytest.mark.django_db
@@ -51,7 +51,7 @@ def test_after_the_first_slice_a_runs_calls_never_touch_the_shared_pools(make_ru
 
 def test_a_slice_is_at_most_a_quarter_of_what_the_tightest_ancestor_has_left(make_run):
     run, pool = opened(make_run)
-    ledger.set_limit(services.user_pool(run.owner), 40 * CENT, "admin")
+    limits.set_limit(services.user_pool(run.owner), 40 * CENT, "admin")
     ledger.reserve(run=run, iteration=1, call=1, amount=CENT)
     pool.refresh_from_db()
     assert pool.quota == 10 * CENT  # a quarter of $0.40, not the $0.25 default
@@ -65,7 +65,7 @@ def test_a_lease_never_lets_two_runs_spend_past_the_pool_they_share(make_run, ma
     instance = make_instance(user)
     runs = [opened(make_run, instance=instance)[0] for _ in range(2)]
     user_pool = services.user_pool(user)
-    ledger.set_limit(user_pool, 30 * CENT, "admin")
+    limits.set_limit(user_pool, 30 * CENT, "admin")
     spent = {run.pk: 0 for run in runs}
     refused = 0
     for n in range(200):
@@ -90,7 +90,7 @@ def test_a_lease_never_lets_two_runs_spend_past_the_pool_they_share(make_run, ma
 def test_alone_on_a_small_budget_a_run_spends_all_of_it(make_run):
     # The slices shrink as the headroom does, and the last ones are exactly what is missing.
     run, pool = opened(make_run)
-    ledger.set_limit(services.user_pool(run.owner), 30 * CENT, "admin")
+    limits.set_limit(services.user_pool(run.owner), 30 * CENT, "admin")
     total = 0
     for n in range(1, 100):
         try:
@@ -105,7 +105,7 @@ def test_alone_on_a_small_budget_a_run_spends_all_of_it(make_run):
 
 def test_the_runs_headroom_counts_its_unused_lease(make_run):
     run, pool = opened(make_run)
-    ledger.set_limit(services.user_pool(run.owner), 30 * CENT, "admin")
+    limits.set_limit(services.user_pool(run.owner), 30 * CENT, "admin")
     ledger.settle(ledger.reserve(run=run, iteration=1, amount=CENT), actual=CENT)
     headroom = selectors.headroom_for_run(run)
     assert headroom.remaining == 29 * CENT  # what an exact chain would say: $0.30 less the $0.01 spent
@@ -133,7 +133,7 @@ def test_a_parent_stopped_before_its_child_is_charged_only_what_the_child_spent(
     from loops.models import Run
 
     parent, parent_pool = opened(make_run, max_cost_micros=1_000_000)
-    ledger.set_limit(services.user_pool(parent.owner), 10_000_000, "admin")
+    limits.set_limit(services.user_pool(parent.owner), 10_000_000, "admin")
     child = Run.objects.create(
         instance=parent.instance, owner=parent.owner, objective="child", max_iterations=5,
         parent=parent, depth=1, max_cost_micros=50 * CENT,
@@ -152,7 +152,7 @@ def test_a_reported_overdraft_reaches_every_ancestor_at_once_and_blocks_them(mak
     run, pool = opened(make_run)
     sibling, _ = opened(make_run, instance=make_instance(user, name="sibling"))
     user_pool = services.user_pool(user)
-    ledger.set_limit(user_pool, 100 * CENT, "admin")
+    limits.set_limit(user_pool, 100 * CENT, "admin")
     held = ledger.reserve(run=run, iteration=1, amount=5 * CENT)
     ledger.settle(held, actual=50_000_000)  # an agent reported $50 against $0.05
     user_pool.refresh_from_db()
@@ -169,7 +169,7 @@ def test_an_overdraft_with_another_call_still_held_is_booked_once_and_never_look
 
     run, pool = opened(make_run)
     user_pool = services.user_pool(run.owner)
-    ledger.set_limit(user_pool, 100 * CENT, "admin")
+    limits.set_limit(user_pool, 100 * CENT, "admin")
     first = ledger.reserve(run=run, iteration=1, call=1, amount=CENT)
     second = ledger.reserve(run=run, iteration=1, call=2, amount=CENT)
     ledger.settle(first, actual=5_000_000)
@@ -261,7 +261,7 @@ def test_a_lease_returned_past_an_overdraft_keeps_what_is_held_on_its_slice_and_
 
     run, pool = opened(make_run)
     user_pool = services.user_pool(run.owner)
-    ledger.set_limit(user_pool, 100 * CENT, "admin")
+    limits.set_limit(user_pool, 100 * CENT, "admin")
     still_out = ledger.reserve(run=run, iteration=1, call=1, amount=2 * CENT)
     (slice_,) = Reservation.objects.filter(lease_for=pool, status="held")
     ledger.settle(ledger.reserve(run=run, iteration=1, call=2, amount=CENT), actual=5_000_000)

@@ -11,8 +11,8 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 
-from budgets import ledger, selectors, services
-from budgets.ledger import BudgetRefused, InvalidBudget
+from budgets import booking, ledger, limits, selectors, services
+from budgets.booking import BudgetRefused, InvalidBudget
 from budgets.models import LedgerEntry, Pool, Price, Reservation
 from budgets.signals import threshold_crossed
 from instances.brains.base import Usage
@@ -74,7 +74,7 @@ def test_runs_of_one_instance_share_its_pool_each_with_its_own(make_run, make_in
 def test_a_run_cap_larger_than_the_remaining_headroom_is_refused_and_nothing_changes(make_run):
     run = make_run(max_cost_micros=5_000_000)
     instance_pool = services.instance_pool(run.instance)
-    ledger.set_limit(instance_pool, 3_000_000, "admin")
+    limits.set_limit(instance_pool, 3_000_000, "admin")
     before = Pool.objects.count()
     with pytest.raises(InvalidBudget, match=r"more than pool .*\$3\.00"):
         services.open_run_pools(run)
@@ -133,7 +133,7 @@ def test_reserve_is_idempotent_per_run_and_iteration(make_run):
 def test_reserve_refuses_naming_the_pool_and_the_numbers_and_changes_nothing(make_run):
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
-    ledger.set_limit(instance_pool, 100_000, "admin")
+    limits.set_limit(instance_pool, 100_000, "admin")
     ledger.reserve(run=run, iteration=1, amount=60_000)
     entries = LedgerEntry.objects.count()
     with pytest.raises(BudgetRefused) as refused:
@@ -153,7 +153,7 @@ def test_reserve_refuses_naming_the_pool_and_the_numbers_and_changes_nothing(mak
 def test_a_refusal_names_the_innermost_pool_that_refuses(make_run):
     run = make_run(max_cost_micros=100)
     services.open_run_pools(run)
-    ledger.set_limit(services.root_pool(), 50, "admin")
+    limits.set_limit(services.root_pool(), 50, "admin")
     with pytest.raises(BudgetRefused) as refused:
         ledger.reserve(run=run, iteration=1, amount=200)
     assert refused.value.pool_name == f"run {run.pk}"
@@ -220,7 +220,7 @@ def test_release_gives_everything_back(make_run):
 def test_an_overdraft_is_recorded_and_blocks_the_chain_until_covered(make_run):
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
-    ledger.set_limit(instance_pool, 100, "admin")
+    limits.set_limit(instance_pool, 100, "admin")
     reservation = ledger.reserve(run=run, iteration=1, amount=60)
     ledger.settle(reservation, actual=150)
     instance_pool.refresh_from_db()
@@ -230,7 +230,7 @@ def test_an_overdraft_is_recorded_and_blocks_the_chain_until_covered(make_run):
     assert overdraft.amount == 50
     with pytest.raises(BudgetRefused, match="overdrawn"):
         ledger.reserve(run=run, iteration=2, amount=0)
-    ledger.top_up(instance_pool, 100, "admin")  # limit 200, spent 150
+    limits.top_up(instance_pool, 100, "admin")  # limit 200, spent 150
     assert ledger.reserve(run=run, iteration=2, amount=50)
     with pytest.raises(BudgetRefused, match=r"\$0\.00 left"):
         ledger.reserve(run=run, iteration=3, amount=1)
@@ -273,16 +273,16 @@ def test_deleting_a_run_closes_its_held_reservations(make_run):
 def test_a_daily_pool_starts_again_from_zero_lazily_with_a_ledger_entry(make_run):
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
-    ledger.set_limit(instance_pool, 100, "admin", now=DAY1)
+    limits.set_limit(instance_pool, 100, "admin", now=DAY1)
     Pool.objects.filter(pk=instance_pool.pk).update(
-        period="daily", period_start=ledger.period_floor("daily", DAY1)
+        period="daily", period_start=booking.period_floor("daily", DAY1)
     )
     ledger.settle(ledger.reserve(run=run, iteration=1, amount=80, now=DAY1), actual=80, now=DAY1)
     with pytest.raises(BudgetRefused):
         ledger.reserve(run=run, iteration=2, amount=30, now=DAY1 + timedelta(hours=11))
     instance_pool.refresh_from_db()
     next_day = DAY1 + timedelta(hours=12, minutes=1)
-    assert ledger.effective_spent(instance_pool, next_day) == 0
+    assert booking.effective_spent(instance_pool, next_day) == 0
     assert selectors.headroom_for_run(run, next_day).remaining == 100
     assert ledger.reserve(run=run, iteration=2, amount=30, now=next_day)
     reset = LedgerEntry.objects.get(pool=instance_pool, kind="period_reset")
@@ -302,15 +302,15 @@ def test_a_daily_pool_starts_again_from_zero_lazily_with_a_ledger_entry(make_run
     ],
 )
 def test_period_floor(period, now, start):
-    assert ledger.period_floor(period, now) == start
+    assert booking.period_floor(period, now) == start
 
 
 def test_the_soft_threshold_is_flagged_once_per_period(make_run, django_capture_on_commit_callbacks):
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
-    ledger.set_limit(instance_pool, 1000, "admin")
+    limits.set_limit(instance_pool, 1000, "admin")
     Pool.objects.filter(pk=instance_pool.pk).update(
-        period="monthly", period_start=ledger.period_floor("monthly", DAY1)
+        period="monthly", period_start=booking.period_floor("monthly", DAY1)
     )
     heard = []
 
@@ -359,8 +359,8 @@ def test_an_unlimited_pool_never_crosses_a_threshold(make_run):
 def test_set_limit_is_logged_with_the_person(make_run, user):
     run = make_run()
     pool = services.instance_pool(run.instance)
-    ledger.set_limit(pool, 5_000_000, user)
-    ledger.set_limit(pool, None, user)
+    limits.set_limit(pool, 5_000_000, user)
+    limits.set_limit(pool, None, user)
     entries = list(LedgerEntry.objects.filter(pool=pool, kind="limit").order_by("pk"))
     assert [(e.limit_after, e.actor, e.actor_label) for e in entries] == [
         (5_000_000, user, "ada"),
@@ -373,7 +373,7 @@ def test_set_limit_is_logged_with_the_person(make_run, user):
 def test_a_bad_limit_is_refused_and_nothing_changes(make_run, limit):
     pool = services.instance_pool(make_run().instance)
     with pytest.raises(InvalidBudget):
-        ledger.set_limit(pool, limit, "admin")
+        limits.set_limit(pool, limit, "admin")
     pool.refresh_from_db()
     assert pool.limit is None and not LedgerEntry.objects.filter(pool=pool).exists()
 
@@ -383,19 +383,19 @@ def test_a_limit_below_what_is_spent_is_refused(make_run):
     pool = services.instance_pool(run.instance)
     ledger.settle(ledger.reserve(run=run, iteration=1, amount=500), actual=400)
     with pytest.raises(InvalidBudget, match=r"already spent \$0\.0004"):
-        ledger.set_limit(pool, 399, "admin")
-    ledger.set_limit(pool, 400, "admin")
+        limits.set_limit(pool, 399, "admin")
+    limits.set_limit(pool, 400, "admin")
 
 
 def test_top_up_raises_the_limit_and_refuses_nonsense(make_run, user):
     pool = services.instance_pool(make_run().instance)
     with pytest.raises(InvalidBudget, match="unlimited"):
-        ledger.top_up(pool, 100, user)
-    ledger.set_limit(pool, 100, user)
+        limits.top_up(pool, 100, user)
+    limits.set_limit(pool, 100, user)
     for bad in (0, -5, 2.5, "7"):
         with pytest.raises(InvalidBudget):
-            ledger.top_up(pool, bad, user)
-    assert ledger.top_up(pool, 50, user).limit == 150
+            limits.top_up(pool, bad, user)
+    assert limits.top_up(pool, 50, user).limit == 150
     entry = LedgerEntry.objects.get(pool=pool, kind="top_up")
     assert (entry.amount, entry.limit_after, entry.actor) == (50, 150, user)
 
@@ -405,9 +405,9 @@ def test_reset_period_by_hand(make_run):
     pool = services.instance_pool(run.instance)
     ledger.settle(ledger.reserve(run=run, iteration=1, amount=500), actual=400)
     with pytest.raises(InvalidBudget, match="no period"):
-        ledger.reset_period(pool, "admin")
+        limits.reset_period(pool, "admin")
     Pool.objects.filter(pk=pool.pk).update(period="monthly")
-    assert ledger.reset_period(pool, "admin").spent == 0
+    assert limits.reset_period(pool, "admin").spent == 0
     books_are_sound(*chain(run))
 
 
@@ -416,7 +416,7 @@ def test_run_set_cap_raises_a_cap_for_a_resume(make_run, user):
     ledger.settle(ledger.reserve(run=run, iteration=1, amount=100), actual=100)
     with pytest.raises(BudgetRefused):
         ledger.reserve(run=run, iteration=2, amount=1)
-    ledger.set_limit(services.instance_pool(run.instance), 1_000, user)
+    limits.set_limit(services.instance_pool(run.instance), 1_000, user)
     with pytest.raises(InvalidBudget):
         services.run_set_cap(run, 2_000, user)  # 1,900 more than the instance pool has left
     assert services.run_set_cap(run, 600, user).limit == 600
@@ -429,7 +429,7 @@ def test_run_set_cap_raises_a_cap_for_a_resume(make_run, user):
 def test_headroom_for_run_lists_the_chain_root_first_with_the_tightest_pool(make_run):
     run = make_run(max_cost_micros=900)
     services.open_run_pools(run)
-    ledger.set_limit(services.instance_pool(run.instance), 700, "admin")
+    limits.set_limit(services.instance_pool(run.instance), 700, "admin")
     ledger.reserve(run=run, iteration=1, amount=200)
     headroom = selectors.headroom_for_run(run)
     assert [p.kind for p in headroom.pools] == ["root", "user", "instance", "run"]
@@ -523,7 +523,7 @@ def test_an_anthropic_brain_reserves_nothing_up_front_its_calls_are_metered(make
 
 def test_a_cap_that_cannot_be_opened_at_reserve_time_is_a_refusal(make_run):
     run = make_run()
-    ledger.set_limit(services.instance_pool(run.instance), 100, "admin")
+    limits.set_limit(services.instance_pool(run.instance), 100, "admin")
     run.max_cost_micros = 500  # a cap that no longer fits, and no run pool yet
     with transaction.atomic():
         with pytest.raises(BudgetRefused, match="cost cap") as refused:
@@ -544,7 +544,7 @@ def test_headroom_for_an_instance(make_run, make_instance, user):
 def test_a_periodic_pool_starts_at_its_period_boundary():
     root = services.root_pool()
     team = services.pool_create(kind="team", name="team", parent=root, period="monthly")
-    assert team.period_start == ledger.period_floor("monthly", team.created_at)
+    assert team.period_start == booking.period_floor("monthly", team.created_at)
 
 
 def test_the_audit_finds_books_that_do_not_balance(make_run):

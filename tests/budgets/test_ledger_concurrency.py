@@ -2,7 +2,7 @@
 
 Each worker is a spawned process with its own connection to the test database
 (`bench.ledger_bench.hammer`, the benchmark's worker). Deadlocks, serialization failures and
-busy-database errors are retried whole by `ledger.atomic_with_retry`, never lost.
+busy-database errors are retried whole by `retry.atomic_with_retry`, never lost.
 """
 
 import pytest
@@ -35,9 +35,9 @@ def hammer_one_root(django_user_model, *, processes, per_process, root_limit):
         services.open_run_pools(run)
         runs.append(run)
     root = services.root_pool()
-    from budgets import ledger
+    from budgets import ledger, limits
 
-    ledger.set_limit(root, root_limit, "test")
+    limits.set_limit(root, root_limit, "test")
     watched = [root.pk, *Pool.objects.filter(kind="user").values_list("pk", flat=True)]
     jobs = [
         Job(

@@ -34,8 +34,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from budgets import ledger, selectors, services
-from budgets.ledger import BudgetRefused, InvalidBudget
+from budgets import booking, ledger, limits, selectors, services
+from budgets.booking import BudgetRefused, InvalidBudget
 from budgets.models import LedgerEntry, Pool, Reservation
 
 START = datetime(2026, 1, 30, 20, 0, tzinfo=UTC)
@@ -62,7 +62,7 @@ class Shadow:
     ending: bool = False  # returned while reservations were held: the rest goes back when they settle
 
     def roll(self, now):
-        start = ledger.period_floor(self.period, now)
+        start = booking.period_floor(self.period, now)
         if start is not None and start > self.period_start:
             self.spent, self.period_start, self.flagged = 0, start, False
 
@@ -145,10 +145,10 @@ class LedgerMachine(RuleBasedStateMachine):
             if cap is not None:
                 services.run_set_cap(run, cap, "machine")
         Pool.objects.filter(instance=instances[0]).update(
-            period="daily", period_start=ledger.period_floor("daily", START)
+            period="daily", period_start=booking.period_floor("daily", START)
         )
         Pool.objects.filter(kind="user", owner=users[1]).update(
-            period="monthly", period_start=ledger.period_floor("monthly", START)
+            period="monthly", period_start=booking.period_floor("monthly", START)
         )
         for kind, owner_or_instance, limit in (
             ("root", None, root),
@@ -168,7 +168,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 ),
             )
             if limit is not None:
-                ledger.set_limit(pool, limit, "machine", now=self.now)
+                limits.set_limit(pool, limit, "machine", now=self.now)
         for pool in Pool.objects.all():
             self.pools[pool.pk] = Shadow(
                 pool.pk,
@@ -425,9 +425,9 @@ class LedgerMachine(RuleBasedStateMachine):
         shadow = self.pools[data.draw(st.sampled_from(sorted(self.pools)))]
         if shadow.limit is None or amount <= 0 or shadow.carved:
             with pytest.raises(InvalidBudget):
-                ledger.top_up(shadow.pk, amount, "machine", now=self.now)
+                limits.top_up(shadow.pk, amount, "machine", now=self.now)
             return
-        ledger.top_up(shadow.pk, amount, "machine", now=self.now)
+        limits.top_up(shadow.pk, amount, "machine", now=self.now)
         shadow.roll(self.now)
         shadow.limit += amount
         if shadow.flagged and not shadow.over_threshold():
@@ -439,9 +439,9 @@ class LedgerMachine(RuleBasedStateMachine):
         shadow.roll(self.now)
         if shadow.carved or (limit is not None and (limit < 0 or limit < shadow.spent)):
             with pytest.raises(InvalidBudget):
-                ledger.set_limit(shadow.pk, limit, "machine", now=self.now)
+                limits.set_limit(shadow.pk, limit, "machine", now=self.now)
             return
-        ledger.set_limit(shadow.pk, limit, "machine", now=self.now)
+        limits.set_limit(shadow.pk, limit, "machine", now=self.now)
         shadow.limit = limit
         if shadow.flagged and not shadow.over_threshold():
             shadow.flagged = False
@@ -452,9 +452,9 @@ class LedgerMachine(RuleBasedStateMachine):
         event(f"reset period of a {shadow.period} pool")
         if shadow.period == "none":
             with pytest.raises(InvalidBudget):
-                ledger.reset_period(shadow.pk, "machine", now=self.now)
+                limits.reset_period(shadow.pk, "machine", now=self.now)
             return
-        ledger.reset_period(shadow.pk, "machine", now=self.now)
+        limits.reset_period(shadow.pk, "machine", now=self.now)
         shadow.roll(self.now)
         shadow.spent, shadow.flagged = 0, False
 
@@ -472,7 +472,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for pool in Pool.objects.filter(pk__in=self.pools):
             shadow = self.pools[pool.pk]
             shadow.roll(self.now)
-            assert (ledger.effective_spent(pool, self.now), pool.reserved, pool.limit) == (
+            assert (booking.effective_spent(pool, self.now), pool.reserved, pool.limit) == (
                 shadow.spent,
                 shadow.reserved,
                 shadow.limit,

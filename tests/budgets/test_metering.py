@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from budgets import ledger, selectors
+from budgets import limits, selectors
 from budgets import services as budget_services
 from budgets.models import LedgerEntry, Pool, Reservation
 from instances.models import Credential
@@ -145,7 +145,7 @@ def test_property_metered_runs_never_pass_a_cap(django_user_model, tmp_path_fact
             max_tool_turns=50, max_output_tokens=200_000, max_iterations=3,
         )
         if capped == "user":
-            ledger.set_limit(budget_services.user_pool(user), cap_cents * 10_000, "test")
+            limits.set_limit(budget_services.user_pool(user), cap_cents * 10_000, "test")
         cap = f"0.{cap_cents:02d}" if capped == "run" else None
         run = services.run_start(instance=inst, user=user, objective="look", max_cost_usd=cap)
 

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from budgets import ledger, selectors, services
+from budgets import booking, ledger, selectors, services
 from budgets.models import LedgerEntry, Pool, Reservation
 
 pytestmark = pytest.mark.django_db
@@ -54,7 +54,7 @@ def test_a_roll_moves_the_money_a_settle_and_a_hold_would(make_run, case):
     def both(run, step):
         try:
             return step(), None
-        except ledger.BudgetRefused as refused:
+        except booking.BudgetRefused as refused:
             return None, refused.detail.replace(f"run {run.pk}", "run R")
 
     got, refused = both(rolled_run, lambda: ledger.roll(rolled, actual=actual, run=rolled_run, iteration=2, amount=amount))

@@ -289,12 +289,12 @@ def test_credential_add_returns_to_the_form_it_came_from(signed_in):
 
 
 def test_budget_shows_the_pools_that_apply(signed_in, user, instance, start_run):
-    from budgets import ledger
+    from budgets import limits
     from budgets import services as budget_services
 
     before = signed_in.get(f"/instances/{instance.pk}/budget").content.decode()
     assert "No pool applies yet" in before
-    ledger.set_limit(budget_services.user_pool(user), 5_000_000, user)
+    limits.set_limit(budget_services.user_pool(user), 5_000_000, user)
     start_run(instance)
     page = signed_in.get(f"/instances/{instance.pk}/budget").content.decode()
     assert "user ada" in page and f"instance {instance.name}" in page and "$5.00" in page

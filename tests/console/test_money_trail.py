@@ -11,7 +11,7 @@ from html import unescape
 import pytest
 from django.urls import reverse
 
-from budgets import ledger
+from budgets import limits
 from budgets import services as budget_services
 from budgets.models import Pool, Reservation
 from budgets.money import format_usd
@@ -73,7 +73,7 @@ def overdrawn_run(user, make_instance, script, settings):
     inst = make_instance(user, name="liar", command=script(LIAR), checks=[], max_iterations=5)
     run = services.run_start(instance=inst, user=user, objective="spend", max_cost_usd="0.20")
     budget_services.open_run_pools(run)
-    ledger.set_limit(budget_services.instance_pool(inst), 1_000_000, "admin")
+    limits.set_limit(budget_services.instance_pool(inst), 1_000_000, "admin")
     run = drive_in_thread(run)
     assert run.outcome == "budget_exhausted"
     return run

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from budgets import ledger
+from budgets import limits
 from budgets import services as budget_services
 from loops import services
 from loops.models import Event
@@ -83,7 +83,7 @@ def test_resume_with_a_new_cap_raises_it_and_queues_the_run(signed_in, exhausted
 
 def test_the_cap_is_bounded_by_the_pools(signed_in, exhausted, user):
     pool = budget_services.instance_pool(exhausted.instance)
-    ledger.set_limit(pool, pool.spent + pool.reserved + 100_000, user)  # $0.10 left above the run
+    limits.set_limit(pool, pool.spent + pool.reserved + 100_000, user)  # $0.10 left above the run
     html = signed_in.get(f"/runs/{exhausted.pk}/").content.decode()
     assert 'value="0.19"' in cap_field(html).group(0)  # $0.09 used + the $0.10 the pools can grant
     assert "From $0.14 to $0.19 (what the pools can grant)" in html
@@ -92,7 +92,7 @@ def test_the_cap_is_bounded_by_the_pools(signed_in, exhausted, user):
     assert "is more than the pools allow" in over.content.decode() and "the most is $0.19" in over.content.decode()
     assert resumed(exhausted) == 0
 
-    ledger.set_limit(pool, pool.spent + pool.reserved + 10_000, user)  # $0.01: not one iteration
+    limits.set_limit(pool, pool.spent + pool.reserved + 10_000, user)  # $0.01: not one iteration
     html = signed_in.get(f"/runs/{exhausted.pk}/").content.decode()
     assert "has $0.01 left, and an iteration reserves $0.05: raise that pool" in html
     assert cap_field(html) is None

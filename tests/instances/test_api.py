@@ -116,11 +116,11 @@ def test_loop_decide_runs_the_llm_decider_metered_to_the_callers_pool(api, agent
 
 
 def test_loop_decide_is_refused_when_the_callers_pool_cannot_pay(api, agent, server, user, price):
-    from budgets import ledger
+    from budgets import limits
     from budgets.services import user_pool
 
     inst = agent()
-    ledger.set_limit(user_pool(user), 10, "admin")  # ten micro-dollars
+    limits.set_limit(user_pool(user), 10, "admin")  # ten micro-dollars
     response = api("post", f"/v1/instances/{inst.pk}/loop-decide", {"objective": "make tests pass"})
     assert response.status_code == 402 and "budget_exhausted" in response.json()["error"]
     assert server.calls == 0

@@ -88,7 +88,7 @@ print('spent a lot')
 def test_a_report_above_the_reservation_ends_the_run_at_once_and_blocks_the_pool(
     user, make_instance, script, settings, start, drive
 ):
-    from budgets import ledger
+    from budgets import limits
     from budgets.services import instance_pool, open_run_pools
 
     settings.TETHER_COMMAND_ITERATION_RESERVE_USD = "0.05"
@@ -96,7 +96,7 @@ def test_a_report_above_the_reservation_ends_the_run_at_once_and_blocks_the_pool
     inst = make_instance(user, command=script(LIAR), checks=[{"name": "never", "command": check}], max_iterations=20)
     run = start(inst, max_cost_usd="0.20")
     open_run_pools(run)
-    ledger.set_limit(instance_pool(inst), 1_000_000, "admin")  # $1 for the instance
+    limits.set_limit(instance_pool(inst), 1_000_000, "admin")  # $1 for the instance
     run = drive(run)
     assert run.outcome == "budget_exhausted" and run.iterations_done == 1
     assert "$50" in run.outcome_detail and "only metered spend is hard-capped" in run.outcome_detail

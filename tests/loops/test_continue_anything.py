@@ -16,7 +16,7 @@ import anyio
 import pytest
 from django.test import Client as DjangoClient
 
-from budgets import ledger, metering
+from budgets import limits, metering
 from budgets.models import Pool, Reservation
 from budgets.services import instance_pool
 from instances import gateway
@@ -366,7 +366,7 @@ def test_a_continuations_fresh_cap_is_bounded_by_the_pools(user, make_instance, 
         command=script(COUNTER),
         checks=[{"name": "parts", "command": script(PARTS.format(n=9)), "required": True}],
     )
-    ledger.set_limit(instance_pool(counter), 1_000_000, "operator")
+    limits.set_limit(instance_pool(counter), 1_000_000, "operator")
     old = services.run_cancel(run=services.run_start(instance=counter, user=user, objective="o"), user=user)
     with pytest.raises(services.Refused, match="does not fit|headroom|left") as refused:
         services.run_continue(run=old, user=user, max_cost_usd="5.00")

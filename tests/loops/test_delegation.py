@@ -100,7 +100,7 @@ SPENDER = "json.dump({'cost_usd': 0.03}, open(os.environ['TETHER_USAGE_FILE'], '
 
 
 def test_carves_are_held_until_the_children_finish_and_what_they_leave_goes_back(user, family, script):
-    from budgets import ledger
+    from budgets import booking, ledger
 
     family.__class__.objects.filter(owner=user, name="helper").update(command=script(SPENDER))
     parent = services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00")
@@ -115,7 +115,7 @@ def test_carves_are_held_until_the_children_finish_and_what_they_leave_goes_back
     # The two carves are held: the parent's whole headroom, which it cannot spend itself meanwhile.
     parent_pool = Pool.objects.get(kind="run", run=parent)
     assert (parent_pool.reserved, selectors.headroom_for_run(parent).remaining) == (1_000_000, 0)
-    with pytest.raises(ledger.BudgetRefused, match="has \\$0.00 left"):
+    with pytest.raises(booking.BudgetRefused, match="has \\$0.00 left"):
         ledger.reserve(run=parent, iteration=1, amount=1)
     # Each child spends in its own pool only: its carve.
     for kid, cap in ((a, 400_000), (b, 600_000)):
@@ -139,14 +139,14 @@ def test_carves_are_held_until_the_children_finish_and_what_they_leave_goes_back
 
 def test_a_child_on_another_instance_is_held_to_that_instances_pool_too(user, family, script):
     """Delegation is no way around the target instance's own limit (or its period)."""
-    from budgets import ledger
+    from budgets import limits
     from budgets.services import instance_pool
 
     helper = family.__class__.objects.get(owner=user, name="helper")
     helper.command = script(SPENDER)
     helper.save(update_fields=["command"])
     pool = instance_pool(helper)
-    ledger.set_limit(pool, 500_000, "operator")
+    limits.set_limit(pool, 500_000, "operator")
     parent = services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00")
     (refused,) = delegation.start_children(parent, 1, [{"id": "a", "input": {"to": "helper", "objective": "x", "max_cost_usd": 0.60}}])
     assert "does not fit" in refused["error"] and "helper" in refused["error"] and children_of(parent) == []

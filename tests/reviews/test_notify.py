@@ -185,7 +185,7 @@ def test_which_runs_are_notified(user, make_instance, start):
 
 
 def test_a_pool_crossing_its_threshold_notifies_its_owner(user):
-    from budgets.ledger import ThresholdCrossing
+    from budgets.booking import ThresholdCrossing
     from budgets.models import Pool
     from budgets.services import user_pool
     from budgets.signals import threshold_crossed

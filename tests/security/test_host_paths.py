@@ -94,7 +94,7 @@ def test_a_swapper_racing_every_host_side_operation_reaches_nothing_outside(make
     from django.db import connection
 
     from instances import pinned
-    from loops import delegation, services
+    from loops import delegation_results, services
     from reviews import snapshots
 
     outside = _outside(tmp_path)
@@ -147,7 +147,7 @@ def test_a_swapper_racing_every_host_side_operation_reaches_nothing_outside(make
     def reviewed() -> None:  # the review's live diff and the delegation patch of a copy
         try:
             while not stop.is_set():
-                for name, said in [("diff", snapshots.diff(run)), ("patch", delegation._patch(run, copy_run))]:
+                for name, said in [("diff", snapshots.diff(run)), ("patch", delegation_results.workspace_patch(run, copy_run))]:
                     if SECRET in said:
                         found.append(f"{name}: {said[:80]}")
                 reviews.append(1)
@@ -189,7 +189,7 @@ def test_a_swapper_racing_every_host_side_operation_reaches_nothing_outside(make
 
 
 def test_the_copy_patch_shows_a_link_as_a_link_never_its_target(make_instance, user, tmp_path):
-    from loops import delegation, services
+    from loops import delegation_results, services
 
     outside = _outside(tmp_path)
     lead = make_instance(user, name="lead")
@@ -199,7 +199,7 @@ def test_the_copy_patch_shows_a_link_as_a_link_never_its_target(make_instance, u
     (builder.workspace_path() / "leak.txt").symlink_to(outside / "secret.txt")
     parent = services.run_start(instance=lead, user=user, objective="lead")
     child = services.run_start(instance=builder, user=user, objective="build")
-    patch = delegation._patch(parent, child)
+    patch = delegation_results.workspace_patch(parent, child)
     assert SECRET not in patch
     assert "(a symbolic link to" in patch and "leak.txt" in patch
 

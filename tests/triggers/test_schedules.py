@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from audit.models import AuditEntry
-from budgets import ledger
+from budgets import limits
 from budgets import services as budget_services
 from loops import services
 from loops.models import Run
@@ -156,7 +156,7 @@ def test_a_pool_without_headroom_skips_the_firing_and_tells_the_owner(every_minu
     target = NotificationTarget.objects.create(owner=user, kind="email", address="ada@example.com")
     schedule = every_minute(max_cost_usd="1.00")
     pool = budget_services.user_pool(user)
-    ledger.set_limit(pool, 500_000, None)  # $0.50
+    limits.set_limit(pool, 500_000, None)  # $0.50
     pool.refresh_from_db()
     pool.period = "daily"
     pool.save(update_fields=["period"])
