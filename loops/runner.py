@@ -730,7 +730,7 @@ def _decide(
     run, instance = begun.run, begun.run.instance
     if instance.decider != instance.Decider.LLM:
         return decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail), Usage()
-    from instances.brains.anthropic import decide  # type: ignore[import-not-found]
+    from instances.brains.anthropic.decider import decide  # type: ignore[import-not-found]  # lazy: the SDK loads for an llm decider only
 
     try:
         answer, decider_usage = decide(instance, _decider_snapshot(run, begun, reply, checks), stop=lease.stop, meter=meter)

@@ -354,7 +354,7 @@ TETHER_DELEGATION_MAX_DEPTH = _env_int("TETHER_DELEGATION_MAX_DEPTH", 3)
 TETHER_DELEGATION_MAX_CHILDREN = _env_int("TETHER_DELEGATION_MAX_CHILDREN", 4)
 TETHER_DELEGATION_MAX_RUNS = _env_int("TETHER_DELEGATION_MAX_RUNS", 20)
 
-# --- the Claude brain (instances/brains/anthropic.py, the gateway, the judge) -------------------------
+# --- the Claude brain (instances/brains/anthropic/, the gateway, the judge) -------------------------
 # The model of an instance that names none.
 TETHER_ANTHROPIC_DEFAULT_MODEL = os.environ.get("TETHER_ANTHROPIC_DEFAULT_MODEL") or "claude-sonnet-5-5"
 # A failing model call (429, 529, 5xx, a timeout) is retried this often per act, with jittered

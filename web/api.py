@@ -267,7 +267,7 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
     recent = payload.recent_instructions or []
     usage = None
     if instance.decider == instance.Decider.LLM:
-        from instances.brains.anthropic import decide
+        from instances.brains.anthropic.decider import decide  # lazy: the SDK loads for an llm decider only
 
         snapshot = payload.model_dump(exclude_none=True)
         snapshot.setdefault("iteration", 1)

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BRAINS = {
     "command": "instances.brains.command.CommandBrain",
-    "anthropic": "instances.brains.anthropic.AnthropicBrain",
+    "anthropic": "instances.brains.anthropic.act.AnthropicBrain",
 }
 
 

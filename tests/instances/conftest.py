@@ -52,7 +52,7 @@ def agent(user, make_instance, server):
 @pytest.fixture
 def act():
     """Run one act of `instance`; return the Reply."""
-    from instances.brains.anthropic import AnthropicBrain
+    from instances.brains.anthropic.act import AnthropicBrain
     from instances.brains.base import ActRequest
 
     def run(instance, instruction="do the work", *, snapshot=(), stop=None, timeout=30.0, iteration=1, **extra):

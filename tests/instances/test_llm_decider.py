@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from instances.brains.anthropic import decide
+from instances.brains.anthropic.decider import decide
 from instances.brains.base import CredentialError, ProviderError
 from loops.decision import parse
 from tests.fakes.messages_server import Error, text, tool_use

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from instances.brains import anthropic
+from instances.brains.anthropic import config as anthropic
 from instances.models import Credential
 from loops import continuation, services
 from loops.models import Event, Iteration, Run
