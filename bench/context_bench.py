@@ -86,6 +86,7 @@ def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, i
     from instances.brains.anthropic.act import AnthropicBrain
     from instances.brains.base import ActRequest
     from instances.models import Instance
+    from loops import compaction
 
     instance = Instance(
         name="bench",
@@ -109,6 +110,7 @@ def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, i
                 stop=threading.Event(),
                 timeout=60,
                 snapshot=list(history),
+                history=compaction.for_prompt(history),
             )
         )
         assert reply.ok, reply.detail

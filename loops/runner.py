@@ -34,8 +34,8 @@ from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
+from loops import compaction, delegation, events, journal, policy, progress, signals
 from loops import decision as decision_mod
-from loops import delegation, events, journal, policy, progress, signals
 from loops.event_kinds import changed_names
 from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run
@@ -624,6 +624,7 @@ def _act(lease: Lease, begun: Begun, meter: metering.RunMeter) -> Reply | Ended:
         stop=lease.stop,
         timeout=float(instance.act_timeout_seconds),
         snapshot=[dict(s) for s in begun.memory.snapshot],
+        history=compaction.for_prompt(begun.memory.snapshot),
         approved_calls=begun.approved_calls,
         meter=meter,
         journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
@@ -921,7 +922,7 @@ def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.
         "act_ok": reply.ok,
         "act_detail": reply.detail,
         "checks": checks_mod.as_json(checks),
-        "history": [dict(s) for s in begun.memory.snapshot],
+        "history": compaction.for_prompt(begun.memory.snapshot),
     }
 
 

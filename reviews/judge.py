@@ -20,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 
+from instances.brains.anthropic.config import model_for
 from instances.brains.base import BrainError, Usage
 
 VERDICTS = ("pass", "fail", "needs-human")
@@ -170,7 +171,6 @@ def judge(
 
     With `pass_threshold` (1-100) a pass needs the judge's score to reach it, else it is a fail.
     """
-    from instances.brains.anthropic.config import model_for  # lazy: the Claude brain loads the SDK
     from instances.brains.anthropic.session import Session  # lazy: only a judged run needs the SDK
 
     timeout = float(settings.TETHER_JUDGE_TIMEOUT_SECONDS)

@@ -47,7 +47,7 @@ def iteration_reserve(instance: Instance) -> int:
     brain = get_brain(instance)
     if hasattr(brain, "unmetered_reserve"):
         return int(brain.unmetered_reserve())
-    from instances.brains.command import reported_spend_allowance
+    from instances.brains.command import reported_spend_allowance  # lazy: cycle via instances.gateway
 
     return reported_spend_allowance()
 

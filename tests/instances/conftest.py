@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from loops import compaction
 from tests.fakes.messages_server import MessagesServer
 
 KEY = "sk-ant-api03-TETHERTESTKEY-0123456789abcdefXYZW"
@@ -65,6 +66,7 @@ def act():
             stop=stop or threading.Event(),
             timeout=timeout,
             snapshot=list(snapshot),
+            history=compaction.for_prompt(snapshot),  # as the loop hands it over
         )
         for name, value in extra.items():
             setattr(request, name, value)

@@ -29,7 +29,6 @@ from instances.brains.base import (
     Reply,
     check_delegate,
 )
-from instances.brains.compaction import compact_history
 from instances.brains.text import clip, render_checks
 from instances.pinned import Pinned
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
@@ -233,9 +232,7 @@ class _Act:
     def _opening(self, context: ToolContext) -> list[dict[str, Any]]:
         request = self.request
         blocks: list[dict[str, Any]] = []
-        if history := compact_history(
-            request.snapshot, budget_tokens=self.limits.context_tokens, recent=self.limits.recent
-        ):
+        if history := request.history:
             blocks.append({"type": "text", "text": history})
         if checks := render_checks(request.checks):
             blocks.append({"type": "text", "text": checks})

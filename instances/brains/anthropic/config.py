@@ -17,8 +17,6 @@ class Limits:
     backoff_max: float
     call_timeout: float
     max_tokens_per_call: int
-    context_tokens: int
-    recent: int
     poll: float = 0.05
 
 
@@ -30,8 +28,6 @@ def limits() -> Limits:
         backoff_max=float(settings.TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS),
         call_timeout=float(settings.TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS),
         max_tokens_per_call=int(settings.TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL),
-        context_tokens=int(settings.TETHER_CONTEXT_BUDGET_TOKENS),
-        recent=int(settings.TETHER_CONTEXT_RECENT),
     )
 
 

@@ -12,7 +12,6 @@ from instances.brains.anthropic.config import CACHE, model_for
 from instances.brains.anthropic.messages import texts
 from instances.brains.anthropic.session import Session, Stopped, TimedOut
 from instances.brains.base import Meter, ProviderError, Usage
-from instances.brains.compaction import compact_history
 from instances.brains.text import clip, render_checks
 
 DECIDER_PROMPT = """You are the judge of an autonomous agent loop run by Tether.
@@ -42,10 +41,13 @@ DECISION_TOOL = {
 }
 
 
-def render_decider_prompt(snapshot: Mapping[str, Any], *, budget_tokens: int, recent: int) -> str:
-    """Return the decider's view of a finished iteration as text. Pure."""
+def render_decider_prompt(snapshot: Mapping[str, Any]) -> str:
+    """Return the decider's view of a finished iteration as text. Pure.
+
+    The snapshot's `history` is the earlier iterations already compacted (`loops.compaction`).
+    """
     parts = [f"Objective:\n{clip(str(snapshot.get('objective') or ''), 6000)}"]
-    if history := compact_history(snapshot.get("history") or [], budget_tokens=budget_tokens, recent=recent):
+    if (history := snapshot.get("history")) and isinstance(history, str):
         parts.append(history)
     iteration, most = snapshot.get("iteration"), snapshot.get("max_iterations")
     if iteration:
@@ -71,7 +73,11 @@ def decide(
     timeout: float | None = None,
     meter: Meter | None = None,
 ) -> tuple[str, Usage]:
-    """Ask Claude to judge an iteration; return its raw answer text and the usage of the call(s)."""
+    """Ask Claude to judge an iteration; return its raw answer text and the usage of the call(s).
+
+    The snapshot's `history`, when there is one, is the earlier iterations as text, compacted by
+    the caller (`loops.compaction.for_prompt`).
+    """
     session = Session(
         instance,
         stop=stop or threading.Event(),
@@ -79,7 +85,6 @@ def decide(
         model=model_for(instance),
         meter=meter,
     )
-    lim = session.limits
     params = {
         "model": session.usage.model,
         "max_tokens": 1024,
@@ -89,7 +94,7 @@ def decide(
         "messages": [
             {
                 "role": "user",
-                "content": render_decider_prompt(snapshot, budget_tokens=lim.context_tokens, recent=lim.recent),
+                "content": render_decider_prompt(snapshot),
             }
         ],
     }

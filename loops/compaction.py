@@ -1,13 +1,18 @@
-"""A run's earlier iterations as text for a model's prompt, within a budget. Pure.
+"""A run's earlier iterations as text for a model's prompt, within a budget.
 
-Recent iterations nearly verbatim, older ones a line each, the oldest counted, not shown: the
-text stops growing however long the run gets.
+The loop compacts its memory's snapshot (`loops.memory`) before it hands it to a brain
+(`ActRequest.history`) or to the `llm` decider (the snapshot's `history`): recent iterations
+nearly verbatim, older ones a line each, the oldest counted, not shown — the text stops
+growing however long the run gets. `compact_history` is pure; `for_prompt` gives it the
+budget from settings (TETHER_CONTEXT_BUDGET_TOKENS, TETHER_CONTEXT_RECENT).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from django.conf import settings
 
 from instances.brains.text import clip, read_checks
 
@@ -130,3 +135,14 @@ def compact_history(items: Iterable[Mapping[str, Any]], *, budget_tokens: int, r
     parts += verbatim
     return "\n".join(parts)
 
+
+
+def for_prompt(items: Iterable[Mapping[str, Any]]) -> str:
+    """Return `items` compacted as a Claude act's (and the `llm` decider's) prompt shows them.
+
+    Within TETHER_CONTEXT_BUDGET_TOKENS, the last TETHER_CONTEXT_RECENT nearly whole (read on every
+    call, so tests can override them).
+    """
+    return compact_history(
+        items, budget_tokens=int(settings.TETHER_CONTEXT_BUDGET_TOKENS), recent=int(settings.TETHER_CONTEXT_RECENT)
+    )
