@@ -365,7 +365,7 @@ TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS = _env_float("TETHER_ANTHROPIC_BACKOFF_MAX_
 TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS = _env_float("TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0)  # a call
 TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL = _env_int("TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL", 8192)
 # The history's share of a Claude act's (and the `llm` decider's) prompt, in tokens, and how many
-# of the latest iterations it keeps whole.
+# of the latest iterations it keeps whole (applied by the loop, loops/compaction.py).
 TETHER_CONTEXT_BUDGET_TOKENS = _env_int("TETHER_CONTEXT_BUDGET_TOKENS", 2000)
 TETHER_CONTEXT_RECENT = _env_int("TETHER_CONTEXT_RECENT", 3)
 
