@@ -136,7 +136,6 @@ def compact_history(items: Iterable[Mapping[str, Any]], *, budget_tokens: int, r
     return "\n".join(parts)
 
 
-
 def for_prompt(items: Iterable[Mapping[str, Any]]) -> str:
     """Return `items` compacted as a Claude act's (and the `llm` decider's) prompt shows them.
 

@@ -47,8 +47,9 @@ INTERRUPTED = (
     "its effect is unknown — check before repeating it"
 )
 
+
 class AnthropicBrain:
-    """Claude acting with tools in the instance's workspace (see the module docstring)."""
+    """Claude acting with tools in the instance's workspace (see the package docstring)."""
 
     def __init__(self, instance: Any) -> None:
         self.instance = instance
