@@ -83,9 +83,10 @@ def _prompt(usage: dict[str, int]) -> int:
 
 def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, int]]:
     """Run the script through AnthropicBrain; return {iteration: (prompt, uncached, cache read, cache write)}."""
-    from instances.brains.anthropic import AnthropicBrain
+    from instances.brains.anthropic.act import AnthropicBrain
     from instances.brains.base import ActRequest
     from instances.models import Instance
+    from loops import compaction
 
     instance = Instance(
         name="bench",
@@ -109,6 +110,7 @@ def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, i
                 stop=threading.Event(),
                 timeout=60,
                 snapshot=list(history),
+                history=compaction.for_prompt(history),
             )
         )
         assert reply.ok, reply.detail
@@ -134,7 +136,7 @@ def tether_run(server: Any, workspace: Path) -> dict[int, tuple[int, int, int, i
 
 def naive_run(server: Any) -> dict[int, int]:
     """Run the same script as one growing transcript; return {iteration: prompt tokens of its act}."""
-    from instances.brains.anthropic import DEFAULT_SYSTEM_PROMPT
+    from instances.brains.anthropic.act import DEFAULT_SYSTEM_PROMPT
     from instances.tools import definitions
 
     messages: list[dict[str, Any]] = []
@@ -194,7 +196,7 @@ def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def stop_latency(server: Any, workspace: Path, samples: int = 5) -> list[float]:
     """Return seconds from a stop request to the act's return while the model call hangs."""
-    from instances.brains.anthropic import AnthropicBrain
+    from instances.brains.anthropic.act import AnthropicBrain
     from instances.brains.base import ActRequest
     from instances.models import Instance
     from tests.fakes.messages_server import Delay, text

@@ -11,6 +11,7 @@ from typing import Any
 
 from budgets import selectors
 from budgets.pricing import UnpricedModel
+from instances.brains.anthropic.config import model_for
 
 
 def claude_model(instance: Any) -> str | None:
@@ -23,8 +24,6 @@ def claude_model(instance: Any) -> str | None:
     judged_with_it = bool(getattr(instance, "judge_rubric", "")) and not getattr(instance, "judge_model", "")
     if not (instance.brain == "anthropic" or instance.decider == "llm" or judged_with_it):
         return None
-    from instances.brains.anthropic import model_for
-
     return model_for(instance)
 
 

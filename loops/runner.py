@@ -34,8 +34,8 @@ from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
+from loops import compaction, delegation, events, grading, journal, policy, progress, signals
 from loops import decision as decision_mod
-from loops import delegation, events, grading, journal, policy, progress, signals
 from loops.event_kinds import changed_names
 from loops.memory import Memory
 from loops.models import Event, Interjection, Iteration, Run
@@ -629,6 +629,7 @@ def _act(lease: Lease, begun: Begun, meter: metering.RunMeter) -> Reply | Ended:
         stop=lease.stop,
         timeout=float(instance.act_timeout_seconds),
         snapshot=[dict(s) for s in begun.memory.snapshot],
+        history=compaction.for_prompt(begun.memory.snapshot),
         approved_calls=begun.approved_calls,
         meter=meter,
         journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
@@ -754,7 +755,7 @@ def _decide(
     run, instance = begun.run, begun.run.instance
     if instance.decider != instance.Decider.LLM:
         return decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail), Usage()
-    from instances.brains.anthropic import decide  # type: ignore[import-not-found]
+    from instances.brains.anthropic.decider import decide  # type: ignore[import-not-found]  # lazy: the SDK loads for an llm decider only
 
     try:
         answer, decider_usage = decide(instance, _decider_snapshot(run, begun, reply, checks), stop=lease.stop, meter=meter)
@@ -944,7 +945,7 @@ def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.
         "act_ok": reply.ok,
         "act_detail": reply.detail,
         "checks": checks_mod.as_json(checks),
-        "history": [dict(s) for s in begun.memory.snapshot],
+        "history": compaction.for_prompt(begun.memory.snapshot),
     }
 
 

@@ -410,7 +410,7 @@ def run_continue(
 
 def _ensure_key_works(run: Run) -> None:
     """Refuse to continue a run that ended credential_error while its instance's key still fails."""
-    from instances.brains.anthropic import check_key
+    from instances.brains.anthropic.session import check_key  # lazy: only this refusal needs the SDK
     from instances.models import Instance
 
     instance = Instance.objects.select_related("credential").get(pk=run.instance_id)  # the key as it is now

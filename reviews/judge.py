@@ -1,7 +1,7 @@
 """The LLM rubric judge: an independent Claude prompt that grades a run's final result.
 
 Runs in the worker, outside any transaction; makes one model call (with the brain's bounded
-retries) through `instances.brains.anthropic.Session`, so it uses the instance's own key and
+retries) through `instances.brains.anthropic.session.Session`, so it uses the instance's own key and
 endpoint and never reads the environment's. The judge is separate from the actor: its own
 system prompt, no tools, none of the actor's conversation — only the objective, the acceptance
 criteria, the final answer, the latest check results and the workspace diff. It answers
@@ -20,6 +20,7 @@ from typing import Any
 
 from django.conf import settings
 
+from instances.brains.anthropic.config import model_for
 from instances.brains.base import BrainError, Usage
 
 VERDICTS = ("pass", "fail", "needs-human")
@@ -170,15 +171,15 @@ def judge(
 
     With `pass_threshold` (1-100) a pass needs the judge's score to reach it, else it is a fail.
     """
-    from instances.brains import anthropic as brain  # lazy: the Anthropic SDK loads only for a judge
+    from instances.brains.anthropic.session import Session  # lazy: only a judged run needs the SDK
 
     timeout = float(settings.TETHER_JUDGE_TIMEOUT_SECONDS)
     try:
-        session = brain.Session(
+        session = Session(
             instance,
             stop=stop or threading.Event(),
             deadline=time.monotonic() + timeout,
-            model=model or brain.model_for(instance),
+            model=model or model_for(instance),
             meter=meter,
         )
     except BrainError as exc:

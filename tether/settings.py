@@ -354,7 +354,7 @@ TETHER_DELEGATION_MAX_DEPTH = _env_int("TETHER_DELEGATION_MAX_DEPTH", 3)
 TETHER_DELEGATION_MAX_CHILDREN = _env_int("TETHER_DELEGATION_MAX_CHILDREN", 4)
 TETHER_DELEGATION_MAX_RUNS = _env_int("TETHER_DELEGATION_MAX_RUNS", 20)
 
-# --- the Claude brain (instances/brains/anthropic.py, the gateway, the judge) -------------------------
+# --- the Claude brain (instances/brains/anthropic/, the gateway, the judge) -------------------------
 # The model of an instance that names none.
 TETHER_ANTHROPIC_DEFAULT_MODEL = os.environ.get("TETHER_ANTHROPIC_DEFAULT_MODEL") or "claude-sonnet-5-5"
 # A failing model call (429, 529, 5xx, a timeout) is retried this often per act, with jittered
@@ -365,7 +365,7 @@ TETHER_ANTHROPIC_BACKOFF_MAX_SECONDS = _env_float("TETHER_ANTHROPIC_BACKOFF_MAX_
 TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS = _env_float("TETHER_ANTHROPIC_CALL_TIMEOUT_SECONDS", 300.0)  # a call
 TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL = _env_int("TETHER_ANTHROPIC_MAX_TOKENS_PER_CALL", 8192)
 # The history's share of a Claude act's (and the `llm` decider's) prompt, in tokens, and how many
-# of the latest iterations it keeps whole.
+# of the latest iterations it keeps whole (applied by the loop, loops/compaction.py).
 TETHER_CONTEXT_BUDGET_TOKENS = _env_int("TETHER_CONTEXT_BUDGET_TOKENS", 2000)
 TETHER_CONTEXT_RECENT = _env_int("TETHER_CONTEXT_RECENT", 3)
 

@@ -19,7 +19,7 @@ from budgets.spending import run_spending
 from instances import credentials
 from instances.brains.base import BrainError, BudgetExhausted
 from instances.models import Instance
-from loops import events, schemas, selectors, services
+from loops import compaction, events, schemas, selectors, services
 from loops.models import Run
 from reviews import rollback
 from web.rest import ApiError, Id, errors
@@ -218,9 +218,10 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
     recent = payload.recent_instructions or []
     usage = None
     if instance.decider == instance.Decider.LLM:
-        from instances.brains.anthropic import decide
+        from instances.brains.anthropic.decider import decide  # lazy: the SDK loads for an llm decider only
 
         snapshot = payload.model_dump(exclude_none=True)
+        snapshot["history"] = compaction.for_prompt(payload.history or [])
         snapshot.setdefault("iteration", 1)
         snapshot.setdefault("max_iterations", instance.max_iterations)
         snapshot["checks"] = [c.__dict__ for c in checks]

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BRAINS = {
     "command": "instances.brains.command.CommandBrain",
-    "anthropic": "instances.brains.anthropic.AnthropicBrain",
+    "anthropic": "instances.brains.anthropic.act.AnthropicBrain",
 }
 
 
@@ -47,7 +47,7 @@ def iteration_reserve(instance: Instance) -> int:
     brain = get_brain(instance)
     if hasattr(brain, "unmetered_reserve"):
         return int(brain.unmetered_reserve())
-    from instances.brains.command import reported_spend_allowance
+    from instances.brains.command import reported_spend_allowance  # lazy: cycle via instances.gateway
 
     return reported_spend_allowance()
 

@@ -76,6 +76,9 @@ class ActRequest:
     # verdict, and delegated, refused when it did}; an entry that stands for several iterations alike
     # has `times` (how many) and `first` (the first of them), `iteration` being the last.
     snapshot: list[dict[str, Any]] = field(default_factory=list)
+    # The same, as text for a model's prompt: compacted within the context budget by the loop
+    # (`loops.compaction.for_prompt`); "" when there is none.
+    history: str = ""
     checks: list[dict[str, Any]] = field(default_factory=list)
     # Tool calls a person approved after the previous act parked the run: run them first.
     approved_calls: list[dict[str, Any]] = field(default_factory=list)

@@ -48,8 +48,6 @@ def reported_spend_allowance() -> int:
     Its model calls through the gateway are metered one by one; this covers only what it reports
     itself (`TETHER_USAGE_FILE`), and a report above it ends the run.
     """
-    from django.conf import settings
-
     return money.usd_to_micros(str(settings.TETHER_COMMAND_ITERATION_RESERVE_USD))
 
 

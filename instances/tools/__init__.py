@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from instances.pinned import Pinned
-from instances.tools import shell, workspace
+from instances.tools import mcp, shell, workspace
 from tether.redaction import redact
 
 
@@ -253,8 +253,6 @@ def check_names(names: Iterable[str]) -> list[str]:
     Besides built-in tools, a name may be an MCP server's tool or a glob of them
     (`mcp__<server>__<tool>`, see `instances.tools.mcp`), checked for its shape only.
     """
-    from instances.tools import mcp
-
     names = list(names)
     for name in names:
         if mcp.is_mcp_name(name):
@@ -270,8 +268,6 @@ def check_names(names: Iterable[str]) -> list[str]:
 
 def definitions(names: Sequence[str]) -> list[dict[str, Any]]:
     """Return the Messages API tool definitions for the enabled built-in tools, in a stable order."""
-    from instances.tools import mcp
-
     return [TOOLS[name].definition() for name in check_names(names) if not mcp.is_mcp_name(name)]
 
 

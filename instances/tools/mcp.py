@@ -41,6 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.db import DatabaseError
+
+from instances import capabilities, sandbox
+from instances.tools.shell import minimal_env
 from tether.redaction import redact
 
 log = logging.getLogger(__name__)
@@ -150,10 +154,6 @@ class McpTools:
 
     def open(self) -> None:
         """Connect to the instance's usable servers in parallel and list their tools."""
-        from django.db import DatabaseError
-
-        from instances import capabilities
-
         names = [str(n) for n in (getattr(self.instance, "mcp_servers", None) or [])]
         if not names:
             return
@@ -181,7 +181,7 @@ class McpTools:
             self._connections[server.name] = _Connection(server=server, secrets=secrets)
         if not self._connections:
             return
-        from anyio.from_thread import start_blocking_portal
+        from anyio.from_thread import start_blocking_portal  # lazy: mcp SDK, for MCP acts only
 
         self._portal = self._stack.enter_context(start_blocking_portal(name="tether-mcp"))
         for connection in self._connections.values():
@@ -381,12 +381,9 @@ class McpTools:
 
     def _target(self, connection: _Connection) -> Any:
         """Return what the SDK's Client connects to: sandboxed stdio parameters, or an HTTP transport."""
-        from mcp.client.stdio import StdioServerParameters, stdio_client
-        from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
-
-        from instances import capabilities, sandbox
-        from instances.tools.shell import minimal_env
+        from mcp.client.stdio import StdioServerParameters, stdio_client  # lazy: mcp SDK, for MCP acts only
+        from mcp.client.streamable_http import streamable_http_client  # lazy: mcp SDK, for MCP acts only
+        from mcp.shared._httpx_utils import create_mcp_http_client  # lazy: mcp SDK, for MCP acts only
 
         server = connection.server
         if server.transport == server.Transport.HTTP:
@@ -422,8 +419,8 @@ class McpTools:
 
     async def _hold(self, connection: _Connection) -> None:
         """Connect, list the tools, then keep the connection open until the act closes it."""
-        import anyio
-        from mcp import Client
+        import anyio  # lazy: mcp SDK, for MCP acts only
+        from mcp import Client  # lazy: mcp SDK, for MCP acts only
 
         connection.closing = anyio.Event()
         try:

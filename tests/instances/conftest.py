@@ -4,6 +4,7 @@ import threading
 
 import pytest
 
+from loops import compaction
 from tests.fakes.messages_server import MessagesServer
 
 KEY = "sk-ant-api03-TETHERTESTKEY-0123456789abcdefXYZW"
@@ -52,7 +53,7 @@ def agent(user, make_instance, server):
 @pytest.fixture
 def act():
     """Run one act of `instance`; return the Reply."""
-    from instances.brains.anthropic import AnthropicBrain
+    from instances.brains.anthropic.act import AnthropicBrain
     from instances.brains.base import ActRequest
 
     def run(instance, instruction="do the work", *, snapshot=(), stop=None, timeout=30.0, iteration=1, **extra):
@@ -65,6 +66,7 @@ def act():
             stop=stop or threading.Event(),
             timeout=timeout,
             snapshot=list(snapshot),
+            history=compaction.for_prompt(snapshot),  # as the loop hands it over
         )
         for name, value in extra.items():
             setattr(request, name, value)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from instances.brains.anthropic import compact_history
+from loops.compaction import compact_history
 from tests.fakes.messages_server import Delay, Trickle, text, tool_use, tool_uses
 from tests.instances.conftest import KEY
 from tests.support.cluster import wait_for

@@ -135,3 +135,24 @@ def test_loop_decide_with_the_checks_decider_and_bad_input(api, make_instance, u
     bad = api("post", base, {"objective": "x", "checks": [{"name": "lint"}]})
     assert bad.status_code == 400 and "checks[0]" in bad.json()["error"]
     assert api("post", base, {"response": "no objective"}).status_code == 400
+
+
+def test_loop_decide_shows_the_decider_the_given_history_compacted(api, agent, server, price, settings):
+    from tests.fakes.messages_server import tool_use
+
+    settings.TETHER_CONTEXT_RECENT = 1
+    inst = agent()
+    server.enqueue(tool_use("record_decision", {"verdict": "continue", "reason": "not yet", "next_instruction": "go on"}))
+    history = [
+        {"iteration": 1, "instruction": "read the code", "response": "read it", "verdict": "continue"},
+        {"iteration": 2, "instruction": "fix the parser", "response": "fixed the off-by-one", "verdict": "continue"},
+    ]
+    response = api(
+        "post", f"/v1/instances/{inst.pk}/loop-decide", {"objective": "make tests pass", "history": history}
+    )
+    assert response.status_code == 200, response.content
+    prompt = server.bodies[-1]["messages"][0]["content"]
+    # Compacted as a run's decider sees it: the latest iteration nearly whole, the one before a line.
+    assert "History of this run (2 earlier iterations; recent ones in full):" in prompt
+    assert "Iteration 2:" in prompt and "fixed the off-by-one" in prompt
+    assert "- #1 continue; did: read the code" in prompt and "'instruction'" not in prompt

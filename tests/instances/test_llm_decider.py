@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from instances.brains.anthropic import decide
+from instances.brains.anthropic.decider import decide
 from instances.brains.base import CredentialError, ProviderError
+from loops.compaction import compact_history
 from loops.decision import parse
 from tests.fakes.messages_server import Error, text, tool_use
 
@@ -20,10 +21,14 @@ SNAPSHOT = {
     "act_ok": True,
     "act_detail": "",
     "checks": [{"name": "tests", "passed": True, "required": True, "output": "12 passed"}],
-    "history": [
-        {"iteration": 1, "instruction": "start", "response": "read the code", "checks": {"tests": False}, "verdict": "continue"},
-        {"iteration": 2, "instruction": "fix it", "response": "tried", "checks": {"tests": False}, "verdict": "continue"},
-    ],
+    "history": compact_history(  # as the loop hands it over (`loops.compaction.for_prompt`)
+        [
+            {"iteration": 1, "instruction": "start", "response": "read the code", "checks": {"tests": False}, "verdict": "continue"},
+            {"iteration": 2, "instruction": "fix it", "response": "tried", "checks": {"tests": False}, "verdict": "continue"},
+        ],
+        budget_tokens=2000,
+        recent=3,
+    ),
 }
 
 

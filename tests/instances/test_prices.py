@@ -13,7 +13,7 @@ from django.contrib.auth.models import Permission
 from budgets import selectors
 from budgets.models import Price
 from budgets.pricing import UnpricedModel
-from instances.brains.anthropic import model_for
+from instances.brains.anthropic.config import model_for
 from instances.models import AgentTemplate, Credential, Instance
 from instances.prices import ensure_priced
 from loops import services

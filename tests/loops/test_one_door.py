@@ -12,7 +12,6 @@ import re
 
 import pytest
 
-from instances.brains import anthropic
 from instances.models import Credential
 from loops import continuation, services
 from loops.models import Event, Iteration, Run
@@ -116,7 +115,7 @@ def test_the_resume_instruction_is_built_from_the_objective_and_this_rounds_resu
     # Each round delegates another objective, so its iterations are not alike: the request grows only by
     # the compacted history of earlier iterations, which has a budget of its own (TETHER_CONTEXT_BUDGET_TOKENS,
     # about four characters a token), not by the instruction. (A lead that repeats itself: the next test.)
-    requests, history = sizes(server), 4 * anthropic.limits().context_tokens
+    requests, history = sizes(server), 4 * settings.TETHER_CONTEXT_BUDGET_TOKENS
     assert requests[-1] <= 1.2 * requests[1] + history, (requests[1], requests[-1])
 
 
