@@ -553,6 +553,40 @@ def _failed(reply: Reply, step: policy.Stop, reason: str, **more: Any) -> Ended:
     return Ended(reply, decision_mod.Decision("failed", reason), step, **more)
 
 
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One iteration on its way from act to record, as one value: built once by `iterate`, passed along.
+
+    Act → verify → decide → record each take it whole: the begun iteration (its run, number,
+    instruction, memory and reservation), the lease that fences its writes, the meter every model
+    call of it goes through, and until when its record may begin the next iteration. What a step
+    finds travels with it: the act's `Reply`, then the `Verified` checks, then how it `Ended`.
+    """
+
+    lease: Lease
+    begun: Begun
+    meter: metering.RunMeter
+    fuse_until: float | None = None  # a `time.monotonic()`: until then a going record begins the next
+
+    @property
+    def run(self) -> Run:
+        return self.begun.run
+
+    @property
+    def number(self) -> int:
+        return self.begun.number
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What the checks found of an act: its reply, their results, the workspace's fingerprint, the instructions before."""
+
+    reply: Reply
+    checks: list[policy.Check]
+    fingerprint: str
+    recent: tuple[str, ...]
+
+
 def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None = None) -> Begun | bool:
     """Run one iteration (`begun`, or begin one); return whether the loop goes on under this lease.
 
@@ -563,32 +597,33 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     if begun is None:
         return False
     with tracing.iteration(lambda: trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
-        return _iterate(lease, begun, fuse_until)
+        # every model call of this iteration goes through its meter
+        return _iterate(Turn(lease, begun, metering.RunMeter(begun.run, begun.number), fuse_until))
 
 
-def _iterate(lease: Lease, begun: Begun, fuse_until: float | None) -> Begun | bool:
-    if (refused := _refused_workspace(begun)) is not None:
-        return _record(lease, begun, refused)
-    _open_iteration(lease, begun)
-    meter = metering.RunMeter(begun.run, begun.number)  # every model call of this iteration goes through it
-    reply = _act(lease, begun, meter)
+def _iterate(turn: Turn) -> Begun | bool:
+    """Act → verify → decide → record: each way out of the iteration ends in one `_record`."""
+    if (refused := _refused_workspace(turn)) is not None:
+        return _record(turn, refused)
+    _open_iteration(turn)
+    reply = _act(turn)
     if isinstance(reply, Ended):
-        return _record(lease, begun, reply)
-    if (ended := _cut_short(lease, begun, reply)) is not None:
-        return _record(lease, begun, ended)
-    if (park := _asked_to_wait(begun, reply)) is not None:
-        return _parked(lease, begun, reply, *park)
-    return _record(lease, begun, _judged(lease, begun, reply, meter), fuse_until=fuse_until)
+        return _record(turn, reply)
+    if (ended := _cut_short(turn, reply)) is not None:
+        return _record(turn, ended)
+    if (park := _asked_to_wait(turn, reply)) is not None:
+        return _record(turn, _parked(turn, reply, *park))
+    return _record(turn, _judged(turn, reply))
 
 
-def _refused_workspace(begun: Begun) -> Ended | None:
+def _refused_workspace(turn: Turn) -> Ended | None:
     """Check the workspace before anything of ours reads or runs in it; how the iteration ends if it is refused.
 
     Whether it nests with another instance's is asked of the database as the run starts, or an
     attempt starts again, not every iteration.
     """
-    instance = begun.run.instance
-    opening = begun.number == 1 or begun.attempt > 1
+    instance = turn.run.instance
+    opening = turn.number == 1 or turn.begun.attempt > 1
     try:
         sandbox.checked_workspace(instance.workspace_path(), instance_id=instance.pk if opening else None)
     except sandbox.WorkspaceRefused as exc:
@@ -597,9 +632,9 @@ def _refused_workspace(begun: Begun) -> Ended | None:
     return None
 
 
-def _open_iteration(lease: Lease, begun: Begun) -> None:
+def _open_iteration(turn: Turn) -> None:
     """Say the run (or the iteration) starts, and let the database connection go for a long act."""
-    run = begun.run
+    lease, begun, run = turn.lease, turn.begun, turn.run
     if begun.number == 1:
         signals.run_starting.send(sender=Run, run=run)  # e.g. the review's diff starts here
         _take_protected_baseline(lease, run)
@@ -612,20 +647,20 @@ def _open_iteration(lease: Lease, begun: Begun) -> None:
         dbfaults.hold_no_connection(dbpool.enabled())
 
 
-def _act(lease: Lease, begun: Begun, meter: metering.RunMeter) -> Reply | Ended:
+def _act(turn: Turn) -> Reply | Ended:
     """Run the act: its reply, or how the iteration ends when the brain could not act."""
-    run, instance = begun.run, begun.run.instance
+    begun, run, instance = turn.begun, turn.run, turn.run.instance
     request = ActRequest(
         run_id=run.pk,
         iteration=begun.number,
         objective=run.objective,
         instruction=begun.instruction,
         workspace=instance.workspace_path(),
-        stop=lease.stop,
+        stop=turn.lease.stop,
         timeout=float(instance.act_timeout_seconds),
         snapshot=[dict(s) for s in begun.memory.snapshot],
         approved_calls=begun.approved_calls,
-        meter=meter,
+        meter=turn.meter,
         journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
     )
     acting = time.monotonic()
@@ -649,13 +684,13 @@ def _confirm_stop(lease: Lease, run_id: int) -> None:
         raise LeaseLost  # stopped because this driver lost the run or is shutting down
 
 
-def _cut_short(lease: Lease, begun: Begun, reply: Reply) -> Ended | None:
+def _cut_short(turn: Turn, reply: Reply) -> Ended | None:
     """How the iteration ends right after its act (a person's stop, a reported overdraft), or None."""
     if reply.stopped:
-        _confirm_stop(lease, begun.run.pk)
-        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {begun.number}")
+        _confirm_stop(turn.lease, turn.run.pk)
+        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {turn.number}")
         return _failed(reply, step, "stopped mid-act")
-    if overdraft := _reported_beyond_reservation(begun.run, reply):
+    if overdraft := _reported_beyond_reservation(turn.run, reply):
         # Only metered spend is hard-capped: an agent's own report above what its iteration
         # reserved ends the run at once; the ledger records the overdraft, and a pool it
         # overdrew grants nothing more until a person covers it.
@@ -666,15 +701,15 @@ def _cut_short(lease: Lease, begun: Begun, reply: Reply) -> Ended | None:
 _Wait = tuple[policy.Park, decision_mod.Decision, list[dict[str, Any]] | None, str]
 
 
-def _asked_to_wait(begun: Begun, reply: Reply) -> _Wait | None:
+def _asked_to_wait(turn: Turn, reply: Reply) -> _Wait | None:
     """The wait the act asks for (the children it delegated to, a person's approval), as `_parked` takes it."""
     if delegated := [call for call in reply.tool_calls if call.get("delegate")]:
         # Park until the children this act asked for have finished (loops.delegation starts them
         # once this iteration is recorded, and resumes the run when the last one ends) — if the
         # policy lets it wait: not on its last allowed iteration, nor to repeat what it delegated.
-        key = _delegation_key(begun, delegated, checks_mod.fingerprint(begun.run.instance.workspace_path()))
+        key = _delegation_key(turn.run, delegated, checks_mod.fingerprint(turn.run.instance.workspace_path()))
         park = policy.Park(
-            "children", f"children running: {len(delegated)} delegated in iteration {begun.number}",
+            "children", f"children running: {len(delegated)} delegated in iteration {turn.number}",
             undone=_not_started(delegated),
         )
         return park, decision_mod.Decision("continue", park.detail), delegated, key
@@ -686,9 +721,9 @@ def _asked_to_wait(begun: Begun, reply: Reply) -> _Wait | None:
     return None
 
 
-def _judged(lease: Lease, begun: Begun, reply: Reply, meter: metering.RunMeter) -> Ended:
+def _judged(turn: Turn, reply: Reply) -> Ended:
     """Check what the act did, have it decided, and ask the policy what comes next (graders judge a done)."""
-    run, instance = begun.run, begun.run.instance
+    lease, begun, run, instance = turn.lease, turn.begun, turn.run, turn.run.instance
     workspace = instance.workspace_path()
     changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
     with tracing.span("checks") as traced:
@@ -700,55 +735,52 @@ def _judged(lease: Lease, begun: Begun, reply: Reply, meter: metering.RunMeter) 
         _confirm_stop(lease, run.pk)
         stopped = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the checks of iteration {begun.number}")
         return _failed(reply, stopped, "stopped by a person during the checks", checks=checks)
-    fingerprint = checks_mod.fingerprint(workspace)
-    recent = begun.memory.recent_instructions(begun.base_instruction)
+    verified = Verified(
+        reply, checks, checks_mod.fingerprint(workspace), begun.memory.recent_instructions(begun.base_instruction)
+    )
     with tracing.span("decider", tether__decider=instance.decider):
-        decided = _decide(lease, begun, reply, checks, recent, meter, fingerprint)
+        decided = _decide(turn, verified)
     if isinstance(decided, Ended):
         return decided
     decision, decider_usage = decided
-    state = _state_after(begun, reply, checks, recent, fingerprint)
+    state = _state_after(turn, verified)
     step = policy.next_step(state, decision, checks, protected_changed=changed)
     extra: list[tuple[str, dict[str, Any]]] = [evidence] if evidence else []
     if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.DONE:
         # A clean exit is not success: the graders look at what the run hands back, then the
         # policy's verdict decides with what they found.
-        reports = _graders(lease, begun, reply, checks, fingerprint, meter)
+        reports = _graders(turn, verified)
         for report in reports:
             decider_usage = decider_usage.add(report.usage)
             extra.append(report.as_event(begun.number))
         grades = [report.assessment for report in reports]
         step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
-    return Ended(reply, decision, step, checks, fingerprint, decider_usage, extra, changed)
+    return Ended(reply, decision, step, checks, verified.fingerprint, decider_usage, extra, changed)
 
 
-def _decide(
-    lease: Lease, begun: Begun, reply: Reply, checks: list[policy.Check], recent: tuple[str, ...],
-    meter: metering.RunMeter, fingerprint: str,
-) -> tuple[decision_mod.Decision, Usage] | Ended:
+def _decide(turn: Turn, verified: Verified) -> tuple[decision_mod.Decision, Usage] | Ended:
     """The decider's decision and what it cost; or how the iteration ends when the LLM decider could not judge."""
-    run, instance = begun.run, begun.run.instance
+    lease, run, instance, reply, checks = turn.lease, turn.run, turn.run.instance, verified.reply, verified.checks
     if instance.decider != instance.Decider.LLM:
         return decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail), Usage()
     from instances.brains.anthropic import decide  # type: ignore[import-not-found]
 
     try:
-        answer, decider_usage = decide(instance, _decider_snapshot(run, begun, reply, checks), stop=lease.stop, meter=meter)
-        return decision_mod.parse(answer, recent_instructions=recent), decider_usage
+        answer, decider_usage = decide(instance, _decider_snapshot(turn, verified), stop=lease.stop, meter=turn.meter)
+        return decision_mod.parse(answer, recent_instructions=verified.recent), decider_usage
     except BrainError as exc:
         failure = exc
     step = policy.Stop(failure.outcome, failure.detail)
     if lease.stop.is_set():  # the decider's call was cut by a stop, not by the provider
         _confirm_stop(lease, run.pk)
-        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person while the decider judged iteration {begun.number}")
-    return _failed(reply, step, step.detail, checks=checks, fingerprint=fingerprint, decider_usage=failure.usage)
+        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person while the decider judged iteration {turn.number}")
+    return _failed(reply, step, step.detail, checks=checks, fingerprint=verified.fingerprint, decider_usage=failure.usage)
 
 
-def _state_after(
-    begun: Begun, reply: Reply, checks: list[policy.Check], recent: tuple[str, ...], fingerprint: str
-) -> policy.State:
+def _state_after(turn: Turn, verified: Verified) -> policy.State:
     """What the policy knows of the run after an act that was checked and decided."""
-    run, memory = begun.run, begun.memory
+    begun, run, memory = turn.begun, turn.run, turn.begun.memory
+    reply, checks, recent, fingerprint = verified.reply, verified.checks, verified.recent, verified.fingerprint
     return policy.State(
         iteration=begun.number,
         max_iterations=run.max_iterations,
@@ -767,22 +799,21 @@ def _state_after(
     )
 
 
-def _graders(
-    lease: Lease, begun: Begun, reply: Reply, checks: list[policy.Check], fingerprint: str, meter: metering.RunMeter
-) -> list[Any]:
+def _graders(turn: Turn, verified: Verified) -> list[Any]:
     """What the graders report of a proposed done (each with its assessment, its usage and its event)."""
-    final = signals.FinalAct(begun.number, reply.text, fingerprint)
+    lease, begun, meter, checks = turn.lease, turn.begun, turn.meter, verified.checks
+    final = signals.FinalAct(begun.number, verified.reply.text, verified.fingerprint)
     with tracing.span("judge"):
         sent = signals.done_proposed.send(sender=Run, run=begun.run, final=final, checks=checks, stop=lease.stop, meter=meter)
     return [report for _, report in sent if report is not None]
 
 
 def _parked(
-    lease: Lease, begun: Begun, reply: Reply, park: policy.Park, decision: decision_mod.Decision,
+    turn: Turn, reply: Reply, park: policy.Park, decision: decision_mod.Decision,
     delegated: list[dict[str, Any]] | None = None, key: str = "",
-) -> Begun | bool:
-    """Record an iteration whose act asks to wait (children, a person's approval), as the policy allows."""
-    run, memory = begun.run, begun.memory
+) -> Ended:
+    """How an iteration whose act asks to wait (children, a person's approval) ends, as the policy allows."""
+    begun, run, memory = turn.begun, turn.run, turn.begun.memory
     state = policy.State(
         iteration=begun.number, max_iterations=run.max_iterations, act_ok=True,  # asking to wait is no failure
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
@@ -791,9 +822,9 @@ def _parked(
     step = policy.after(state, park)
     if isinstance(step, policy.Park):
         waiting = policy.Stop(Run.Outcome.ESCALATED, step.detail)
-        return _record(lease, begun, Ended(reply, decision, waiting, delegated=delegated, delegation_key=key))
+        return Ended(reply, decision, waiting, delegated=delegated, delegation_key=key)
     assert isinstance(step, policy.Stop)
-    return _record(lease, begun, Ended(reply, decision, step, delegation_key=key))
+    return Ended(reply, decision, step, delegation_key=key)
 
 
 def refusals_of(reply: Reply) -> list[str]:
@@ -822,7 +853,7 @@ def _not_started(delegated: list[dict[str, Any]]) -> str:
     return f"its {len(delegated)} delegate call{'s' if len(delegated) != 1 else ''} {'were' if len(delegated) != 1 else 'was'} not started: {shown}{more}"
 
 
-def _delegation_key(begun: Begun, delegated: list[dict[str, Any]], fingerprint: str) -> str:
+def _delegation_key(run: Run, delegated: list[dict[str, Any]], fingerprint: str) -> str:
     """What this act delegated, in the workspace it left, given the results it was given: equal keys, no progress.
 
     "<digest> <what was delegated>": the policy compares the whole, and names the second part.
@@ -831,7 +862,7 @@ def _delegation_key(begun: Begun, delegated: list[dict[str, Any]], fingerprint: 
         (str(i.get("to", "")), " ".join(str(i.get("objective", "")).split()), str(i.get("workspace") or "own"))
         for i in ((c.get("input") or {}) for c in delegated)
     )
-    given = (begun.run.delegation or {}).get("results", "") if (begun.run.delegation or {}).get("state") == "done" else ""
+    given = (run.delegation or {}).get("results", "") if (run.delegation or {}).get("state") == "done" else ""
     digest = hashlib.sha256(json.dumps([asked, fingerprint, given], ensure_ascii=False).encode()).hexdigest()[:16]
     named = "; ".join(f"to {to!r}: {objective[:100]!r}" for to, objective, _ in asked)
     return f"{digest} {named[:300]}"
@@ -911,7 +942,8 @@ def _protected_changes(run: Run, number: int) -> tuple[list[str], tuple[str, dic
     return changed, ("protected.changed", {"iteration": number, **changes.as_json(), "paths": list(changes.paths)})
 
 
-def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.Check]) -> dict[str, Any]:
+def _decider_snapshot(turn: Turn, verified: Verified) -> dict[str, Any]:
+    run, begun, reply = turn.run, turn.begun, verified.reply
     return {
         "objective": run.objective,
         "iteration": begun.number,
@@ -920,7 +952,7 @@ def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.
         "response": reply.text[-EXCERPT * 2 :],
         "act_ok": reply.ok,
         "act_detail": reply.detail,
-        "checks": checks_mod.as_json(checks),
+        "checks": checks_mod.as_json(verified.checks),
         "history": [dict(s) for s in begun.memory.snapshot],
     }
 
@@ -1016,103 +1048,134 @@ class _Unfused(Exception):
     """The next iteration's reservation was refused: record this one alone (the begin says why)."""
 
 
-def _record(lease: Lease, begun: Begun, ended: Ended, fuse_until: float | None = None) -> Begun | bool:
-    """Close the iteration as `ended` says: record it, settle its cost, apply the policy's step. One transaction.
+@dataclass(frozen=True, slots=True)
+class _Closing:
+    """What the record of an iteration writes, worked out before its transaction opens."""
 
-    When the policy goes on and `fuse_until` has not passed, the same transaction begins the next
-    iteration if nothing stands in its way (a stop, the deadline, a person's message, an edited
-    instance): its events join this one's, and its reservation is this one's settle rolled on.
-    Returns that `Begun`, else whether the loop goes on.
-    """
-    _enter(lease)
-    run, number = begun.run, begun.number
-    reply, checks, decision, step, fingerprint = ended.reply, ended.checks, ended.decision, ended.step, ended.fingerprint
-    decider_usage, delegated, protected_changed = ended.decider_usage, ended.delegated, ended.protected_changed
-    usage = reply.usage.add(decider_usage)
+    fields: dict[str, Any]  # the run's columns
+    items: list[tuple[str, dict[str, Any]]]  # the events that close the iteration
+    memory: Memory  # the run's, after this iteration
+    usage: Usage  # the act's and the decider's
+    cost: int  # micro-dollars, metered and not
+    unmetered: int  # what the iteration's own reservation settles
+    now: datetime
+
+
+def _closing(turn: Turn, ended: Ended) -> _Closing:
+    """Work out what `_record` writes of `ended`: the run's new columns, the events, the memory, the cost."""
+    begun, number, reply, checks, step = turn.begun, turn.number, ended.reply, ended.checks, ended.step
+    usage = reply.usage.add(ended.decider_usage)
     # Metered calls were settled one by one as they went; the iteration's own reservation
     # settles only what no meter saw (a command's reported spend).
     act_cost, act_unmetered = metering.split_cost(reply.usage, reply.usage.metered_micros)
-    decider_cost, decider_unmetered = metering.split_cost(decider_usage, decider_usage.metered_micros)
+    decider_cost, decider_unmetered = metering.split_cost(ended.decider_usage, ended.decider_usage.metered_micros)
     cost, unmetered = act_cost + decider_cost, act_unmetered + decider_unmetered
     now = timezone.now()
     memory = begun.memory.after(  # approvals handed to this act are spent: never run twice
-        instruction=begun.base_instruction, fingerprint=fingerprint, signature=policy.checks_signature(checks),
-        act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
+        instruction=begun.base_instruction, fingerprint=ended.fingerprint, signature=policy.checks_signature(checks),
+        act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=ended.decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
         delegation=ended.delegation_key, refused=refusals_of(reply),
         progress=progress.total(c.progress for c in checks), stall=step.stall,
     )
-    fields = _recorded_fields(begun, step, decision, delegated, now) | {
+    fields = _recorded_fields(begun, step, ended.decision, ended.delegated, now) | {
         "next_iteration": number + 1, "spent_micros": F("spent_micros") + cost, "history": memory.as_json(), "attempt": 1,
     }
-    if protected_changed:
-        fields["protected_changed"] = protected_changed
+    if ended.protected_changed:
+        fields["protected_changed"] = ended.protected_changed
     iteration_data = {
         "iteration": number, "cost_usd": money.usd_string(cost),
         "duration_ms": int((now - begun.started_at).total_seconds() * 1000), "act_ok": reply.ok,
     }
-    items = _closing_events(number, reply, checks, decision, step, usage, ended.extra_events, iteration_data, delegated)
+    items = _closing_events(
+        number, reply, checks, ended.decision, step, usage, ended.extra_events, iteration_data, ended.delegated
+    )
+    return _Closing(fields, items, memory, usage, cost, unmetered, now)
+
+
+def _record(turn: Turn, ended: Ended) -> Begun | bool:
+    """Close the iteration as `ended` says: record it, settle its cost, apply the policy's step. One transaction.
+
+    When the policy goes on and the turn's `fuse_until` has not passed, the same transaction begins the
+    next iteration if nothing stands in its way (a stop, the deadline, a person's message, an edited
+    instance): its events join this one's, and its reservation is this one's settle rolled on.
+    Returns that `Begun`, else whether the loop goes on.
+    """
+    lease, run, number, step = turn.lease, turn.run, turn.number, ended.step
+    _enter(lease)
+    closing = _closing(turn, ended)
     going = isinstance(step, policy.Continue)
-    fuse = going and fuse_until is not None and time.monotonic() < fuse_until and not lease.stop.is_set()
+    fuse = going and turn.fuse_until is not None and time.monotonic() < turn.fuse_until and not lease.stop.is_set()
     base = (step.instruction if going else "") or run.objective
     reserve = brains.iteration_reserve(run.instance) if fuse else 0
     asked, tries = fuse, 0
 
-    def write() -> ledger.Held | object | None:
-        nonlocal tries
-        tries += 1
-        if tries > 1 and Iteration.objects.filter(run=run, number=number, lease_token=lease.token).exists():
-            return _COMMITTED  # the connection died after this very record had committed; a begin finds what it wrote
-        with transaction.atomic():
-            current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
-            written = events.update_and_append_if(
-                current, fields, items, _nothing_in_the_way(run, number + 1, now) if fuse else None,
-                _starting_events(number + 1, base, attempt=1, interjections=0),
-            )
-            if written is None:
-                raise LeaseLost
-            if delegated:
-                transaction.on_commit(lambda: delegation.start_pending(run.pk))
-            Iteration.objects.create(
-                run=run, number=number, instruction=begun.instruction,
-                response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :], act_ok=reply.ok, act_detail=reply.detail[:2000],
-                checks=checks_mod.as_json(checks),
-                decision={"verdict": decision.verdict, "reason": decision.reason, "next": decision.next_instruction},
-                fingerprint=fingerprint, cost_micros=cost, usage=usage.as_json(), worker=lease.holder,
-                lease_token=lease.token, started_at=begun.started_at, finished_at=now,
-            )
-            if written[1]:  # the next iteration has begun: this settle rolls on into its reservation
-                try:
-                    return ledger.roll(begun.reservation, actual=unmetered, run=run, iteration=number + 1, amount=reserve)
-                except ledger.BudgetRefused:
-                    raise _Unfused from None
-            # The settle comes before a finish or a park, so a finishing child's carve is refunded,
-            # and the run's lease returned, at what it spent, this iteration included.
-            ledger.settle(begun.reservation, actual=unmetered)
-            if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED and not delegated:
-                after_finish(run.pk)
-            if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
-                _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
-            return None
-
     def once() -> ledger.Held | object | None:
-        nonlocal fuse
+        nonlocal fuse, tries
         try:
-            return write()
+            tries += 1
+            return _write_record(turn, ended, closing, tries > 1, fuse, base, reserve)
         except _Unfused:
-            fuse = False
-            return write()
+            fuse, tries = False, tries + 1
+            return _write_record(turn, ended, closing, True, False, base, reserve)
 
     reservation = dbfaults.retry(once, what=f"run {run.pk}: record iteration {number}")
     if reservation is _COMMITTED:
         return (_begin(lease, retried=True) or False) if asked else going
     if not isinstance(reservation, ledger.Held):
         return going
-    run.next_iteration, run.next_instruction, run.history, run.attempt = number + 1, fields["next_instruction"], fields["history"], 1
-    run.spent_micros += cost
-    run.protected_changed = protected_changed or run.protected_changed
+    memory = closing.memory
+    run.next_iteration, run.next_instruction, run.history, run.attempt = (
+        number + 1, closing.fields["next_instruction"], closing.fields["history"], 1
+    )
+    run.spent_micros += closing.cost
+    run.protected_changed = ended.protected_changed or run.protected_changed
     jsonlog.bind(iteration=number + 1)
     return Begun(run, number + 1, base, base, reservation, timezone.now(), [dict(c) for c in memory.approved_calls], 1, memory)
+
+
+def _write_record(
+    turn: Turn, ended: Ended, closing: _Closing, retried: bool, fuse: bool, base: str, reserve: int
+) -> ledger.Held | object | None:
+    """The record's transaction: the next iteration's reservation when it began too, else None.
+
+    `retried`: the connection may have died after this very record had committed (then `_COMMITTED`).
+    """
+    lease, begun, run, number, reply, step = turn.lease, turn.begun, turn.run, turn.number, ended.reply, ended.step
+    delegated, now = ended.delegated, closing.now
+    if retried and Iteration.objects.filter(run=run, number=number, lease_token=lease.token).exists():
+        return _COMMITTED  # a begin finds what it wrote
+    with transaction.atomic():
+        current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
+        written = events.update_and_append_if(
+            current, closing.fields, closing.items, _nothing_in_the_way(run, number + 1, now) if fuse else None,
+            _starting_events(number + 1, base, attempt=1, interjections=0),
+        )
+        if written is None:
+            raise LeaseLost
+        if delegated:
+            transaction.on_commit(lambda: delegation.start_pending(run.pk))
+        Iteration.objects.create(
+            run=run, number=number, instruction=begun.instruction,
+            response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :], act_ok=reply.ok, act_detail=reply.detail[:2000],
+            checks=checks_mod.as_json(ended.checks),
+            decision={"verdict": ended.decision.verdict, "reason": ended.decision.reason, "next": ended.decision.next_instruction},
+            fingerprint=ended.fingerprint, cost_micros=closing.cost, usage=closing.usage.as_json(), worker=lease.holder,
+            lease_token=lease.token, started_at=begun.started_at, finished_at=now,
+        )
+        if written[1]:  # the next iteration has begun: this settle rolls on into its reservation
+            try:
+                return ledger.roll(begun.reservation, actual=closing.unmetered, run=run, iteration=number + 1, amount=reserve)
+            except ledger.BudgetRefused:
+                raise _Unfused from None
+        # The settle comes before a finish or a park, so a finishing child's carve is refunded,
+        # and the run's lease returned, at what it spent, this iteration included.
+        ledger.settle(begun.reservation, actual=closing.unmetered)
+        if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED and not delegated:
+            after_finish(run.pk)
+        if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
+            _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
+        return None
 
 
 _COMMITTED = object()  # what a retried record returns when it finds its first try committed
