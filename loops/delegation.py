@@ -349,7 +349,7 @@ def start_children(run: Run, iteration: int, calls: list[dict[str, Any]]) -> lis
 def refund_carve(run_id: int) -> None:
     """Give a finished child run's carve back to its parent's chain, less what the child spent (once).
 
-    Called by `runner.after_finish` inside the transaction that finishes the run, whatever
+    Called by `lifecycle.after_finish` inside the transaction that finishes the run, whatever
     the outcome (a stop's cascade included): the finish and the refund commit together or not
     at all, and a finish retried after a cut finds the carve settled already.
     """
@@ -501,10 +501,10 @@ def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
             deadline_passed=bool(parent.deadline and timezone.now() >= parent.deadline), refusals=memory.refusals,
         )
         if (stop := policy.resume(state)) is not None:
-            from loops import runner
+            from loops import lifecycle  # lazy: lifecycle imports this module
 
             Run.objects.filter(pk=parent.pk).update(**recorded)
-            runner.finish_run(parent.pk, None, stop.outcome, stop.detail)
+            lifecycle.finish_run(parent.pk, None, stop.outcome, stop.detail)
             return True
         Run.objects.filter(pk=parent.pk).update(
             **recorded, status=Run.Status.QUEUED, lease_token=None, lease_holder="", outcome_detail="",
@@ -694,7 +694,7 @@ def _crash_unstartable(run_id: int, exc: Exception) -> int:
     Nothing of its act's calls was started (`start_pending` is one transaction), so no child holds
     a carve of it; waiting would only fail the same way on every pass.
     """
-    from loops import runner
+    from loops import lifecycle  # lazy: lifecycle imports this module
 
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id, status=Run.Status.WAITING).first()
@@ -707,4 +707,4 @@ def _crash_unstartable(run_id: int, exc: Exception) -> int:
             f"({type(exc).__name__}: {str(exc)[:300]}); the details are in the worker's log. "
             "Start a new run to try again."
         )
-        return int(runner.finish_run(run.pk, run.lease_token, Run.Outcome.CRASHED, detail) is not None)
+        return int(lifecycle.finish_run(run.pk, run.lease_token, Run.Outcome.CRASHED, detail) is not None)

@@ -15,56 +15,34 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import secrets
-import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from datetime import UTC, datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from budgets import ledger, metering, money
-from budgets.models import Reservation
 from instances import brains, protected, sandbox
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
 from loops import decision as decision_mod
-from loops import delegation, events, journal, policy, progress, signals
+from loops import delegation, events, journal, leases, lifecycle, policy, progress, signals
 from loops.event_kinds import changed_names
+from loops.leases import Lease, LeaseLost
 from loops.memory import Memory
-from loops.models import Event, Interjection, Iteration, Run
+from loops.models import Interjection, Iteration, Run
 from tether import dbfaults, dbpool, jsonlog, tracing
 
 log = logging.getLogger(__name__)
 
-ACTIVE = (Run.Status.QUEUED, Run.Status.RUNNING)
 EXCERPT = 2000
 IDLE_PING_SECONDS = 1.0  # a connection idle longer than this during an act is pinged before it is written to
-
-
-class LeaseLost(Exception):
-    """Another driver (or the reaper) owns the run now; this driver must let go."""
-
-
-@dataclass
-class Lease:
-    run_id: int
-    token: str
-    holder: str
-    stop: threading.Event = field(default_factory=threading.Event)
-    # False: give the database connection back before each act (many runs share a few).
-    keeps_connection: bool = True
-    # Shared by the process's runs that do not keep a connection: bounds their connections.
-    gate: threading.BoundedSemaphore | None = None
-    gate_held: bool = False
-    # The seq of this lease's `run.claimed` event: what this driver wrote comes after it.
-    claimed_seq: int = 0
 
 
 def _enter(lease: Lease) -> None:
@@ -98,405 +76,6 @@ class Begun:
     memory: Memory = field(default_factory=Memory)  # the run's, as this iteration began
 
 
-def lease_seconds() -> timedelta:
-    return timedelta(seconds=settings.TETHER_LEASE_SECONDS)
-
-
-def renew(leases: list[Lease]) -> set[int]:
-    """Extend a driver's leases for another `lease_seconds`; return the runs whose lease it still holds.
-
-    One short transaction renews them all, however many: it takes the rows still under their
-    tokens that no other transaction holds (SKIP LOCKED on PostgreSQL, so it never waits on a
-    run mid-iteration, and never deadlocks with one; SQLite's one writer makes the read and the
-    write one step) and extends them with one UPDATE. A run it skipped — locked by its own
-    iteration, or its token gone — is renewed by a statement of its own, and one whose token is
-    gone is not returned: the driver must stop it. An expiry counts from when its row is
-    written, never from before a wait for its lock: renewed after a wait longer than the lease,
-    it would be written already expired, and the reaper would take a run its driver still drives.
-    """
-    if not leases:
-        return set()
-    tokens = {lease.run_id: lease.token for lease in leases}
-    with transaction.atomic():  # SQLite: waits here for the writer's lock
-        rows = Run.objects.filter(pk__in=list(tokens)).select_for_update(skip_locked=True)
-        free = [pk for pk, token in rows.values_list("pk", "lease_token") if token == tokens[pk]]
-        if free:
-            Run.objects.filter(pk__in=free).update(lease_expires_at=timezone.now() + lease_seconds())
-    renewed = set(free)
-    for lease in leases:
-        if lease.run_id not in renewed and _renew_one(lease):
-            renewed.add(lease.run_id)
-    return renewed
-
-
-def _renew_one(lease: Lease) -> bool:
-    """Renew one lease whose row another transaction held: wait for it, then extend from now."""
-    with transaction.atomic():
-        mine = Run.objects.filter(pk=lease.run_id, lease_token=lease.token)
-        if not mine.select_for_update().exists():
-            return False
-        return bool(mine.update(lease_expires_at=timezone.now() + lease_seconds()))
-
-
-# --- claim, hand back, finish --------------------------------------------------------
-
-
-def claim_due(holder: str, limit: int) -> list[tuple[Lease, int]]:
-    """Claim up to `limit` runs waiting for a driver, longest waiting first; return (lease, iteration) pairs.
-
-    A run waits for a driver when it is active and unleased: started, handed back, resumed or
-    reaped. (A run whose lease merely expired is the reaper's: it gives a live holder time to
-    reconnect and closes what a dead one reserved; then the run is unleased and waits here.)
-    One transaction takes them as `claim` takes one — a new token each, attempt + 1,
-    `run.claimed` — in a few statements however many they are; a run past
-    TETHER_MAX_ATTEMPTS goes through `claim`, which ends it `crashed`. On PostgreSQL the
-    rows are locked with SKIP LOCKED, so drivers claiming at once take different runs
-    without waiting; on SQLite the transaction is IMMEDIATE, so claims are serialised.
-    """
-    waiting = Run.objects.filter(status__in=ACTIVE, lease_token__isnull=True)
-    claimed: list[tuple[Lease, int]] = []
-
-    def once() -> list[tuple[Lease, int]]:
-        if claimed:  # the connection died; maybe after the claims had committed (all or none)
-            if Run.objects.filter(lease_token__in=[lease.token for lease, _ in claimed]).exists():
-                return list(claimed)
-            claimed.clear()
-        if not waiting.exists():  # nothing waits: a read, no write lock
-            return []
-        now = timezone.now()
-        with transaction.atomic():
-            due = list(
-                waiting.select_for_update(skip_locked=True)
-                .order_by("lease_expires_at", "pk")
-                .values_list("pk", "next_iteration", "attempt")[:limit]
-            )
-            for run_id, iteration, attempt in due:
-                if attempt >= settings.TETHER_MAX_ATTEMPTS:
-                    claim(run_id, iteration, holder)  # its last attempt is spent: this ends it crashed
-            fresh = {
-                run_id: (iteration, attempt + 1, secrets.token_hex(16))
-                for run_id, iteration, attempt in due
-                if attempt < settings.TETHER_MAX_ATTEMPTS
-            }
-            if not fresh:
-                return []
-            # The rows are this transaction's (locked, or SQLite's one writer): set-wise, not one by one.
-            Run.objects.filter(pk__in=list(fresh), status__in=ACTIVE, lease_token__isnull=True).update(
-                lease_token=Case(*(When(pk=run_id, then=Value(token)) for run_id, (_, _, token) in fresh.items())),
-                lease_holder=holder,
-                lease_expires_at=now + lease_seconds(),
-                attempt=F("attempt") + 1,
-                status=Run.Status.RUNNING,
-            )
-            Run.objects.filter(pk__in=list(fresh), started_at__isnull=True).update(started_at=now)
-            seqs = events.append_to_each(
-                "run.claimed",
-                {run_id: {"iteration": it, "worker": holder, "attempt": n} for run_id, (it, n, _) in fresh.items()},
-            )
-            claimed.extend(
-                (Lease(run_id, token, holder, claimed_seq=seqs[run_id]), iteration)
-                for run_id, (iteration, _, token) in fresh.items()
-            )
-        return list(claimed)
-
-    return dbfaults.retry(once, what="claim waiting runs")
-
-
-def claim(run_id: int, iteration: int, holder: str) -> Lease | None:
-    """Take the run's lease for `iteration`; None when someone else has it or it moved on."""
-    token = secrets.token_hex(16)
-    tries = 0
-
-    def once() -> Lease | None:
-        nonlocal tries
-        tries += 1
-        if tries > 1:  # the connection died; maybe after the claim had committed
-            seq = Run.objects.filter(pk=run_id, lease_token=token).values_list("last_seq", flat=True).first()
-            if seq is not None:
-                return Lease(run_id, token, holder, claimed_seq=seq)
-        return _claim(run_id, iteration, holder, token, _expired(run_id, iteration))
-
-    return dbfaults.retry(once, what=f"run {run_id}: claim")
-
-
-class _Expired(NamedTuple):
-    """A dead driver's lease a claim takes over, and what its lost attempt changed (asked before)."""
-
-    token: str
-    holder: str
-    changes: dict[str, Any] | None
-
-
-def _expired(run_id: int, iteration: int) -> _Expired | None:
-    """Return the expired lease a claim of `iteration` would take over (the reaper had not yet), else None."""
-    held = (
-        Run.objects.filter(pk=run_id, next_iteration=iteration, status__in=ACTIVE, lease_token__isnull=False)
-        .filter(lease_expires_at__lt=timezone.now())
-        .values_list("lease_token", "lease_holder")
-        .first()
-    )
-    if held is None:
-        return None
-    return _Expired(held[0], held[1], lost_changes(run_id))
-
-
-def _claim(run_id: int, iteration: int, holder: str, token: str, expired: _Expired | None) -> Lease | None:
-    now = timezone.now()
-    # Free, or the expired lease looked at before (whose lost attempt is recorded here).
-    free = Q(lease_token=expired.token, lease_expires_at__lt=now) if expired else Q(lease_token__isnull=True)
-    with transaction.atomic():
-        taken = (
-            Run.objects.filter(pk=run_id, next_iteration=iteration, status__in=ACTIVE)
-            .filter(free)
-            .update(
-                lease_token=token,
-                lease_holder=holder,
-                lease_expires_at=now + lease_seconds(),
-                attempt=F("attempt") + 1,
-                status=Run.Status.RUNNING,
-            )
-        )
-        if not taken:
-            return None
-        run = Run.objects.get(pk=run_id)
-        if run.started_at is None:
-            Run.objects.filter(pk=run_id).update(started_at=now)
-        if expired is not None:
-            record_lost_attempt(run, expired.holder, expired.changes)  # before this claim's event
-        seq = events.append(run_id, "run.claimed", {"iteration": iteration, "worker": holder, "attempt": run.attempt})
-        lease = Lease(run_id, token, holder, claimed_seq=seq)
-        if run.attempt > settings.TETHER_MAX_ATTEMPTS:  # what the last one left was closed with its loss
-            detail = (
-                f"iteration {iteration} was started {run.attempt - 1} times and never finished "
-                f"(its worker died each time); giving up after {settings.TETHER_MAX_ATTEMPTS} attempts"
-            )
-            _finish(lease, Run.Outcome.CRASHED, detail)
-            return None
-    return lease
-
-
-def finish_unheld(
-    run: Run, detail: str, now: datetime | None = None, changes: dict[str, Any] | None = None
-) -> None:
-    """Finish `run` cancelled where no live driver holds it (queued, waiting, or its driver died).
-
-    Inside the caller's transaction, with `run` locked: a lost attempt is recorded (its open
-    reservation closed as abandoned; `changes` from `lost_changes`, asked before the transaction),
-    then the run finishes with its lease fenced out, as `_finish` does for a driver.
-    """
-    record_lost_attempt(run, run.lease_holder, changes)
-    finish_run(run.pk, run.lease_token, Run.Outcome.CANCELLED, detail, now=now)
-    run.refresh_from_db()
-
-
-def finish_stopped(run_id: int, token: str, holder: str) -> int:
-    """Finish a stopped run whose driver (`holder`, with lease `token`) died; return 1, or 0 if it moved on."""
-    changes = lost_changes(run_id)  # git, before the transaction
-    with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id, lease_token=token, status__in=ACTIVE).first()
-        if run is None or run.cancel_requested_at is None:
-            return 0
-        asked = run.events.filter(kind="run.stop_requested").order_by("-seq").values_list("data", flat=True).first()
-        who = (asked or {}).get("by") or "a person"
-        finish_unheld(run, f"stopped by {who} in iteration {run.next_iteration}, whose worker had died", changes=changes)
-    log.info("run %s: stopped; its driver %s had died", run_id, holder)
-    return 1
-
-
-def _lost_attempt(run_id: int, number: int) -> tuple[dict[str, Any], datetime] | None:
-    """Return the start (data, time) of iteration `number` by the run's last claim, if it was neither
-    recorded nor recorded lost since: an attempt its dead driver lost. Else None."""
-    claimed = Event.objects.filter(run_id=run_id, kind="run.claimed").order_by("-seq").values_list("seq", flat=True)
-    last = claimed.first()
-    if last is None:
-        return None
-    since = Event.objects.filter(run_id=run_id, seq__gt=last)
-    started = since.filter(kind="iteration.started", data__iteration=number).values_list("data", "created_at").first()
-    if started is None or since.filter(kind="attempt.lost").exists():
-        return None
-    return started
-
-
-def lost_changes(run_id: int) -> dict[str, Any] | None:
-    """Ask what the run's lost attempt changed in the workspace since its iteration began (None: none was lost).
-
-    Outside any transaction (a receiver of `signals.attempt_lost` runs git); its answer goes to
-    `record_lost_attempt`.
-    """
-    run = Run.objects.select_related("instance").filter(pk=run_id).first()
-    if run is None or _lost_attempt(run_id, run.next_iteration) is None:
-        return None
-    for _, answer in signals.attempt_lost.send(sender=Run, run=run, iteration=run.next_iteration):
-        if answer is not None:
-            return dict(answer)
-    return {"unknown": "no snapshots of the workspace are kept"}
-
-
-def record_lost_attempt(run: Run, worker: str, changes: dict[str, Any] | None) -> int:
-    """Close what a dead driver left reserved and record the attempt it lost; return the micros closed.
-
-    Inside the caller's transaction (the reaper, a claim taking over an expired lease, a stop of a
-    run whose driver died). The reservations still held are settled at their reserved amount (the
-    act may have spent it all) and charged to the run. If the driver had begun an iteration it
-    never recorded, `attempt.lost` says so once: the worker, when, the reservations and the amount
-    closed, what the workspace changed since the iteration began (`changes`, from `lost_changes`)
-    and the tool calls the iteration journaled.
-    """
-    from loops import journal
-
-    held = list(Reservation.objects.filter(run_id=run.pk, status=Reservation.Status.HELD).values_list("pk", flat=True))
-    closed = ledger.close_abandoned(run)
-    if closed:
-        Run.objects.filter(pk=run.pk).update(spent_micros=F("spent_micros") + closed)
-    number = run.next_iteration
-    lost = _lost_attempt(run.pk, number)
-    if lost is None:
-        return closed
-    started, began_at = lost
-    changes = changes or {"unknown": "it was not looked at"}
-    data: dict[str, Any] = {
-        "iteration": number,
-        "attempt": started.get("attempt") or 1,
-        "worker": worker,
-        "began_at": began_at.isoformat(),
-        "lost_at": timezone.now().isoformat(),
-        "reservations": held,
-        "closed_usd": money.usd_string(closed),
-    }
-    if "unknown" in changes:
-        data["changes_unknown"] = str(changes["unknown"])[:500]
-    else:
-        data.update(changed=changes.get("changed") or [], more=changes.get("more") or 0)
-    data["tool_calls"] = journal.calls_of(run.pk, number)[:50]
-    events.append(run.pk, "attempt.lost", data)
-    log.warning("run %s: attempt %s of iteration %s was lost (worker %s)", run.pk, data["attempt"], number, worker)
-    return closed
-
-
-def hand_back(lease: Lease) -> None:
-    """Release the run to the queue at its next iteration (a slice ended), returning its quota lease."""
-    from loops import tasks
-
-    def once() -> None:
-        with transaction.atomic():
-            run = Run.objects.filter(pk=lease.run_id, lease_token=lease.token).first()
-            if run is None:
-                return  # not ours any more (or this hand-back committed before the connection died)
-            Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
-                lease_token=None, lease_holder="", lease_expires_at=timezone.now() + lease_seconds(), attempt=0
-            )
-            # Its ancestors book what it spent this slice of time (in this period, not the one it ends in).
-            ledger.return_run_lease(run.pk)
-            tasks.schedule(run.pk, run.next_iteration)
-
-    dbfaults.retry(once, what=f"run {lease.run_id}: hand back")
-
-
-def release(lease: Lease, reason: str = "its worker stopped") -> bool:
-    """Hand a lease back at once when its driver stops cleanly; return whether it was still held.
-
-    As the reaper does for a dead driver, but without waiting for the lease to expire: what the
-    driver had reserved is closed, an iteration it began and did not record is an `attempt.lost`,
-    and the run waits for a driver (this process's next start, or another) with a drive task queued.
-    """
-    from loops import tasks
-
-    changes = lost_changes(lease.run_id)  # git, before the transaction
-    with transaction.atomic():
-        run = Run.objects.filter(pk=lease.run_id, lease_token=lease.token, status__in=ACTIVE).first()
-        if run is None or not Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
-            lease_token=None, lease_holder="", lease_expires_at=tasks.pickup_deadline()
-        ):
-            return False  # finished, or not ours any more
-        record_lost_attempt(run, lease.holder, changes)
-        events.append(
-            run.pk, "run.released", {"iteration": run.next_iteration, "previous_worker": lease.holder, "reason": reason}
-        )
-        tasks.schedule(run.pk, run.next_iteration)
-    return True
-
-
-def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = None, **extra: Any) -> None:
-    """Finish the run (inside the caller's transaction), fenced by the lease."""
-    if finish_run(lease.run_id, lease.token, outcome, detail, verified, **extra) is None:
-        raise LeaseLost
-
-
-def finish_run(
-    run_id: int, token: str | None, outcome: str, detail: str, verified: bool | None = None,
-    now: datetime | None = None, **extra: Any,
-) -> Run | None:
-    """The one place a run finishes: inside the caller's transaction, fenced by lease `token` (None: held by nobody).
-
-    Writes the outcome and lets the lease go, appends `run.finished` and hands the run to
-    `after_finish` (carve refund, lease return, receipt and notices after commit). Returns the
-    finished run, or None when the fence failed (the run is not held with `token` any more).
-    """
-    done = Run.objects.filter(pk=run_id, lease_token=token).update(
-        status=Run.Status.FINISHED,
-        outcome=outcome,
-        outcome_detail=detail,
-        verified=verified,
-        finished_at=now or timezone.now(),
-        lease_token=None,
-        lease_holder="",
-        lease_expires_at=None,
-        **extra,
-    )
-    if not done:
-        return None
-    run = Run.objects.get(pk=run_id)
-    events.append(run.pk, "run.finished", finished_data(run))
-    after_finish(run.pk)
-    if tracing.enabled():
-        transaction.on_commit(lambda: _traced_finish(run))
-    return run
-
-
-def trace_ids(run: Run) -> tracing.RunIds:
-    """The run's trace ids, derived from it and its delegation root (`tether.tracing`)."""
-    chain = [run]
-    while chain[-1].parent_id is not None and len(chain) < 100:
-        chain.append(Run.objects.only("pk", "created_at", "parent_id").get(pk=chain[-1].parent_id))
-    parent = chain[1] if len(chain) > 1 else None
-    return tracing.run_ids(
-        tracing.run_key(run.pk, run.created_at),
-        tracing.run_key(chain[-1].pk, chain[-1].created_at),
-        tracing.run_key(parent.pk, parent.created_at) if parent else None,
-    )
-
-
-def _traced_finish(run: Run) -> None:
-    tracing.run_finished(
-        trace_ids(run), run.pk, started=run.started_at or run.created_at, finished=run.finished_at,
-        attributes={
-            "tether.outcome": run.outcome, "tether.verified": run.verified, "tether.iterations": run.iterations_done,
-            "tether.cost_usd": run.spent_micros / 1_000_000, "tether.instance_id": run.instance_id,
-        },
-    )
-
-
-def after_finish(run_id: int) -> None:
-    """Once the transaction that finished the run (or parked it) commits, say so (receipt, review, notify).
-
-    A finished child run's carve goes back to its parent first, inside that transaction, and the
-    run's quota lease goes back to its pools' ancestors (a parked run spends nothing meanwhile).
-    """
-    delegation.refund_carve(run_id)
-    ledger.return_run_lease(run_id)
-    transaction.on_commit(lambda: signals.run_finished.send(sender=Run, run_id=run_id))
-
-
-def finished_data(run: Run) -> dict[str, Any]:
-    return {
-        "outcome": run.outcome,
-        "detail": run.outcome_detail,
-        "verified": run.verified,
-        "iterations": run.iterations_done,
-        "spent_usd": money.usd_string(run.spent_micros),
-    }
-
-
 # --- one iteration ----------------------------------------------------------------------
 
 
@@ -516,7 +95,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
             elif not going:
                 return
             elif time.monotonic() >= ends:
-                hand_back(lease)
+                leases.hand_back(lease)
                 return
             else:
                 begun = _begin(lease)
@@ -596,7 +175,7 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     begun = begun or _begin(lease)
     if begun is None:
         return False
-    with tracing.iteration(lambda: trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
+    with tracing.iteration(lambda: lifecycle.trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
         # every model call of this iteration goes through its meter
         return _iterate(Turn(lease, begun, metering.RunMeter(begun.run, begun.number), fuse_until))
 
@@ -763,7 +342,7 @@ def _decide(turn: Turn, verified: Verified) -> tuple[decision_mod.Decision, Usag
     lease, run, instance, reply, checks = turn.lease, turn.run, turn.run.instance, verified.reply, verified.checks
     if instance.decider != instance.Decider.LLM:
         return decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail), Usage()
-    from instances.brains.anthropic import decide  # type: ignore[import-not-found]
+    from instances.brains.anthropic import decide  # type: ignore[import-not-found]  # lazy: the Anthropic SDK takes seconds to import; only an llm decider needs it
 
     try:
         answer, decider_usage = decide(instance, _decider_snapshot(turn, verified), stop=lease.stop, meter=turn.meter)
@@ -1008,11 +587,11 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         number = run.next_iteration
         jsonlog.bind(iteration=number)
         if run.cancel_requested_at is not None:
-            _finish(lease, Run.Outcome.CANCELLED, f"stopped by a person before iteration {number}")
+            leases.finish(lease, Run.Outcome.CANCELLED, f"stopped by a person before iteration {number}")
             return None
         deadline_passed = bool(run.deadline and timezone.now() >= run.deadline)
         if (bound := policy.may_begin(number, run.max_iterations, deadline_passed)) is not None:
-            _finish(lease, bound.outcome, bound.detail)
+            leases.finish(lease, bound.outcome, bound.detail)
             return None
         memory = Memory.of(run.history)
         approved = [dict(c) for c in memory.approved_calls]
@@ -1026,7 +605,7 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         try:
             reservation = ledger.hold(run=run, iteration=number, amount=brains.iteration_reserve(run.instance))
         except ledger.BudgetRefused as refused:
-            _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
+            leases.finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
             return None
         pending = list(
             run.interjections.filter(Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number))
@@ -1172,9 +751,9 @@ def _write_record(
         # and the run's lease returned, at what it spent, this iteration included.
         ledger.settle(begun.reservation, actual=closing.unmetered)
         if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED and not delegated:
-            after_finish(run.pk)
+            lifecycle.after_finish(run.pk)
         if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
-            _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
+            leases.finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
         return None
 
 
@@ -1187,7 +766,7 @@ def _recorded_fields(
 ) -> dict[str, Any]:
     """What the policy's step writes to the run besides the iteration's count, cost and memory."""
     if isinstance(step, policy.Continue):
-        return {"next_instruction": step.instruction, "lease_expires_at": now + lease_seconds()}
+        return {"next_instruction": step.instruction, "lease_expires_at": now + leases.lease_seconds()}
     parked = {"status": Run.Status.WAITING, "outcome_detail": step.detail, "lease_token": None, "lease_holder": "",
               "lease_expires_at": None}
     if delegated:

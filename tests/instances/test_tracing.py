@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from instances.models import Credential
 from instances.templates_loader import create_instance
-from loops import runner, services
+from loops import leases, runner, services
 from tests.fakes.messages_server import text, tool_use
 from tests.instances.conftest import KEY
 from tether import tracing
@@ -112,7 +112,7 @@ def claude_agent(user, server, tmp_path, price):
 
 
 def drive(run, holder="test-driver", slice_seconds=3600.0):
-    lease = runner.claim(run.pk, run.next_iteration, holder)
+    lease = leases.claim(run.pk, run.next_iteration, holder)
     assert lease is not None
     runner.drive(lease, slice_seconds=slice_seconds)
     run.refresh_from_db()
