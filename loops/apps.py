@@ -3,8 +3,6 @@ from typing import Any
 from django.apps import AppConfig
 from django.db.models.signals import pre_delete
 
-from instances.brains import base
-
 
 def _run_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
     from budgets import services  # lazy: apps.py is imported before the models it reaches are loaded
@@ -18,6 +16,7 @@ class LoopsConfig(AppConfig):
     def ready(self) -> None:
         from django_q.signals import post_spawn  # lazy: it imports django_q's models, not loaded until now
 
+        from instances.brains import base  # lazy: models load before ready(), not before apps.py
         from loops import delegation, driver, signals  # lazy: models load before ready(), not before apps.py
         from loops.models import Run  # lazy: models load before ready(), not before apps.py
 

@@ -708,3 +708,28 @@ def _crash_unstartable(run_id: int, exc: Exception) -> int:
             "Start a new run to try again."
         )
         return int(lifecycle.finish_run(run.pk, run.lease_token, Run.Outcome.CRASHED, detail) is not None)
+
+
+def not_started(delegated: list[dict[str, Any]]) -> str:
+    """Name the delegate calls a run that may not wait leaves unstarted."""
+    shown = "; ".join(
+        f"to {str((c.get('input') or {}).get('to', ''))[:100]!r} ({str((c.get('input') or {}).get('objective', ''))[:100]})"
+        for c in delegated[:4]
+    )
+    more = f" and {len(delegated) - 4} more" if len(delegated) > 4 else ""
+    return f"its {len(delegated)} delegate call{'s' if len(delegated) != 1 else ''} {'were' if len(delegated) != 1 else 'was'} not started: {shown}{more}"
+
+
+def repeat_key(run: Run, delegated: list[dict[str, Any]], fingerprint: str) -> str:
+    """What this act delegated, in the workspace it left, given the results it was given: equal keys, no progress.
+
+    "<digest> <what was delegated>": the policy compares the whole, and names the second part.
+    """
+    asked = sorted(
+        (str(i.get("to", "")), " ".join(str(i.get("objective", "")).split()), str(i.get("workspace") or "own"))
+        for i in ((c.get("input") or {}) for c in delegated)
+    )
+    given = (run.delegation or {}).get("results", "") if (run.delegation or {}).get("state") == "done" else ""
+    digest = hashlib.sha256(json.dumps([asked, fingerprint, given], ensure_ascii=False).encode()).hexdigest()[:16]
+    named = "; ".join(f"to {to!r}: {objective[:100]!r}" for to, objective, _ in asked)
+    return f"{digest} {named[:300]}"

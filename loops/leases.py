@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
@@ -44,6 +44,24 @@ class Lease:
     gate_held: bool = False
     # The seq of this lease's `run.claimed` event: what this driver wrote comes after it.
     claimed_seq: int = 0
+
+    def enter(self) -> None:
+        """Before the driver writes: pass the process's gate (when it has one) and hold a connection."""
+        if self.gate is not None and not self.gate_held:
+            # With a pool, wait holding no connection: the runs waiting here must not hold what the
+            # runs let in need.
+            dbfaults.give_back()
+            self.gate.acquire()
+            self.gate_held = True
+        dbfaults.hold_no_connection(False)
+
+    def leave(self) -> None:
+        """Give the gate back (closing the connection it let this run hold), if it holds it."""
+        if self.gate_held:
+            connection.close()
+            self.gate_held = False
+            assert self.gate is not None
+            self.gate.release()
 
 
 def lease_seconds() -> timedelta:

@@ -8,7 +8,8 @@ run's quota lease back to its pools' ancestors, and once the transaction commits
 parent is woken by `delegation.on_run_finished`) and the run's span is exported. `finish_unheld`
 and `finish_stopped` finish a run no live driver holds. A driver that died mid-iteration lost an
 attempt: `lost_changes` asks what it changed, `record_lost_attempt` closes what it had reserved
-and says so once (the reaper, a claim taking over an expired lease, a release, a stop).
+and says so once (the reaper, a claim taking over an expired lease, a release, a stop), and
+`interrupted` tells the iteration's next attempt (`attempt_of`) what the lost one left.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from django.utils import timezone
 from budgets import ledger, money
 from budgets.models import Reservation
 from loops import delegation, events, journal, signals
+from loops.event_kinds import changed_names
 from loops.models import Event, Run
 from tether import tracing
 
@@ -126,6 +128,25 @@ def record_lost_attempt(run: Run, worker: str, changes: dict[str, Any] | None) -
     events.append(run.pk, "attempt.lost", data)
     log.warning("run %s: attempt %s of iteration %s was lost (worker %s)", run.pk, data["attempt"], number, worker)
     return closed
+
+
+def attempt_of(run: Run, number: int) -> int:
+    """Return which start of iteration `number` this is: 2 and up when a dead worker's started it before."""
+    if run.attempt <= 1:  # the first claim of this iteration: nothing started it before
+        return 1
+    return run.events.filter(kind="iteration.started", data__iteration=number).count() + 1
+
+
+def interrupted(run: Run, number: int) -> str:
+    """Tell a re-run what the lost attempt of its iteration left: "... it changed a.txt, b.py." ("" if none)."""
+    lost = run.events.filter(kind="attempt.lost", data__iteration=number).order_by("-seq").values_list("data", flat=True)
+    data = lost.first()
+    if data is None:
+        return ""
+    return (
+        f"A previous attempt of this iteration was interrupted; {changed_names(data)}. "
+        "Look at what it left before you go on."
+    )
 
 
 def finish_run(

@@ -1,19 +1,19 @@
 """Drive one claimed run, one fenced iteration at a time.
 
-Runs in a worker thread. Every write is fenced by the run's lease token and its
-`next_iteration`, so a stale or duplicate driver changes nothing. No transaction,
-row lock or (on PostgreSQL) database connection is held across the act or the
-checks: an iteration opens with `_begin` and closes with `_record`, one short transaction
-each, and in a steady run the record begins the next iteration too, so each is one. A transient
-database error (a cut connection, a serialization failure, a lock timeout) in either,
-or in the claim, is retried on a fresh connection (`tether.dbfaults`); only a lost
-lease or a dead process ends an attempt.
+Runs in a worker thread. An iteration is begun (`_begin`), then travels as one value, a `Turn`,
+through act → verify → decide → record (`_iterate` reads as that list) and ends as one `Ended`,
+which `_record` writes. Every write is fenced by the run's lease token (`loops.leases`) and its
+`next_iteration`, so a stale or duplicate driver changes nothing. No transaction, row lock or (on
+PostgreSQL) database connection is held across the act or the checks: an iteration opens with
+`_begin` and closes with `_record`, one short transaction each, and in a steady run the record
+begins the next iteration too, so each is one. A transient database error (a cut connection, a
+serialization failure, a lock timeout) in either is retried on a fresh connection
+(`tether.dbfaults`); only a lost lease or a dead process ends an attempt. A finish, and what
+follows it, is `loops.lifecycle`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -26,14 +26,14 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from budgets import ledger, metering, money
-from instances import brains, protected, sandbox
+from instances import brains, sandbox
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
 from loops import decision as decision_mod
-from loops import delegation, events, journal, leases, lifecycle, policy, progress, signals
-from loops.event_kinds import changed_names
+from loops import delegation, event_kinds, events, journal, leases, lifecycle, policy, progress, signals
+from loops.event_kinds import EXCERPT
 from loops.leases import Lease, LeaseLost
 from loops.memory import Memory
 from loops.models import Interjection, Iteration, Run
@@ -41,26 +41,7 @@ from tether import dbfaults, dbpool, jsonlog, tracing
 
 log = logging.getLogger(__name__)
 
-EXCERPT = 2000
 IDLE_PING_SECONDS = 1.0  # a connection idle longer than this during an act is pinged before it is written to
-
-
-def _enter(lease: Lease) -> None:
-    if lease.gate is not None and not lease.gate_held:
-        # With a pool, wait holding no connection: the runs waiting here must not hold what the
-        # runs let in need.
-        dbfaults.give_back()
-        lease.gate.acquire()
-        lease.gate_held = True
-    dbfaults.hold_no_connection(False)
-
-
-def _leave(lease: Lease) -> None:
-    if lease.gate_held:
-        connection.close()
-        lease.gate_held = False
-        assert lease.gate is not None
-        lease.gate.release()
 
 
 @dataclass
@@ -85,7 +66,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
     ends = time.monotonic() + slice_seconds
     logged = jsonlog.bind(run_id=lease.run_id)  # log lines say which run (and iteration, see _begin)
     try:
-        _enter(lease)  # the first begin too: a flood of claimed runs stays within the process's connections
+        lease.enter()  # the first begin too: a flood of claimed runs stays within the process's connections
         begun = _begin(lease)
         while begun is not None:
             # Until the slice ends, an iteration's record begins the next one in its transaction.
@@ -102,7 +83,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
     except LeaseLost:
         log.info("run %s: lease lost; another driver has it", lease.run_id)
     finally:
-        _leave(lease)
+        lease.leave()
         dbfaults.hold_no_connection(False)
         jsonlog.restore(logged)
 
@@ -220,7 +201,7 @@ def _open_iteration(turn: Turn) -> None:
     if begun.attempt == 1:  # e.g. the workspace a lost attempt's changes are measured from
         signals.iteration_starting.send(sender=Run, run=run, number=begun.number)
     if not lease.keeps_connection and connection.vendor == "postgresql":
-        _leave(lease)
+        lease.leave()
         connection.close()  # the act may be long; don't sit on one of the server's connections
         # ... nor, with a pool to give them back to, do the act's and the decider's writes, until `_enter`
         dbfaults.hold_no_connection(dbpool.enabled())
@@ -258,7 +239,7 @@ def _act(turn: Turn) -> Reply | Ended:
 
 def _confirm_stop(lease: Lease, run_id: int) -> None:
     """A stop cut the iteration short: go on to record it only if a person asked for the stop."""
-    _enter(lease)
+    lease.enter()
     if not _stop_requested(run_id):
         raise LeaseLost  # stopped because this driver lost the run or is shutting down
 
@@ -269,7 +250,7 @@ def _cut_short(turn: Turn, reply: Reply) -> Ended | None:
         _confirm_stop(turn.lease, turn.run.pk)
         step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {turn.number}")
         return _failed(reply, step, "stopped mid-act")
-    if overdraft := _reported_beyond_reservation(turn.run, reply):
+    if overdraft := brains.reported_overdraft(turn.run.instance, reply.usage):
         # Only metered spend is hard-capped: an agent's own report above what its iteration
         # reserved ends the run at once; the ledger records the overdraft, and a pool it
         # overdrew grants nothing more until a person covers it.
@@ -286,10 +267,10 @@ def _asked_to_wait(turn: Turn, reply: Reply) -> _Wait | None:
         # Park until the children this act asked for have finished (loops.delegation starts them
         # once this iteration is recorded, and resumes the run when the last one ends) — if the
         # policy lets it wait: not on its last allowed iteration, nor to repeat what it delegated.
-        key = _delegation_key(turn.run, delegated, checks_mod.fingerprint(turn.run.instance.workspace_path()))
+        key = delegation.repeat_key(turn.run, delegated, checks_mod.fingerprint(turn.run.instance.workspace_path()))
         park = policy.Park(
             "children", f"children running: {len(delegated)} delegated in iteration {turn.number}",
-            undone=_not_started(delegated),
+            undone=delegation.not_started(delegated),
         )
         return park, decision_mod.Decision("continue", park.detail), delegated, key
     if any(call.get("needs_approval") for call in reply.tool_calls):
@@ -304,7 +285,7 @@ def _judged(turn: Turn, reply: Reply) -> Ended:
     """Check what the act did, have it decided, and ask the policy what comes next (graders judge a done)."""
     lease, begun, run, instance = turn.lease, turn.begun, turn.run, turn.run.instance
     workspace = instance.workspace_path()
-    changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
+    changed, evidence = checks_mod.protected_changes(run, begun.number)  # before the checks: what the act did
     with tracing.span("checks") as traced:
         checks = checks_mod.run_checks(
             list(instance.checks or []), workspace, lease.stop, instance=instance, baseline=run.evidence_baseline
@@ -371,7 +352,7 @@ def _state_after(turn: Turn, verified: Verified) -> policy.State:
         has_checks=bool(run.instance.checks),
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
         delegations=memory.recent_delegations(""),
-        refusals=memory.recent_refusals(refusals_of(reply)),
+        refusals=memory.recent_refusals(decision_mod.refusals(reply.tool_calls)),
         track=memory.recent_track(begun.number, progress.total(c.progress for c in checks), fingerprint),
         stall=memory.stall, stale_after=settings.TETHER_STALL_ITERATIONS,
         spent_micros=run.spent_micros, max_cost_micros=run.max_cost_micros,
@@ -396,7 +377,7 @@ def _parked(
     state = policy.State(
         iteration=begun.number, max_iterations=run.max_iterations, act_ok=True,  # asking to wait is no failure
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
-        delegations=memory.recent_delegations(key), refusals=memory.recent_refusals(refusals_of(reply)),
+        delegations=memory.recent_delegations(key), refusals=memory.recent_refusals(decision_mod.refusals(reply.tool_calls)),
     )
     step = policy.after(state, park)
     if isinstance(step, policy.Park):
@@ -406,64 +387,10 @@ def _parked(
     return Ended(reply, decision, step, delegation_key=key)
 
 
-def refusals_of(reply: Reply) -> list[str]:
-    """What the act had refused: each tool call that answered an error, named by its tool and its answer.
-
-    Not by its input: a model that words a refused call differently each time meets the same refusal.
-    """
-    refused = []
-    for call in reply.tool_calls:
-        name = str(call.get("name") or "")
-        if name.startswith("mcp__") and "__" not in name[5:]:
-            continue  # an MCP server that could not be reached: a note of the act, not a call it made
-        if call.get("is_error"):
-            said = " ".join(decision_mod.scrub(str(call.get("result") or "")).split())[:200]
-            refused.append(f"{name} refused: {said}")
-    return refused
-
-
-def _not_started(delegated: list[dict[str, Any]]) -> str:
-    """Name the delegate calls a run that may not wait leaves unstarted."""
-    shown = "; ".join(
-        f"to {str((c.get('input') or {}).get('to', ''))[:100]!r} ({str((c.get('input') or {}).get('objective', ''))[:100]})"
-        for c in delegated[:4]
-    )
-    more = f" and {len(delegated) - 4} more" if len(delegated) > 4 else ""
-    return f"its {len(delegated)} delegate call{'s' if len(delegated) != 1 else ''} {'were' if len(delegated) != 1 else 'was'} not started: {shown}{more}"
-
-
-def _delegation_key(run: Run, delegated: list[dict[str, Any]], fingerprint: str) -> str:
-    """What this act delegated, in the workspace it left, given the results it was given: equal keys, no progress.
-
-    "<digest> <what was delegated>": the policy compares the whole, and names the second part.
-    """
-    asked = sorted(
-        (str(i.get("to", "")), " ".join(str(i.get("objective", "")).split()), str(i.get("workspace") or "own"))
-        for i in ((c.get("input") or {}) for c in delegated)
-    )
-    given = (run.delegation or {}).get("results", "") if (run.delegation or {}).get("state") == "done" else ""
-    digest = hashlib.sha256(json.dumps([asked, fingerprint, given], ensure_ascii=False).encode()).hexdigest()[:16]
-    named = "; ".join(f"to {to!r}: {objective[:100]!r}" for to, objective, _ in asked)
-    return f"{digest} {named[:300]}"
-
-
 def _stop_requested(run_id: int) -> bool:
     return dbfaults.retry(
         lambda: Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists(),
         what=f"run {run_id}: stop requested?",
-    )
-
-
-def _reported_beyond_reservation(run: Run, reply: Reply) -> str:
-    """Return why the act's self-reported spend ends the run (above its iteration's reservation), or ""."""
-    _, reported = metering.split_cost(reply.usage, reply.usage.metered_micros)
-    allowance = brains.iteration_reserve(run.instance)
-    if reported <= allowance:
-        return ""
-    return (
-        f"the agent reported spending {money.format_usd(reported)}, more than the {money.format_usd(allowance)} its "
-        f"iteration reserved (only metered spend is hard-capped); the overdraft of "
-        f"{money.format_usd(reported - allowance)} is recorded and its pools grant nothing more until it is covered"
     )
 
 
@@ -474,12 +401,7 @@ def _take_protected_baseline(lease: Lease, run: Run) -> None:
     """
     if run.protected_baseline is not None:
         return
-    baseline = _unaccepted_baseline(run)
-    if baseline is None:
-        baseline = protected.digests(run.instance.workspace_path(), protected.globs_for(run.instance))
-    collected = checks_mod.collect_baseline(
-        list(run.instance.checks or []), run.instance.workspace_path(), lease.stop, instance=run.instance
-    )
+    baseline, collected = checks_mod.starting_evidence(run, lease.stop)
 
     def save() -> None:
         Run.objects.filter(pk=run.pk, lease_token=lease.token, protected_baseline__isnull=True).update(
@@ -488,37 +410,6 @@ def _take_protected_baseline(lease: Lease, run: Run) -> None:
         run.refresh_from_db(fields=["protected_baseline", "evidence_baseline"])
 
     dbfaults.retry(save, what=f"run {run.pk}: protected baseline")
-
-
-def _unaccepted_baseline(run: Run) -> dict[str, Any] | None:
-    """Return the baseline of the instance's previous run if it changed protected files and was not verified.
-
-    Tampered tests must not become the next run's starting point: until a person accepts the
-    change (which verifies that run), every later run on the workspace is measured from the
-    files as they were before it.
-    """
-    earlier = (
-        Run.objects.filter(instance_id=run.instance_id, pk__lt=run.pk, protected_baseline__isnull=False)
-        .order_by("-pk")
-        .values("protected_baseline", "protected_changed", "verified")
-        .first()
-    )
-    if earlier and earlier["protected_changed"] and earlier["verified"] is not True:
-        return dict(earlier["protected_baseline"])
-    return None
-
-
-def _protected_changes(run: Run, number: int) -> tuple[list[str], tuple[str, dict[str, Any]] | None]:
-    """Return every protected path changed since the start (sticky), and the event of new changes."""
-    globs = protected.globs_for(run.instance)
-    before = list(run.protected_changed or [])
-    if run.protected_baseline is None or not globs:
-        return before, None
-    changes = protected.compare(run.protected_baseline, protected.digests(run.instance.workspace_path(), globs), globs)
-    changed = sorted({*before, *changes.paths})
-    if set(changes.paths) <= set(before):
-        return changed, None
-    return changed, ("protected.changed", {"iteration": number, **changes.as_json(), "paths": list(changes.paths)})
 
 
 def _decider_snapshot(turn: Turn, verified: Verified) -> dict[str, Any]:
@@ -534,25 +425,6 @@ def _decider_snapshot(turn: Turn, verified: Verified) -> dict[str, Any]:
         "checks": checks_mod.as_json(verified.checks),
         "history": [dict(s) for s in begun.memory.snapshot],
     }
-
-
-def _interrupted(run: Run, number: int) -> str:
-    """Tell a re-run what the lost attempt of its iteration left: "... it changed a.txt, b.py." ("" if none)."""
-    lost = run.events.filter(kind="attempt.lost", data__iteration=number).order_by("-seq").values_list("data", flat=True)
-    data = lost.first()
-    if data is None:
-        return ""
-    return (
-        f"A previous attempt of this iteration was interrupted; {changed_names(data)}. "
-        "Look at what it left before you go on."
-    )
-
-
-def _attempt(run: Run, number: int) -> int:
-    """Return which start of iteration `number` this is: 2 and up when a dead worker's started it before."""
-    if run.attempt <= 1:  # the first claim of this iteration: nothing started it before
-        return 1
-    return run.events.filter(kind="iteration.started", data__iteration=number).count() + 1
 
 
 def _begin(lease: Lease, *, retried: bool = False) -> Begun | None:
@@ -597,8 +469,8 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         approved = [dict(c) for c in memory.approved_calls]
         base = run.next_instruction or run.objective
         instruction = base
-        attempt = _attempt(run, number)
-        if attempt > 1 and (note := _interrupted(run, number)):
+        attempt = lifecycle.attempt_of(run, number)
+        if attempt > 1 and (note := lifecycle.interrupted(run, number)):
             instruction = f"{base}\n\n{note}"
         # The reservation comes first: a refusal has written nothing to undo (no savepoint), and
         # with a quota lease it locks the run's own pool only (its ancestors when a slice is drawn).
@@ -619,7 +491,7 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
             seq__gt=lease.claimed_seq, kind="act.started", data__iteration=number
         ).exists()
         if not begun_before:
-            events.append_many(run.pk, _starting_events(number, instruction, attempt=attempt, interjections=len(pending)))
+            events.append_many(run.pk, event_kinds.opening(number, instruction, attempt=attempt, interjections=len(pending)))
     return Begun(run, number, instruction, base, reservation, timezone.now(), approved, attempt, memory)
 
 
@@ -654,7 +526,7 @@ def _closing(turn: Turn, ended: Ended) -> _Closing:
         instruction=begun.base_instruction, fingerprint=ended.fingerprint, signature=policy.checks_signature(checks),
         act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=ended.decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
-        delegation=ended.delegation_key, refused=refusals_of(reply),
+        delegation=ended.delegation_key, refused=decision_mod.refusals(reply.tool_calls),
         progress=progress.total(c.progress for c in checks), stall=step.stall,
     )
     fields = _recorded_fields(begun, step, ended.decision, ended.delegated, now) | {
@@ -666,7 +538,7 @@ def _closing(turn: Turn, ended: Ended) -> _Closing:
         "iteration": number, "cost_usd": money.usd_string(cost),
         "duration_ms": int((now - begun.started_at).total_seconds() * 1000), "act_ok": reply.ok,
     }
-    items = _closing_events(
+    items = event_kinds.closing(
         number, reply, checks, ended.decision, step, usage, ended.extra_events, iteration_data, ended.delegated
     )
     return _Closing(fields, items, memory, usage, cost, unmetered, now)
@@ -681,7 +553,7 @@ def _record(turn: Turn, ended: Ended) -> Begun | bool:
     Returns that `Begun`, else whether the loop goes on.
     """
     lease, run, number, step = turn.lease, turn.run, turn.number, ended.step
-    _enter(lease)
+    lease.enter()
     closing = _closing(turn, ended)
     going = isinstance(step, policy.Continue)
     fuse = going and turn.fuse_until is not None and time.monotonic() < turn.fuse_until and not lease.stop.is_set()
@@ -728,7 +600,7 @@ def _write_record(
         current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
         written = events.update_and_append_if(
             current, closing.fields, closing.items, _nothing_in_the_way(run, number + 1, now) if fuse else None,
-            _starting_events(number + 1, base, attempt=1, interjections=0),
+            event_kinds.opening(number + 1, base, attempt=1, interjections=0),
         )
         if written is None:
             raise LeaseLost
@@ -804,44 +676,3 @@ _IN_THE_WAY = (
     f' AND EXISTS (SELECT 1 FROM "{_INSTANCE}" i WHERE i."id" = "{_RUN}"."instance_id" AND i."updated_at" = %s)'
 )
 
-
-def _starting_events(number: int, instruction: str, *, attempt: int, interjections: int) -> list[tuple[str, dict[str, Any]]]:
-    return [
-        ("iteration.started", {
-            "iteration": number, "instruction": instruction[:EXCERPT], "interjections": interjections, "attempt": attempt,
-        }),
-        ("act.started", {"iteration": number}),
-    ]
-
-
-def _closing_events(
-    number: int, reply: Reply, checks: list[policy.Check], decision: decision_mod.Decision,
-    step: policy.Continue | policy.Stop, usage: Usage, extra: list[tuple[str, dict[str, Any]]],
-    iteration_data: dict[str, Any], delegated: list[dict[str, Any]] | None,
-) -> list[tuple[str, dict[str, Any]]]:
-    """The events that close iteration `number`, in order: act, checks, decision, extras, the end, a park."""
-    items: list[tuple[str, dict[str, Any]]] = [
-        ("act.finished", {
-            "iteration": number, "ok": reply.ok, "detail": reply.detail[:500], "response": reply.text[-EXCERPT:],
-            "tool_calls": reply.tool_calls[:50], "usage": usage.as_json(),
-        }),
-    ]
-    if checks:
-        items.append(("checks.finished", {
-            "iteration": number,
-            "checks": [
-                {
-                    "name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:],
-                    "evidence": c.evidence, "evidence_detail": c.evidence_detail, "progress": c.progress,
-                }
-                for c in checks
-            ],
-        }))
-    items.append(("decision.made", {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]}))
-    items.extend(extra)
-    items.append(("iteration.finished", iteration_data))
-    if delegated:
-        items.append(("run.delegating", {"iteration": number, "calls": len(delegated)}))
-    elif isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
-        items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
-    return items
