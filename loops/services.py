@@ -1,4 +1,4 @@
-"""The only writers of runs: start, cancel, interject, resume, close, continue.
+"""What people do to runs: start, cancel, interject, resume, close, continue (`Run` names its other writers).
 
 The API, the console and the CLI call these; none of them touches a run directly.
 Each change is one short transaction; events are appended inside it and viewers
