@@ -3,7 +3,8 @@
 Pure: no Django, no I/O. One entry per kind says what it means, whether it belongs to one
 iteration (the timeline groups those under the iteration's start), which body the timeline
 draws under its title, and how to title it from its data (`describe`). The console, the
-selectors and the tests read kinds from here; a kind not listed is drawn as its raw data.
+selectors and the tests read kinds from here; a kind not listed is drawn as its raw data. The
+runner writes an iteration's own events as `opening` and `closing` shape them.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loops import outcomes, progress
-from loops.policy import Check, Continue, Stop
+from loops.policy import Stop
 
 if TYPE_CHECKING:
     from instances.brains.base import Reply, Usage
     from loops.decision import Decision
+    from loops.policy import Check, Continue
 
 STOP_REASONS = ("stopped mid-act", "stopped by a person")
 EXCERPT = 2000  # characters of an instruction or a response an event keeps
@@ -395,10 +397,6 @@ def in_iteration(name: str, data: Mapping[str, Any]) -> int | None:
     return None
 
 
-__all__ = ["KINDS", "ITERATION_KINDS", "Context", "Kind", "Title", "describe", "kind", "attempt_label",
-           "changed_names", "outcome_label", "outcome_sentence"]
-
-
 # --- what the runner appends for one iteration -------------------------------------------
 
 
@@ -443,3 +441,8 @@ def closing(
     elif isinstance(step, Stop) and step.outcome == outcomes.Outcome.ESCALATED:
         items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
     return items
+
+
+__all__ = ["KINDS", "ITERATION_KINDS", "Context", "Kind", "Title", "describe", "kind", "attempt_label",
+           "changed_names", "outcome_label", "outcome_sentence", "EXCERPT", "opening", "closing"]
+

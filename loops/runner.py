@@ -203,7 +203,7 @@ def _open_iteration(turn: Turn) -> None:
     if not lease.keeps_connection and connection.vendor == "postgresql":
         lease.leave()
         connection.close()  # the act may be long; don't sit on one of the server's connections
-        # ... nor, with a pool to give them back to, do the act's and the decider's writes, until `_enter`
+        # ... nor, with a pool to give them back to, do the act's and the decider's writes, until `Lease.enter`
         dbfaults.hold_no_connection(dbpool.enabled())
 
 
@@ -323,7 +323,7 @@ def _decide(turn: Turn, verified: Verified) -> tuple[decision_mod.Decision, Usag
     lease, run, instance, reply, checks = turn.lease, turn.run, turn.run.instance, verified.reply, verified.checks
     if instance.decider != instance.Decider.LLM:
         return decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail), Usage()
-    from instances.brains.anthropic import decide  # type: ignore[import-not-found]  # lazy: the Anthropic SDK takes seconds to import; only an llm decider needs it
+    from instances.brains.anthropic import decide  # type: ignore[import-not-found]  # lazy: the Anthropic SDK takes seconds to import
 
     try:
         answer, decider_usage = decide(instance, _decider_snapshot(turn, verified), stop=lease.stop, meter=turn.meter)
