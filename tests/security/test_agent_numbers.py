@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from loops import delegation, driver, lifecycle, runner, services
+from loops import delegation, driver, lifecycle, services
 from loops.models import Event, Run
 from tests.fakes.messages_server import text, tool_use, tool_uses
 from tests.loops import test_delegation as delegation_tests
@@ -116,7 +116,7 @@ def test_one_run_the_reaper_fails_on_is_logged_once_and_the_others_are_reaped(us
             raise RuntimeError("a fault in this run's rows")
         return real(run, worker, changes)
 
-    monkeypatch.setattr(runner, "record_lost_attempt", record)
+    monkeypatch.setattr(lifecycle, "record_lost_attempt", record)
     with caplog.at_level(logging.ERROR):
         driver.reap()
         driver.reap()
@@ -144,7 +144,7 @@ def test_one_stopped_run_the_sweep_fails_on_does_not_keep_the_others_running(use
         return real(run_id, token, holder)
 
     monkeypatch.setattr(liveness, "holder_gone", lambda holder: True)
-    monkeypatch.setattr(runner, "finish_stopped", finish)
+    monkeypatch.setattr(lifecycle, "finish_stopped", finish)
     assert driver.sweep_stops() == 1
     assert Run.objects.get(pk=second.pk).outcome == "cancelled"
     assert Run.objects.get(pk=first.pk).status == "running"
