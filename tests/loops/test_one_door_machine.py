@@ -37,7 +37,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -124,6 +124,13 @@ def objective_of(body):
     return "?"
 
 
+# derandomize seeds from the class's source, so any edit of it would draw other sequences (and the
+# paths below must each be drawn): the seed is pinned to the one its source gave when the sequences
+# were chosen (before claim moved to loops.leases).
+SEQUENCES = 21563403593028433267820243852086908010817846542209716657771748613590417191766871038297614129642861216763897960923139
+
+
+@seed(SEQUENCES)
 class OneDoor(RuleBasedStateMachine):
     """Random sequences of acts, answers, stops and deaths through the real runner."""
 
