@@ -153,7 +153,7 @@ def queries(iterations: int, act: float, brain: str, home: str) -> dict[str, Any
     from django.test.utils import CaptureQueriesContext
 
     from instances.models import Instance
-    from loops import runner, services
+    from loops import leases, runner, services
 
     user = get_user_model().objects.get(username=USERNAME)
     instance = Instance.objects.create(
@@ -167,7 +167,7 @@ def queries(iterations: int, act: float, brain: str, home: str) -> dict[str, Any
     )
     run = services.run_start(instance=instance, user=user, objective="count", via="api")
     with CaptureQueriesContext(connection) as captured:
-        lease = runner.claim(run.pk, 1, "load-queries")
+        lease = leases.claim(run.pk, 1, "load-queries")
         assert lease is not None
         runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()
@@ -178,7 +178,7 @@ def queries(iterations: int, act: float, brain: str, home: str) -> dict[str, Any
     instance.env = {"GOAL": "30", "ACT_SECONDS": "0"}
     instance.save()
     timed = services.run_start(instance=instance, user=user, objective="count", via="api")
-    lease = runner.claim(timed.pk, 1, "load-cpu")
+    lease = leases.claim(timed.pk, 1, "load-cpu")
     assert lease is not None
     cpu, wall = time.process_time(), time.perf_counter()
     runner.drive(lease, slice_seconds=3600)

@@ -76,7 +76,7 @@ def measure(backend: str) -> dict[str, float]:
 
     from instances.brains import process
     from instances.models import Instance
-    from loops import runner, services
+    from loops import leases, runner, services
     from loops.models import Event, Run
 
     settings.TETHER_BRAINS = {"instant": "bench.loop_bench.InstantBrain"}
@@ -109,7 +109,7 @@ def measure(backend: str) -> dict[str, float]:
 
     def drive(instance):
         run = services.run_start(instance=instance, user=user, objective="bench")
-        lease = runner.claim(run.pk, 1, "bench")
+        lease = leases.claim(run.pk, 1, "bench")
         t0 = time.perf_counter()
         runner.drive(lease, slice_seconds=3600)
         elapsed = time.perf_counter() - t0

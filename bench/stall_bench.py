@@ -165,7 +165,7 @@ def measure(home: str) -> list[dict[str, Any]]:
     from django.contrib.auth import get_user_model
 
     from instances.models import Instance
-    from loops import runner, services
+    from loops import leases, runner, services
     from loops.models import Run
 
     settings.TETHER_BRAINS = {"scripted": "bench.stall_bench.ScriptedBrain"}
@@ -184,7 +184,7 @@ def measure(home: str) -> list[dict[str, Any]]:
                 rewind_on_stall=rewind,
             )
             run = services.run_start(instance=instance, user=user, objective="make the tests pass")
-            lease = runner.claim(run.pk, 1, "stall-bench")
+            lease = leases.claim(run.pk, 1, "stall-bench")
             assert lease is not None
             runner.drive(lease, slice_seconds=3600)
             run = Run.objects.get(pk=run.pk)

@@ -37,7 +37,7 @@ def measure(runs: int, home: str) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
 
     from instances.models import Instance
-    from loops import runner, services
+    from loops import leases, runner, services
     from tether import tracing
 
     user = get_user_model().objects.create_user("tracing-bench")
@@ -61,7 +61,7 @@ def measure(runs: int, home: str) -> dict[str, Any]:
         tracing.reset()
         run = services.run_start(instance=instance, user=user, objective="bench")
         began = time.perf_counter()
-        lease = runner.claim(run.pk, run.next_iteration, "bench")
+        lease = leases.claim(run.pk, run.next_iteration, "bench")
         assert lease is not None
         runner.drive(lease, slice_seconds=3600.0)
         return time.perf_counter() - began

@@ -1,10 +1,11 @@
 from typing import Any
 
 from django.apps import AppConfig
+from django.db.models.signals import pre_delete
 
 
 def _run_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
-    from budgets import services
+    from budgets import services  # lazy: apps.py is imported before the models it reaches are loaded
 
     services.close_deleted_run(instance)
 
@@ -13,12 +14,16 @@ class LoopsConfig(AppConfig):
     name = "loops"
 
     def ready(self) -> None:
-        from django.db.models.signals import pre_delete
-        from django_q.signals import post_spawn
+        from django_q.signals import post_spawn  # lazy: it imports django_q's models, not loaded until now
 
-        from instances.brains import base
-        from loops import delegation, driver, grading, signals
-        from loops.models import Run
+        from instances.brains import base  # lazy: models load before ready(), not before apps.py
+        from loops import (  # lazy: models load before ready(), not before apps.py
+            delegation,
+            driver,
+            grading,
+            signals,
+        )
+        from loops.models import Run  # lazy: models load before ready(), not before apps.py
 
         # Every django-q2 worker process hosts one driver: a pool of threads that
         # drive claimed runs, a heartbeat that renews their leases and watches for

@@ -1,4 +1,5 @@
-"""Verify an act: run an instance's checks in its workspace; fingerprint the workspace.
+"""Verify an act: run an instance's checks in its workspace; fingerprint the workspace; take the
+evidence a run starts from (`starting_evidence`) and the protected paths an act changed since.
 
 Runs in the worker, outside any transaction.
 """
@@ -14,10 +15,11 @@ from typing import Any
 
 from django.conf import settings
 
-from instances import evidence, sandbox
+from instances import evidence, protected, sandbox
 from instances.brains import process
 from instances.pinned import SKIP_DIRS, Pinned, open_file_at
 from loops import progress
+from loops.models import Run
 from loops.policy import Check
 from tether.redaction import redact
 
@@ -92,6 +94,51 @@ def collect_baseline(
         deselected = sum(int(report.get("deselected") or 0) for report in found)
         baseline[str(spec["name"])] = {"collected": collected[:MAX_BASELINE_TESTS], "deselected": deselected}
     return baseline
+
+
+def starting_evidence(run: Run, stop: threading.Event) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Return the evidence as the run finds it: the digests of its protected files, the tests each pytest check collects.
+
+    The digests are those of the instance's previous run instead while a person has not accepted
+    that run's change of them (`_unaccepted_baseline`).
+    """
+    instance = run.instance
+    baseline = _unaccepted_baseline(run)
+    if baseline is None:
+        baseline = protected.digests(instance.workspace_path(), protected.globs_for(instance))
+    collected = collect_baseline(list(instance.checks or []), instance.workspace_path(), stop, instance=instance)
+    return baseline, collected
+
+
+def _unaccepted_baseline(run: Run) -> dict[str, Any] | None:
+    """Return the baseline of the instance's previous run if it changed protected files and was not verified.
+
+    Tampered tests must not become the next run's starting point: until a person accepts the
+    change (which verifies that run), every later run on the workspace is measured from the
+    files as they were before it.
+    """
+    earlier = (
+        Run.objects.filter(instance_id=run.instance_id, pk__lt=run.pk, protected_baseline__isnull=False)
+        .order_by("-pk")
+        .values("protected_baseline", "protected_changed", "verified")
+        .first()
+    )
+    if earlier and earlier["protected_changed"] and earlier["verified"] is not True:
+        return dict(earlier["protected_baseline"])
+    return None
+
+
+def protected_changes(run: Run, number: int) -> tuple[list[str], tuple[str, dict[str, Any]] | None]:
+    """Return every protected path changed since the start (sticky), and the event of new changes."""
+    globs = protected.globs_for(run.instance)
+    before = list(run.protected_changed or [])
+    if run.protected_baseline is None or not globs:
+        return before, None
+    changes = protected.compare(run.protected_baseline, protected.digests(run.instance.workspace_path(), globs), globs)
+    changed = sorted({*before, *changes.paths})
+    if set(changes.paths) <= set(before):
+        return changed, None
+    return changed, ("protected.changed", {"iteration": number, **changes.as_json(), "paths": list(changes.paths)})
 
 
 def _run(

@@ -466,6 +466,22 @@ def scrub(output: str) -> str:
     return text
 
 
+def refusals(tool_calls: Sequence[Mapping[str, object]]) -> list[str]:
+    """What the act had refused: each tool call that answered an error, named by its tool and its answer.
+
+    Not by its input: a model that words a refused call differently each time meets the same refusal.
+    """
+    refused = []
+    for call in tool_calls:
+        name = str(call.get("name") or "")
+        if name.startswith("mcp__") and "__" not in name[5:]:
+            continue  # an MCP server that could not be reached: a note of the act, not a call it made
+        if call.get("is_error"):
+            said = " ".join(scrub(str(call.get("result") or "")).split())[:200]
+            refused.append(f"{name} refused: {said}")
+    return refused
+
+
 def _tail(output: str, limit: int, *, clean: bool = True) -> str:
     text = (scrub(output) if clean else output).strip("\n").rstrip()
     if not text.strip():

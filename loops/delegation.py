@@ -24,6 +24,8 @@ Writes runs, instances (template targets), workspaces (`copy`), events; called b
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import shutil
 from dataclasses import dataclass
@@ -339,7 +341,7 @@ def start_children(run: Run, iteration: int, calls: list[dict[str, Any]]) -> lis
 def refund_carve(run_id: int) -> None:
     """Give a finished child run's carve back to its parent's chain, less what the child spent (once).
 
-    Called by `runner.after_finish` inside the transaction that finishes the run, whatever
+    Called by `lifecycle.after_finish` inside the transaction that finishes the run, whatever
     the outcome (a stop's cascade included): the finish and the refund commit together or not
     at all, and a finish retried after a cut finds the carve settled already.
     """
@@ -423,10 +425,10 @@ def resume_parent(child_id: int, *, parent_id: int | None = None) -> bool:
             deadline_passed=bool(parent.deadline and timezone.now() >= parent.deadline), refusals=memory.refusals,
         )
         if (stop := policy.resume(state)) is not None:
-            from loops import runner  # lazy: loops.runner imports this module
+            from loops import lifecycle  # lazy: lifecycle imports this module
 
             Run.objects.filter(pk=parent.pk).update(**recorded)
-            runner.finish_run(parent.pk, None, stop.outcome, stop.detail)
+            lifecycle.finish_run(parent.pk, None, stop.outcome, stop.detail)
             return True
         Run.objects.filter(pk=parent.pk).update(
             **recorded, status=Run.Status.QUEUED, lease_token=None, lease_holder="", outcome_detail="",
@@ -591,7 +593,7 @@ def _crash_unstartable(run_id: int, exc: Exception) -> int:
     Nothing of its act's calls was started (`start_pending` is one transaction), so no child holds
     a carve of it; waiting would only fail the same way on every pass.
     """
-    from loops import runner  # lazy: loops.runner imports this module
+    from loops import lifecycle  # lazy: lifecycle imports this module
 
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id, status=Run.Status.WAITING).first()
@@ -604,4 +606,29 @@ def _crash_unstartable(run_id: int, exc: Exception) -> int:
             f"({type(exc).__name__}: {str(exc)[:300]}); the details are in the worker's log. "
             "Start a new run to try again."
         )
-        return int(runner.finish_run(run.pk, run.lease_token, Run.Outcome.CRASHED, detail) is not None)
+        return int(lifecycle.finish_run(run.pk, run.lease_token, Run.Outcome.CRASHED, detail) is not None)
+
+
+def not_started(delegated: list[dict[str, Any]]) -> str:
+    """Name the delegate calls a run that may not wait leaves unstarted."""
+    shown = "; ".join(
+        f"to {str((c.get('input') or {}).get('to', ''))[:100]!r} ({str((c.get('input') or {}).get('objective', ''))[:100]})"
+        for c in delegated[:4]
+    )
+    more = f" and {len(delegated) - 4} more" if len(delegated) > 4 else ""
+    return f"its {len(delegated)} delegate call{'s' if len(delegated) != 1 else ''} {'were' if len(delegated) != 1 else 'was'} not started: {shown}{more}"
+
+
+def repeat_key(run: Run, delegated: list[dict[str, Any]], fingerprint: str) -> str:
+    """What this act delegated, in the workspace it left, given the results it was given: equal keys, no progress.
+
+    "<digest> <what was delegated>": the policy compares the whole, and names the second part.
+    """
+    asked = sorted(
+        (str(i.get("to", "")), " ".join(str(i.get("objective", "")).split()), str(i.get("workspace") or "own"))
+        for i in ((c.get("input") or {}) for c in delegated)
+    )
+    given = (run.delegation or {}).get("results", "") if (run.delegation or {}).get("state") == "done" else ""
+    digest = hashlib.sha256(json.dumps([asked, fingerprint, given], ensure_ascii=False).encode()).hexdigest()[:16]
+    named = "; ".join(f"to {to!r}: {objective[:100]!r}" for to, objective, _ in asked)
+    return f"{digest} {named[:300]}"

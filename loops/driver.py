@@ -4,7 +4,7 @@ One driver lives in each worker process. Acts are I/O-bound, so a thread per
 claimed run lets one process hold hundreds of live runs; every thread is fenced
 by its own lease. A run reaches a driver two ways: its queue task (`tasks.drive`,
 one run), and the driver's pickup, which claims the runs waiting for a driver in
-batches while the process has room (`runner.claim_due`), so a flood of runs
+batches while the process has room (`leases.claim_due`), so a flood of runs
 started at once does not wait for one queue task each. The heartbeat renews this
 process's leases (all in one transaction), turns stop requests into stop signals for
 acts in flight (so a stop lands within a second even mid-act), and runs the reaper, which
@@ -35,7 +35,8 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from loops import liveness, runner
+from loops import delegation, events, leases, lifecycle, liveness, runner, tasks
+from loops.models import Run
 from tether import dbfaults, dbpool, jsonlog
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ class Driver:
         self.pid = os.getpid()
         self.name = f"{socket.gethostname()}:{self.pid}"
         self.capacity = settings.TETHER_RUNS_PER_WORKER
-        self.leases: dict[int, runner.Lease] = {}
+        self.leases: dict[int, leases.Lease] = {}
         self.pending = 0
         self.connection_slots = threading.BoundedSemaphore(settings.TETHER_CONNECTIONS_PER_WORKER)
         self.db_gate = threading.BoundedSemaphore(settings.TETHER_DB_GATE_PER_WORKER)
@@ -117,9 +118,9 @@ class Driver:
                 if room <= 0:
                     continue
                 self.pending += room
-            claimed: list[tuple[runner.Lease, int]] = []
+            claimed: list[tuple[leases.Lease, int]] = []
             try:
-                claimed = runner.claim_due(self.name, room)
+                claimed = leases.claim_due(self.name, room)
             except Exception as exc:
                 log.warning("driver %s: pickup failed (%s); retrying on a new connection", self.name, exc)
                 connection.close()
@@ -138,19 +139,19 @@ class Driver:
                         if self.leases.get(lease.run_id) is lease:
                             del self.leases[lease.run_id]
 
-    def _start(self, run_id: int, iteration: int, lease: runner.Lease | None) -> None:
+    def _start(self, run_id: int, iteration: int, lease: leases.Lease | None) -> None:
         threading.Thread(
             target=self._drive, args=(run_id, iteration, lease), name=f"tether-run-{run_id}", daemon=True
         ).start()
 
-    def _drive(self, run_id: int, iteration: int, lease: runner.Lease | None) -> None:
+    def _drive(self, run_id: int, iteration: int, lease: leases.Lease | None) -> None:
         """Drive the run under `lease`, or (a queue task's run) claim it first."""
         jsonlog.bind(run_id=run_id, iteration=iteration, worker=self.name)  # every line of this thread
         slot = self.connection_slots.acquire(blocking=False)
         try:
             if lease is None:
                 try:
-                    lease = runner.claim(run_id, iteration, self.name)
+                    lease = leases.claim(run_id, iteration, self.name)
                 finally:
                     with self.lock:
                         self.pending -= 1
@@ -179,7 +180,7 @@ class Driver:
         Claims stop first, and one in flight is waited for (at most `wait` s) so that what it takes is
         handed back too. The runs' threads are not told: they die with the process, and a write one
         makes meanwhile is fenced out by the lease it no longer holds. What an act in flight did is
-        lost as an attempt, recorded as the reaper records one (`runner.release`).
+        lost as an attempt, recorded as the reaper records one (`leases.release`).
         """
         if self.pid != os.getpid():
             return 0  # a copy inherited by a forked child: the leases are its parent's
@@ -192,17 +193,17 @@ class Driver:
                     break
             time.sleep(0.02)
         with self.lock:
-            leases = list(self.leases.values())
+            held = list(self.leases.values())
         released = 0
-        for lease in leases:
+        for lease in held:
             try:
-                released += runner.release(lease)
+                released += leases.release(lease)
                 with self.lock:
                     if self.leases.get(lease.run_id) is lease:
                         del self.leases[lease.run_id]  # no longer beaten for
             except Exception:  # its lease expires as a killed driver's would: the reaper takes it
                 log.exception("run %s: driver %s could not hand back its lease", lease.run_id, self.name)
-        log.info("driver %s stopping: handed back %s of %s run(s)", self.name, released, len(leases))
+        log.info("driver %s stopping: handed back %s of %s run(s)", self.name, released, len(held))
         connection.close()
         return released
 
@@ -229,12 +230,12 @@ class Driver:
                 close_old_connections()
                 now = time.monotonic()
                 with self.lock:
-                    leases = dict(self.leases)
+                    held = dict(self.leases)
                 sweep_stops()
-                if leases:
-                    self._signal_stops(leases)
+                if held:
+                    self._signal_stops(held)
                     if now - last_renew >= settings.TETHER_LEASE_SECONDS / 3:
-                        self._renew(leases)
+                        self._renew(held)
                         last_renew = now
                 if now - last_reap >= settings.TETHER_REAPER_SECONDS:
                     reap()
@@ -248,18 +249,16 @@ class Driver:
                     log.warning("driver heartbeat failed; retrying", exc_info=True)
                 connection.close()
 
-    def _signal_stops(self, leases: dict[int, runner.Lease]) -> None:
-        from loops.models import Run
-
-        stopped = Run.objects.filter(pk__in=list(leases), cancel_requested_at__isnull=False).values_list(
+    def _signal_stops(self, held: dict[int, leases.Lease]) -> None:
+        stopped = Run.objects.filter(pk__in=list(held), cancel_requested_at__isnull=False).values_list(
             "pk", flat=True
         )
         for run_id in stopped:
-            leases[run_id].stop.set()
+            held[run_id].stop.set()
 
-    def _renew(self, leases: dict[int, runner.Lease]) -> None:
-        renewed = runner.renew(list(leases.values()))
-        for run_id, lease in leases.items():
+    def _renew(self, held: dict[int, leases.Lease]) -> None:
+        renewed = leases.renew(list(held.values()))
+        for run_id, lease in held.items():
             if run_id not in renewed:
                 lease.stop.set()  # lost or finished: an act still in flight must end
 
@@ -286,17 +285,15 @@ def sweep_stops() -> int:
     `run_cancel` finishes such a run itself when it can tell the holder is dead; this catches
     a holder that died just after (or was not yet known dead then). Return how many.
     """
-    from loops.models import Run
-
     stopped = list(
-        Run.objects.filter(status__in=runner.ACTIVE, cancel_requested_at__isnull=False, lease_token__isnull=False)
+        Run.objects.filter(status__in=lifecycle.ACTIVE, cancel_requested_at__isnull=False, lease_token__isnull=False)
         .values_list("pk", "lease_token", "lease_holder")[:200]
     )
     finished = 0
     for run_id, token, holder in stopped:
         try:
             if holder and liveness.holder_gone(holder):
-                finished += runner.finish_stopped(run_id, token, holder)
+                finished += lifecycle.finish_stopped(run_id, token, holder)
         except Exception as exc:
             failed("finishing it as stopped", run_id, exc)
     return finished
@@ -304,12 +301,9 @@ def sweep_stops() -> int:
 
 def reap(limit: int = 200) -> int:
     """Re-schedule active runs whose lease or pickup deadline passed; return how many."""
-    from loops import events, tasks
-    from loops.models import Run
-
     now = timezone.now()
     stale = list(
-        Run.objects.filter(status__in=runner.ACTIVE)
+        Run.objects.filter(status__in=lifecycle.ACTIVE)
         .filter(Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True))
         .values_list("pk", "lease_expires_at", "lease_holder", "next_iteration")[:limit]
     )
@@ -319,21 +313,19 @@ def reap(limit: int = 200) -> int:
         try:
             if holder and expired is not None and now - expired < patience and liveness.still_driving(holder, run_id):
                 continue  # its driver lives and drives it: renewals lost to a cut connection, not a death
-            changes = runner.lost_changes(run_id) if holder else None  # git, before the transaction
+            changes = lifecycle.lost_changes(run_id) if holder else None  # git, before the transaction
             with transaction.atomic():
-                taken = Run.objects.filter(pk=run_id, lease_expires_at=expired, status__in=runner.ACTIVE).update(
+                taken = Run.objects.filter(pk=run_id, lease_expires_at=expired, status__in=lifecycle.ACTIVE).update(
                     lease_token=None, lease_holder="", lease_expires_at=tasks.pickup_deadline()
                 )
                 if not taken:
                     continue
-                runner.record_lost_attempt(Run.objects.get(pk=run_id), holder, changes)
+                lifecycle.record_lost_attempt(Run.objects.get(pk=run_id), holder, changes)
                 events.append(run_id, "run.reaped", {"iteration": iteration, "previous_worker": holder})
                 tasks.schedule(run_id, iteration)
                 reaped += 1
         except Exception as exc:
             failed("re-scheduling it", run_id, exc)
-    from loops import delegation
-
     reaped += delegation.check_parked()
     if reaped:
         log.info("reaper re-scheduled %s run(s)", reaped)

@@ -3,18 +3,26 @@
 Pure: no Django, no I/O. One entry per kind says what it means, whether it belongs to one
 iteration (the timeline groups those under the iteration's start), which body the timeline
 draws under its title, and how to title it from its data (`describe`). The console, the
-selectors and the tests read kinds from here; a kind not listed is drawn as its raw data.
+selectors and the tests read kinds from here; a kind not listed is drawn as its raw data. The
+runner writes an iteration's own events as `opening` and `closing` shape them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loops import outcomes, progress
+from loops.policy import Stop
+
+if TYPE_CHECKING:
+    from instances.brains.base import Reply, Usage
+    from loops.decision import Decision
+    from loops.policy import Check, Continue
 
 STOP_REASONS = ("stopped mid-act", "stopped by a person")
+EXCERPT = 2000  # characters of an instruction or a response an event keeps
 VERDICT_TONES = {"done": "good", "continue": "", "escalate": "warn", "failed": "bad"}
 OUTCOME_TONES = outcomes.TONES
 OUTCOME_LABELS = outcomes.LABELS  # how a person names each way a run can end
@@ -403,5 +411,52 @@ def in_iteration(name: str, data: Mapping[str, Any]) -> int | None:
     return None
 
 
+# --- what the runner appends for one iteration -------------------------------------------
+
+
+def opening(number: int, instruction: str, *, attempt: int, interjections: int) -> list[tuple[str, dict[str, Any]]]:
+    """The events that open iteration `number`: its start (what it is told, its attempt), its act's start."""
+    return [
+        ("iteration.started", {
+            "iteration": number, "instruction": instruction[:EXCERPT], "interjections": interjections, "attempt": attempt,
+        }),
+        ("act.started", {"iteration": number}),
+    ]
+
+
+def closing(
+    number: int, reply: Reply, checks: list[Check], decision: Decision,
+    step: Continue | Stop, usage: Usage, extra: list[tuple[str, dict[str, Any]]],
+    iteration_data: dict[str, Any], delegated: list[dict[str, Any]] | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The events that close iteration `number`, in order: act, checks, decision, extras, the end, a park."""
+    items: list[tuple[str, dict[str, Any]]] = [
+        ("act.finished", {
+            "iteration": number, "ok": reply.ok, "detail": reply.detail[:500], "response": reply.text[-EXCERPT:],
+            "tool_calls": reply.tool_calls[:50], "usage": usage.as_json(),
+        }),
+    ]
+    if checks:
+        items.append(("checks.finished", {
+            "iteration": number,
+            "checks": [
+                {
+                    "name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:],
+                    "evidence": c.evidence, "evidence_detail": c.evidence_detail, "progress": c.progress,
+                }
+                for c in checks
+            ],
+        }))
+    items.append(("decision.made", {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]}))
+    items.extend(extra)
+    items.append(("iteration.finished", iteration_data))
+    if delegated:
+        items.append(("run.delegating", {"iteration": number, "calls": len(delegated)}))
+    elif isinstance(step, Stop) and step.outcome == outcomes.Outcome.ESCALATED:
+        items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
+    return items
+
+
 __all__ = ["KINDS", "ITERATION_KINDS", "Context", "Kind", "Title", "describe", "kind", "attempt_label",
-           "changed_names", "outcome_label", "outcome_sentence"]
+           "changed_names", "outcome_label", "outcome_sentence", "EXCERPT", "opening", "closing"]
+

@@ -16,6 +16,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, QuerySet, Value
 from django.db.models.expressions import RawSQL
@@ -146,8 +148,6 @@ def fleet_group(user_id: int) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def _owner_of(run_id: int) -> int | None:
-    from loops.models import Run
-
     return Run.objects.filter(pk=run_id).values_list("owner_id", flat=True).first()  # a run's owner never changes
 
 
@@ -157,8 +157,6 @@ def ring(run_id: int, seq: int) -> None:
     Only with REDIS_URL (on the embedded default viewers tail the events table). The send
     happens on this process's doorbell thread, off the caller's path.
     """
-    from django.conf import settings
-
     if settings.REDIS_URL:
         _doorbell().ring(run_id, seq, _owner_of(run_id))
 
@@ -179,8 +177,6 @@ class Doorbell:
         asyncio.run_coroutine_threadsafe(self._send(run_id, seq, owner_id), self.loop)
 
     async def _send(self, run_id: int, seq: int, owner_id: int | None) -> None:
-        from channels.layers import get_channel_layer
-
         layer = get_channel_layer()
         if layer is None:
             return

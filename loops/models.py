@@ -5,7 +5,16 @@ from loops import outcomes
 
 
 class Run(models.Model):
-    """One pursuit of one objective by one instance."""
+    """One pursuit of one objective by one instance.
+
+    Run has the writers this docstring names, and no others (tests/ops/test_run_writers.py):
+    `loops.services` (start, stop, message, resume, close, continue: what the surfaces ask for),
+    `loops.leases` (claim, renew, hand back, release), `loops.runner` (an iteration's record, the
+    evidence baseline), `loops.lifecycle` (a finish; what a lost attempt had reserved),
+    `loops.delegation` (a parent waiting for its children, and resumed), `loops.driver` (the
+    reaper), `loops.events` (the timeline's `last_seq`) and `reviews.services` (a person's
+    acceptance verifies a run).
+    """
 
     class Status(models.TextChoices):
         QUEUED = "queued"

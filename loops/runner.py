@@ -1,88 +1,59 @@
 """Drive one claimed run, one fenced iteration at a time.
 
-Runs in a worker thread. Every write is fenced by the run's lease token and its
-`next_iteration`, so a stale or duplicate driver changes nothing. No transaction,
-row lock or (on PostgreSQL) database connection is held across the act or the
-checks: an iteration opens with `_begin` and closes with `_record`, one short transaction
-each, and in a steady run the record begins the next iteration too, so each is one. A transient
-database error (a cut connection, a serialization failure, a lock timeout) in either,
-or in the claim, is retried on a fresh connection (`tether.dbfaults`); only a lost
-lease or a dead process ends an attempt.
+Runs in a worker thread. An iteration is begun (`_begin`), then travels as one value, a `Turn`,
+through act → verify → decide → record (`_iterate` reads as that list) and ends as one `Ended`,
+which `_record` writes. Every write is fenced by the run's lease token (`loops.leases`) and its
+`next_iteration`, so a stale or duplicate driver changes nothing. No transaction, row lock or (on
+PostgreSQL) database connection is held across the act or the checks: an iteration opens with
+`_begin` and closes with `_record`, one short transaction each, and in a steady run the record
+begins the next iteration too, so each is one. A transient database error (a cut connection, a
+serialization failure, a lock timeout) in either is retried on a fresh connection
+(`tether.dbfaults`); only a lost lease or a dead process ends an attempt. A finish, and what
+follows it, is `loops.lifecycle`'s.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import secrets
-import threading
 import time
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
-from typing import Any, NamedTuple
+from datetime import UTC, datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from budgets import ledger, metering, money
-from budgets.models import Reservation
-from instances import brains, protected, sandbox
+from instances import brains, sandbox
 from instances.brains import get_brain
 from instances.brains.base import ActRequest, BrainError, Reply, Usage
 from instances.models import Instance
 from loops import checks as checks_mod
-from loops import compaction, delegation, events, grading, journal, policy, progress, signals
+from loops import (
+    compaction,
+    delegation,
+    event_kinds,
+    events,
+    grading,
+    journal,
+    leases,
+    lifecycle,
+    policy,
+    progress,
+    signals,
+)
 from loops import decision as decision_mod
-from loops.event_kinds import changed_names
+from loops.event_kinds import EXCERPT
+from loops.leases import Lease, LeaseLost
 from loops.memory import Memory
-from loops.models import Event, Interjection, Iteration, Run
+from loops.models import Interjection, Iteration, Run
 from tether import dbfaults, dbpool, jsonlog, tracing
 
 log = logging.getLogger(__name__)
 
-ACTIVE = (Run.Status.QUEUED, Run.Status.RUNNING)
-EXCERPT = 2000
 IDLE_PING_SECONDS = 1.0  # a connection idle longer than this during an act is pinged before it is written to
-
-
-class LeaseLost(Exception):
-    """Another driver (or the reaper) owns the run now; this driver must let go."""
-
-
-@dataclass
-class Lease:
-    run_id: int
-    token: str
-    holder: str
-    stop: threading.Event = field(default_factory=threading.Event)
-    # False: give the database connection back before each act (many runs share a few).
-    keeps_connection: bool = True
-    # Shared by the process's runs that do not keep a connection: bounds their connections.
-    gate: threading.BoundedSemaphore | None = None
-    gate_held: bool = False
-    # The seq of this lease's `run.claimed` event: what this driver wrote comes after it.
-    claimed_seq: int = 0
-
-
-def _enter(lease: Lease) -> None:
-    if lease.gate is not None and not lease.gate_held:
-        # With a pool, wait holding no connection: the runs waiting here must not hold what the
-        # runs let in need.
-        dbfaults.give_back()
-        lease.gate.acquire()
-        lease.gate_held = True
-    dbfaults.hold_no_connection(False)
-
-
-def _leave(lease: Lease) -> None:
-    if lease.gate_held:
-        connection.close()
-        lease.gate_held = False
-        assert lease.gate is not None
-        lease.gate.release()
 
 
 @dataclass
@@ -98,410 +69,6 @@ class Begun:
     memory: Memory = field(default_factory=Memory)  # the run's, as this iteration began
 
 
-def lease_seconds() -> timedelta:
-    return timedelta(seconds=settings.TETHER_LEASE_SECONDS)
-
-
-def renew(leases: list[Lease]) -> set[int]:
-    """Extend a driver's leases for another `lease_seconds`; return the runs whose lease it still holds.
-
-    One short transaction renews them all, however many: it takes the rows still under their
-    tokens that no other transaction holds (SKIP LOCKED on PostgreSQL, so it never waits on a
-    run mid-iteration, and never deadlocks with one; SQLite's one writer makes the read and the
-    write one step) and extends them with one UPDATE. A run it skipped — locked by its own
-    iteration, or its token gone — is renewed by a statement of its own, and one whose token is
-    gone is not returned: the driver must stop it. An expiry counts from when its row is
-    written, never from before a wait for its lock: renewed after a wait longer than the lease,
-    it would be written already expired, and the reaper would take a run its driver still drives.
-    """
-    if not leases:
-        return set()
-    tokens = {lease.run_id: lease.token for lease in leases}
-    with transaction.atomic():  # SQLite: waits here for the writer's lock
-        rows = Run.objects.filter(pk__in=list(tokens)).select_for_update(skip_locked=True)
-        free = [pk for pk, token in rows.values_list("pk", "lease_token") if token == tokens[pk]]
-        if free:
-            Run.objects.filter(pk__in=free).update(lease_expires_at=timezone.now() + lease_seconds())
-    renewed = set(free)
-    for lease in leases:
-        if lease.run_id not in renewed and _renew_one(lease):
-            renewed.add(lease.run_id)
-    return renewed
-
-
-def _renew_one(lease: Lease) -> bool:
-    """Renew one lease whose row another transaction held: wait for it, then extend from now."""
-    with transaction.atomic():
-        mine = Run.objects.filter(pk=lease.run_id, lease_token=lease.token)
-        if not mine.select_for_update().exists():
-            return False
-        return bool(mine.update(lease_expires_at=timezone.now() + lease_seconds()))
-
-
-# --- claim, hand back, finish --------------------------------------------------------
-
-
-def claim_due(holder: str, limit: int) -> list[tuple[Lease, int]]:
-    """Claim up to `limit` runs waiting for a driver, longest waiting first; return (lease, iteration) pairs.
-
-    A run waits for a driver when it is active and unleased: started, handed back, resumed or
-    reaped. (A run whose lease merely expired is the reaper's: it gives a live holder time to
-    reconnect and closes what a dead one reserved; then the run is unleased and waits here.)
-    One transaction takes them as `claim` takes one — a new token each, attempt + 1,
-    `run.claimed` — in a few statements however many they are; a run past
-    TETHER_MAX_ATTEMPTS goes through `claim`, which ends it `crashed`. On PostgreSQL the
-    rows are locked with SKIP LOCKED, so drivers claiming at once take different runs
-    without waiting; on SQLite the transaction is IMMEDIATE, so claims are serialised.
-    """
-    waiting = Run.objects.filter(status__in=ACTIVE, lease_token__isnull=True)
-    claimed: list[tuple[Lease, int]] = []
-
-    def once() -> list[tuple[Lease, int]]:
-        if claimed:  # the connection died; maybe after the claims had committed (all or none)
-            if Run.objects.filter(lease_token__in=[lease.token for lease, _ in claimed]).exists():
-                return list(claimed)
-            claimed.clear()
-        if not waiting.exists():  # nothing waits: a read, no write lock
-            return []
-        now = timezone.now()
-        with transaction.atomic():
-            due = list(
-                waiting.select_for_update(skip_locked=True)
-                .order_by("lease_expires_at", "pk")
-                .values_list("pk", "next_iteration", "attempt")[:limit]
-            )
-            for run_id, iteration, attempt in due:
-                if attempt >= settings.TETHER_MAX_ATTEMPTS:
-                    claim(run_id, iteration, holder)  # its last attempt is spent: this ends it crashed
-            fresh = {
-                run_id: (iteration, attempt + 1, secrets.token_hex(16))
-                for run_id, iteration, attempt in due
-                if attempt < settings.TETHER_MAX_ATTEMPTS
-            }
-            if not fresh:
-                return []
-            # The rows are this transaction's (locked, or SQLite's one writer): set-wise, not one by one.
-            Run.objects.filter(pk__in=list(fresh), status__in=ACTIVE, lease_token__isnull=True).update(
-                lease_token=Case(*(When(pk=run_id, then=Value(token)) for run_id, (_, _, token) in fresh.items())),
-                lease_holder=holder,
-                lease_expires_at=now + lease_seconds(),
-                attempt=F("attempt") + 1,
-                status=Run.Status.RUNNING,
-            )
-            Run.objects.filter(pk__in=list(fresh), started_at__isnull=True).update(started_at=now)
-            seqs = events.append_to_each(
-                "run.claimed",
-                {run_id: {"iteration": it, "worker": holder, "attempt": n} for run_id, (it, n, _) in fresh.items()},
-            )
-            claimed.extend(
-                (Lease(run_id, token, holder, claimed_seq=seqs[run_id]), iteration)
-                for run_id, (iteration, _, token) in fresh.items()
-            )
-        return list(claimed)
-
-    return dbfaults.retry(once, what="claim waiting runs")
-
-
-def claim(run_id: int, iteration: int, holder: str) -> Lease | None:
-    """Take the run's lease for `iteration`; None when someone else has it or it moved on."""
-    token = secrets.token_hex(16)
-    tries = 0
-
-    def once() -> Lease | None:
-        nonlocal tries
-        tries += 1
-        if tries > 1:  # the connection died; maybe after the claim had committed
-            seq = Run.objects.filter(pk=run_id, lease_token=token).values_list("last_seq", flat=True).first()
-            if seq is not None:
-                return Lease(run_id, token, holder, claimed_seq=seq)
-        return _claim(run_id, iteration, holder, token, _expired(run_id, iteration))
-
-    return dbfaults.retry(once, what=f"run {run_id}: claim")
-
-
-class _Expired(NamedTuple):
-    """A dead driver's lease a claim takes over, and what its lost attempt changed (asked before)."""
-
-    token: str
-    holder: str
-    changes: dict[str, Any] | None
-
-
-def _expired(run_id: int, iteration: int) -> _Expired | None:
-    """Return the expired lease a claim of `iteration` would take over (the reaper had not yet), else None."""
-    held = (
-        Run.objects.filter(pk=run_id, next_iteration=iteration, status__in=ACTIVE, lease_token__isnull=False)
-        .filter(lease_expires_at__lt=timezone.now())
-        .values_list("lease_token", "lease_holder")
-        .first()
-    )
-    if held is None:
-        return None
-    return _Expired(held[0], held[1], lost_changes(run_id))
-
-
-def _claim(run_id: int, iteration: int, holder: str, token: str, expired: _Expired | None) -> Lease | None:
-    now = timezone.now()
-    # Free, or the expired lease looked at before (whose lost attempt is recorded here).
-    free = Q(lease_token=expired.token, lease_expires_at__lt=now) if expired else Q(lease_token__isnull=True)
-    with transaction.atomic():
-        taken = (
-            Run.objects.filter(pk=run_id, next_iteration=iteration, status__in=ACTIVE)
-            .filter(free)
-            .update(
-                lease_token=token,
-                lease_holder=holder,
-                lease_expires_at=now + lease_seconds(),
-                attempt=F("attempt") + 1,
-                status=Run.Status.RUNNING,
-            )
-        )
-        if not taken:
-            return None
-        run = Run.objects.get(pk=run_id)
-        if run.started_at is None:
-            Run.objects.filter(pk=run_id).update(started_at=now)
-        if expired is not None:
-            record_lost_attempt(run, expired.holder, expired.changes)  # before this claim's event
-        seq = events.append(run_id, "run.claimed", {"iteration": iteration, "worker": holder, "attempt": run.attempt})
-        lease = Lease(run_id, token, holder, claimed_seq=seq)
-        if run.attempt > settings.TETHER_MAX_ATTEMPTS:  # what the last one left was closed with its loss
-            detail = (
-                f"iteration {iteration} was started {run.attempt - 1} times and never finished "
-                f"(its worker died each time); giving up after {settings.TETHER_MAX_ATTEMPTS} attempts"
-            )
-            _finish(lease, Run.Outcome.CRASHED, detail)
-            return None
-    return lease
-
-
-def finish_unheld(
-    run: Run, detail: str, now: datetime | None = None, changes: dict[str, Any] | None = None
-) -> None:
-    """Finish `run` cancelled where no live driver holds it (queued, waiting, or its driver died).
-
-    Inside the caller's transaction, with `run` locked: a lost attempt is recorded (its open
-    reservation closed as abandoned; `changes` from `lost_changes`, asked before the transaction),
-    then the run finishes with its lease fenced out, as `_finish` does for a driver.
-    """
-    record_lost_attempt(run, run.lease_holder, changes)
-    finish_run(run.pk, run.lease_token, Run.Outcome.CANCELLED, detail, now=now)
-    run.refresh_from_db()
-
-
-def finish_stopped(run_id: int, token: str, holder: str) -> int:
-    """Finish a stopped run whose driver (`holder`, with lease `token`) died; return 1, or 0 if it moved on."""
-    changes = lost_changes(run_id)  # git, before the transaction
-    with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id, lease_token=token, status__in=ACTIVE).first()
-        if run is None or run.cancel_requested_at is None:
-            return 0
-        asked = run.events.filter(kind="run.stop_requested").order_by("-seq").values_list("data", flat=True).first()
-        who = (asked or {}).get("by") or "a person"
-        finish_unheld(run, f"stopped by {who} in iteration {run.next_iteration}, whose worker had died", changes=changes)
-    log.info("run %s: stopped; its driver %s had died", run_id, holder)
-    return 1
-
-
-def _lost_attempt(run_id: int, number: int) -> tuple[dict[str, Any], datetime] | None:
-    """Return the start (data, time) of iteration `number` by the run's last claim, if it was neither
-    recorded nor recorded lost since: an attempt its dead driver lost. Else None."""
-    claimed = Event.objects.filter(run_id=run_id, kind="run.claimed").order_by("-seq").values_list("seq", flat=True)
-    last = claimed.first()
-    if last is None:
-        return None
-    since = Event.objects.filter(run_id=run_id, seq__gt=last)
-    started = since.filter(kind="iteration.started", data__iteration=number).values_list("data", "created_at").first()
-    if started is None or since.filter(kind="attempt.lost").exists():
-        return None
-    return started
-
-
-def lost_changes(run_id: int) -> dict[str, Any] | None:
-    """Ask what the run's lost attempt changed in the workspace since its iteration began (None: none was lost).
-
-    Outside any transaction (a receiver of `signals.attempt_lost` runs git); its answer goes to
-    `record_lost_attempt`.
-    """
-    run = Run.objects.select_related("instance").filter(pk=run_id).first()
-    if run is None or _lost_attempt(run_id, run.next_iteration) is None:
-        return None
-    for _, answer in signals.attempt_lost.send(sender=Run, run=run, iteration=run.next_iteration):
-        if answer is not None:
-            return dict(answer)
-    return {"unknown": "no snapshots of the workspace are kept"}
-
-
-def record_lost_attempt(run: Run, worker: str, changes: dict[str, Any] | None) -> int:
-    """Close what a dead driver left reserved and record the attempt it lost; return the micros closed.
-
-    Inside the caller's transaction (the reaper, a claim taking over an expired lease, a stop of a
-    run whose driver died). The reservations still held are settled at their reserved amount (the
-    act may have spent it all) and charged to the run. If the driver had begun an iteration it
-    never recorded, `attempt.lost` says so once: the worker, when, the reservations and the amount
-    closed, what the workspace changed since the iteration began (`changes`, from `lost_changes`)
-    and the tool calls the iteration journaled.
-    """
-    from loops import journal
-
-    held = list(Reservation.objects.filter(run_id=run.pk, status=Reservation.Status.HELD).values_list("pk", flat=True))
-    closed = ledger.close_abandoned(run)
-    if closed:
-        Run.objects.filter(pk=run.pk).update(spent_micros=F("spent_micros") + closed)
-    number = run.next_iteration
-    lost = _lost_attempt(run.pk, number)
-    if lost is None:
-        return closed
-    started, began_at = lost
-    changes = changes or {"unknown": "it was not looked at"}
-    data: dict[str, Any] = {
-        "iteration": number,
-        "attempt": started.get("attempt") or 1,
-        "worker": worker,
-        "began_at": began_at.isoformat(),
-        "lost_at": timezone.now().isoformat(),
-        "reservations": held,
-        "closed_usd": money.usd_string(closed),
-    }
-    if "unknown" in changes:
-        data["changes_unknown"] = str(changes["unknown"])[:500]
-    else:
-        data.update(changed=changes.get("changed") or [], more=changes.get("more") or 0)
-    data["tool_calls"] = journal.calls_of(run.pk, number)[:50]
-    events.append(run.pk, "attempt.lost", data)
-    log.warning("run %s: attempt %s of iteration %s was lost (worker %s)", run.pk, data["attempt"], number, worker)
-    if tracing.enabled():  # its span died with its worker: the trace gets it from the record
-        lost_at = datetime.fromisoformat(data["lost_at"])
-        transaction.on_commit(lambda: tracing.iteration_lost(
-            trace_ids(run), run.pk, number, data["attempt"], started=began_at, lost=lost_at, worker=worker
-        ))
-    return closed
-
-
-def hand_back(lease: Lease) -> None:
-    """Release the run to the queue at its next iteration (a slice ended), returning its quota lease."""
-    from loops import tasks
-
-    def once() -> None:
-        with transaction.atomic():
-            run = Run.objects.filter(pk=lease.run_id, lease_token=lease.token).first()
-            if run is None:
-                return  # not ours any more (or this hand-back committed before the connection died)
-            Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
-                lease_token=None, lease_holder="", lease_expires_at=timezone.now() + lease_seconds(), attempt=0
-            )
-            # Its ancestors book what it spent this slice of time (in this period, not the one it ends in).
-            ledger.return_run_lease(run.pk)
-            tasks.schedule(run.pk, run.next_iteration)
-
-    dbfaults.retry(once, what=f"run {lease.run_id}: hand back")
-
-
-def release(lease: Lease, reason: str = "its worker stopped") -> bool:
-    """Hand a lease back at once when its driver stops cleanly; return whether it was still held.
-
-    As the reaper does for a dead driver, but without waiting for the lease to expire: what the
-    driver had reserved is closed, an iteration it began and did not record is an `attempt.lost`,
-    and the run waits for a driver (this process's next start, or another) with a drive task queued.
-    """
-    from loops import tasks
-
-    changes = lost_changes(lease.run_id)  # git, before the transaction
-    with transaction.atomic():
-        run = Run.objects.filter(pk=lease.run_id, lease_token=lease.token, status__in=ACTIVE).first()
-        if run is None or not Run.objects.filter(pk=run.pk, lease_token=lease.token).update(
-            lease_token=None, lease_holder="", lease_expires_at=tasks.pickup_deadline()
-        ):
-            return False  # finished, or not ours any more
-        record_lost_attempt(run, lease.holder, changes)
-        events.append(
-            run.pk, "run.released", {"iteration": run.next_iteration, "previous_worker": lease.holder, "reason": reason}
-        )
-        tasks.schedule(run.pk, run.next_iteration)
-    return True
-
-
-def _finish(lease: Lease, outcome: str, detail: str, verified: bool | None = None, **extra: Any) -> None:
-    """Finish the run (inside the caller's transaction), fenced by the lease."""
-    if finish_run(lease.run_id, lease.token, outcome, detail, verified, **extra) is None:
-        raise LeaseLost
-
-
-def finish_run(
-    run_id: int, token: str | None, outcome: str, detail: str, verified: bool | None = None,
-    now: datetime | None = None, **extra: Any,
-) -> Run | None:
-    """The one place a run finishes: inside the caller's transaction, fenced by lease `token` (None: held by nobody).
-
-    Writes the outcome and lets the lease go, appends `run.finished` and hands the run to
-    `after_finish` (carve refund, lease return, receipt and notices after commit). Returns the
-    finished run, or None when the fence failed (the run is not held with `token` any more).
-    """
-    done = Run.objects.filter(pk=run_id, lease_token=token).update(
-        status=Run.Status.FINISHED,
-        outcome=outcome,
-        outcome_detail=detail,
-        verified=verified,
-        finished_at=now or timezone.now(),
-        lease_token=None,
-        lease_holder="",
-        lease_expires_at=None,
-        **extra,
-    )
-    if not done:
-        return None
-    run = Run.objects.get(pk=run_id)
-    events.append(run.pk, "run.finished", finished_data(run))
-    after_finish(run.pk)
-    if tracing.enabled():
-        transaction.on_commit(lambda: _traced_finish(run))
-    return run
-
-
-def trace_ids(run: Run) -> tracing.RunIds:
-    """The run's trace ids, derived from it and its delegation root (`tether.tracing`)."""
-    chain = [run]
-    while chain[-1].parent_id is not None and len(chain) < 100:
-        chain.append(Run.objects.only("pk", "created_at", "parent_id").get(pk=chain[-1].parent_id))
-    parent = chain[1] if len(chain) > 1 else None
-    return tracing.run_ids(
-        tracing.run_key(run.pk, run.created_at),
-        tracing.run_key(chain[-1].pk, chain[-1].created_at),
-        tracing.run_key(parent.pk, parent.created_at) if parent else None,
-    )
-
-
-def _traced_finish(run: Run) -> None:
-    tracing.run_finished(
-        trace_ids(run), run.pk, started=run.started_at or run.created_at, finished=run.finished_at,
-        attributes={
-            "tether.outcome": run.outcome, "tether.verified": run.verified, "tether.iterations": run.iterations_done,
-            "tether.cost_usd": run.spent_micros / 1_000_000, "tether.instance_id": run.instance_id,
-        },
-    )
-
-
-def after_finish(run_id: int) -> None:
-    """Once the transaction that finished the run (or parked it) commits, say so (receipt, review, notify).
-
-    A finished child run's carve goes back to its parent first, inside that transaction, and the
-    run's quota lease goes back to its pools' ancestors (a parked run spends nothing meanwhile).
-    """
-    delegation.refund_carve(run_id)
-    ledger.return_run_lease(run_id)
-    transaction.on_commit(lambda: signals.run_finished.send(sender=Run, run_id=run_id))
-
-
-def finished_data(run: Run) -> dict[str, Any]:
-    return {
-        "outcome": run.outcome,
-        "detail": run.outcome_detail,
-        "verified": run.verified,
-        "iterations": run.iterations_done,
-        "spent_usd": money.usd_string(run.spent_micros),
-    }
-
-
 # --- one iteration ----------------------------------------------------------------------
 
 
@@ -511,7 +78,7 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
     ends = time.monotonic() + slice_seconds
     logged = jsonlog.bind(run_id=lease.run_id)  # log lines say which run (and iteration, see _begin)
     try:
-        _enter(lease)  # the first begin too: a flood of claimed runs stays within the process's connections
+        lease.enter()  # the first begin too: a flood of claimed runs stays within the process's connections
         begun = _begin(lease)
         while begun is not None:
             # Until the slice ends, an iteration's record begins the next one in its transaction.
@@ -521,14 +88,14 @@ def drive(lease: Lease, slice_seconds: float | None = None) -> None:
             elif not going:
                 return
             elif time.monotonic() >= ends:
-                hand_back(lease)
+                leases.hand_back(lease)
                 return
             else:
                 begun = _begin(lease)
     except LeaseLost:
         log.info("run %s: lease lost; another driver has it", lease.run_id)
     finally:
-        _leave(lease)
+        lease.leave()
         dbfaults.hold_no_connection(False)
         jsonlog.restore(logged)
 
@@ -558,6 +125,40 @@ def _failed(reply: Reply, step: policy.Stop, reason: str, **more: Any) -> Ended:
     return Ended(reply, decision_mod.Decision("failed", reason), step, **more)
 
 
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One iteration on its way from act to record, as one value: built once by `iterate`, passed along.
+
+    Act → verify → decide → record each take it whole: the begun iteration (its run, number,
+    instruction, memory and reservation), the lease that fences its writes, the meter every model
+    call of it goes through, and until when its record may begin the next iteration. What a step
+    finds travels with it: the act's `Reply`, then the `Verified` checks, then how it `Ended`.
+    """
+
+    lease: Lease
+    begun: Begun
+    meter: metering.RunMeter
+    fuse_until: float | None = None  # a `time.monotonic()`: until then a going record begins the next
+
+    @property
+    def run(self) -> Run:
+        return self.begun.run
+
+    @property
+    def number(self) -> int:
+        return self.begun.number
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What the checks found of an act: its reply, their results, the workspace's fingerprint, the instructions before."""
+
+    reply: Reply
+    checks: list[policy.Check]
+    fingerprint: str
+    recent: tuple[str, ...]
+
+
 def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None = None) -> Begun | bool:
     """Run one iteration (`begun`, or begin one); return whether the loop goes on under this lease.
 
@@ -567,33 +168,34 @@ def iterate(lease: Lease, begun: Begun | None = None, fuse_until: float | None =
     begun = begun or _begin(lease)
     if begun is None:
         return False
-    with tracing.iteration(lambda: trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
-        return _iterate(lease, begun, fuse_until)
+    with tracing.iteration(lambda: lifecycle.trace_ids(begun.run), begun.run.pk, begun.number, begun.run.attempt):
+        # every model call of this iteration goes through its meter
+        return _iterate(Turn(lease, begun, metering.RunMeter(begun.run, begun.number), fuse_until))
 
 
-def _iterate(lease: Lease, begun: Begun, fuse_until: float | None) -> Begun | bool:
-    if (refused := _refused_workspace(begun)) is not None:
-        return _record(lease, begun, refused)
-    _open_iteration(lease, begun)
-    meter = metering.RunMeter(begun.run, begun.number)  # every model call of this iteration goes through it
-    reply = _act(lease, begun, meter)
+def _iterate(turn: Turn) -> Begun | bool:
+    """Act → verify → decide → record: each way out of the iteration ends in one `_record`."""
+    if (refused := _refused_workspace(turn)) is not None:
+        return _record(turn, refused)
+    _open_iteration(turn)
+    reply = _act(turn)
     if isinstance(reply, Ended):
-        return _record(lease, begun, reply)
-    if (ended := _cut_short(lease, begun, reply)) is not None:
-        return _record(lease, begun, ended)
-    if (park := _asked_to_wait(begun, reply)) is not None:
-        return _parked(lease, begun, reply, *park)
-    return _record(lease, begun, _judged(lease, begun, reply, meter), fuse_until=fuse_until)
+        return _record(turn, reply)
+    if (ended := _cut_short(turn, reply)) is not None:
+        return _record(turn, ended)
+    if (park := _asked_to_wait(turn, reply)) is not None:
+        return _record(turn, _parked(turn, reply, *park))
+    return _record(turn, _judged(turn, reply))
 
 
-def _refused_workspace(begun: Begun) -> Ended | None:
+def _refused_workspace(turn: Turn) -> Ended | None:
     """Check the workspace before anything of ours reads or runs in it; how the iteration ends if it is refused.
 
     Whether it nests with another instance's is asked of the database as the run starts, or an
     attempt starts again, not every iteration.
     """
-    instance = begun.run.instance
-    opening = begun.number == 1 or begun.attempt > 1
+    instance = turn.run.instance
+    opening = turn.number == 1 or turn.begun.attempt > 1
     try:
         sandbox.checked_workspace(instance.workspace_path(), instance_id=instance.pk if opening else None)
     except sandbox.WorkspaceRefused as exc:
@@ -602,36 +204,36 @@ def _refused_workspace(begun: Begun) -> Ended | None:
     return None
 
 
-def _open_iteration(lease: Lease, begun: Begun) -> None:
+def _open_iteration(turn: Turn) -> None:
     """Say the run (or the iteration) starts, and let the database connection go for a long act."""
-    run = begun.run
+    lease, begun, run = turn.lease, turn.begun, turn.run
     if begun.number == 1:
         signals.run_starting.send(sender=Run, run=run)  # e.g. the review's diff starts here
         _take_protected_baseline(lease, run)
     if begun.attempt == 1:  # e.g. the workspace a lost attempt's changes are measured from
         signals.iteration_starting.send(sender=Run, run=run, number=begun.number)
     if not lease.keeps_connection and connection.vendor == "postgresql":
-        _leave(lease)
+        lease.leave()
         connection.close()  # the act may be long; don't sit on one of the server's connections
-        # ... nor, with a pool to give them back to, do the act's and the decider's writes, until `_enter`
+        # ... nor, with a pool to give them back to, do the act's and the decider's writes, until `Lease.enter`
         dbfaults.hold_no_connection(dbpool.enabled())
 
 
-def _act(lease: Lease, begun: Begun, meter: metering.RunMeter) -> Reply | Ended:
+def _act(turn: Turn) -> Reply | Ended:
     """Run the act: its reply, or how the iteration ends when the brain could not act."""
-    run, instance = begun.run, begun.run.instance
+    begun, run, instance = turn.begun, turn.run, turn.run.instance
     request = ActRequest(
         run_id=run.pk,
         iteration=begun.number,
         objective=run.objective,
         instruction=begun.instruction,
         workspace=instance.workspace_path(),
-        stop=lease.stop,
+        stop=turn.lease.stop,
         timeout=float(instance.act_timeout_seconds),
         snapshot=[dict(s) for s in begun.memory.snapshot],
         history=compaction.for_prompt(begun.memory.snapshot),
         approved_calls=begun.approved_calls,
-        meter=meter,
+        meter=turn.meter,
         journal=journal.ToolJournal(run.pk, begun.number, run.attempt),  # a re-run replays what this iteration ran
     )
     acting = time.monotonic()
@@ -650,18 +252,18 @@ def _act(lease: Lease, begun: Begun, meter: metering.RunMeter) -> Reply | Ended:
 
 def _confirm_stop(lease: Lease, run_id: int) -> None:
     """A stop cut the iteration short: go on to record it only if a person asked for the stop."""
-    _enter(lease)
+    lease.enter()
     if not _stop_requested(run_id):
         raise LeaseLost  # stopped because this driver lost the run or is shutting down
 
 
-def _cut_short(lease: Lease, begun: Begun, reply: Reply) -> Ended | None:
+def _cut_short(turn: Turn, reply: Reply) -> Ended | None:
     """How the iteration ends right after its act (a person's stop, a reported overdraft), or None."""
     if reply.stopped:
-        _confirm_stop(lease, begun.run.pk)
-        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {begun.number}")
+        _confirm_stop(turn.lease, turn.run.pk)
+        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the act of iteration {turn.number}")
         return _failed(reply, step, "stopped mid-act")
-    if overdraft := _reported_beyond_reservation(begun.run, reply):
+    if overdraft := brains.reported_overdraft(turn.run.instance, reply.usage):
         # Only metered spend is hard-capped: an agent's own report above what its iteration
         # reserved ends the run at once; the ledger records the overdraft, and a pool it
         # overdrew grants nothing more until a person covers it.
@@ -672,16 +274,16 @@ def _cut_short(lease: Lease, begun: Begun, reply: Reply) -> Ended | None:
 _Wait = tuple[policy.Park, decision_mod.Decision, list[dict[str, Any]] | None, str]
 
 
-def _asked_to_wait(begun: Begun, reply: Reply) -> _Wait | None:
+def _asked_to_wait(turn: Turn, reply: Reply) -> _Wait | None:
     """The wait the act asks for (the children it delegated to, a person's approval), as `_parked` takes it."""
     if delegated := [call for call in reply.tool_calls if call.get("delegate")]:
         # Park until the children this act asked for have finished (loops.delegation starts them
         # once this iteration is recorded, and resumes the run when the last one ends) — if the
         # policy lets it wait: not on its last allowed iteration, nor to repeat what it delegated.
-        key = _delegation_key(begun, delegated, checks_mod.fingerprint(begun.run.instance.workspace_path()))
+        key = delegation.repeat_key(turn.run, delegated, checks_mod.fingerprint(turn.run.instance.workspace_path()))
         park = policy.Park(
-            "children", f"children running: {len(delegated)} delegated in iteration {begun.number}",
-            undone=_not_started(delegated),
+            "children", f"children running: {len(delegated)} delegated in iteration {turn.number}",
+            undone=delegation.not_started(delegated),
         )
         return park, decision_mod.Decision("continue", park.detail), delegated, key
     if any(call.get("needs_approval") for call in reply.tool_calls):
@@ -692,11 +294,11 @@ def _asked_to_wait(begun: Begun, reply: Reply) -> _Wait | None:
     return None
 
 
-def _judged(lease: Lease, begun: Begun, reply: Reply, meter: metering.RunMeter) -> Ended:
+def _judged(turn: Turn, reply: Reply) -> Ended:
     """Check what the act did, have it decided, and ask the policy what comes next (graders judge a done)."""
-    run, instance = begun.run, begun.run.instance
+    lease, begun, run, instance = turn.lease, turn.begun, turn.run, turn.run.instance
     workspace = instance.workspace_path()
-    changed, evidence = _protected_changes(run, begun.number)  # before the checks: what the act did
+    changed, evidence = checks_mod.protected_changes(run, begun.number)  # before the checks: what the act did
     with tracing.span("checks") as traced:
         checks = checks_mod.run_checks(
             list(instance.checks or []), workspace, lease.stop, instance=instance, baseline=run.evidence_baseline
@@ -706,40 +308,42 @@ def _judged(lease: Lease, begun: Begun, reply: Reply, meter: metering.RunMeter) 
         _confirm_stop(lease, run.pk)
         stopped = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person during the checks of iteration {begun.number}")
         return _failed(reply, stopped, "stopped by a person during the checks", checks=checks)
-    fingerprint = checks_mod.fingerprint(workspace)
-    recent = begun.memory.recent_instructions(begun.base_instruction)
+    verified = Verified(
+        reply, checks, checks_mod.fingerprint(workspace), begun.memory.recent_instructions(begun.base_instruction)
+    )
     with tracing.span("decider", tether__decider=instance.decider):
-        decided = _decide(lease, begun, reply, checks, recent, meter, fingerprint)
+        decided = _decide(turn, verified)
     if isinstance(decided, Ended):
         return decided
     decision, decider_usage = decided
-    state = _state_after(begun, reply, checks, recent, fingerprint)
+    state = _state_after(turn, verified)
     step = policy.next_step(state, decision, checks, protected_changed=changed)
     extra: list[tuple[str, dict[str, Any]]] = [evidence] if evidence else []
     if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.DONE:
         # A clean exit is not success: the graders look at what the run hands back, then the
         # policy's verdict decides with what they found.
-        reports = _graders(lease, begun, reply, checks, fingerprint, meter)
+        reports = _graders(turn, verified)
         for report in reports:
             decider_usage = decider_usage.add(report.usage)
             extra.append(report.as_event(begun.number))
         grades = [report.assessment for report in reports]
         step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
     if isinstance(step, policy.Continue) and step.stall == policy.STALL_REWIND:
-        refused, rewound = _rewind(lease, begun, step.rewind_to)
+        refused, rewound = _rewind(turn, step.rewind_to)
         extra.append(rewound)
         if refused:  # not rewound: the stall handling goes on to its next stage
             step = policy.next_step(replace(state, rewind_refused=refused), decision, checks, protected_changed=changed)
-    return Ended(reply, decision, step, checks, fingerprint, decider_usage, extra, changed)
+    return Ended(reply, decision, step, checks, verified.fingerprint, decider_usage, extra, changed)
 
 
-def _rewind(lease: Lease, begun: Begun, to: int) -> tuple[str, tuple[str, dict[str, Any]]]:
+def _rewind(turn: Turn, to: int) -> tuple[str, tuple[str, dict[str, Any]]]:
     """Have the workspace go back to the state iteration `to` left it in (a stall's rewind): (why not, its event).
 
     The rollback's owner does it, asked through `signals.rewind_requested` under this driver's lease.
     """
+    begun = turn.begun
     data: dict[str, Any] = {"iteration": begun.number, "to": to}
-    sent = signals.rewind_requested.send(sender=Run, run=begun.run, token=lease.token, to=to, iteration=begun.number)
+    sent = signals.rewind_requested.send(sender=Run, run=begun.run, token=turn.lease.token, to=to, iteration=begun.number)
     answer = next((dict(a) for _, a in sent if a is not None), {"refused": "no snapshots of the workspace are kept"})
     if "rewound" not in answer:
         refused = str(answer.get("refused") or "it was refused")[:500]
@@ -747,33 +351,29 @@ def _rewind(lease: Lease, begun: Begun, to: int) -> tuple[str, tuple[str, dict[s
     return "", ("stall.rewound", {**data, **dict(answer["rewound"])})
 
 
-def _decide(
-    lease: Lease, begun: Begun, reply: Reply, checks: list[policy.Check], recent: tuple[str, ...],
-    meter: metering.RunMeter, fingerprint: str,
-) -> tuple[decision_mod.Decision, Usage] | Ended:
+def _decide(turn: Turn, verified: Verified) -> tuple[decision_mod.Decision, Usage] | Ended:
     """The decider's decision and what it cost; or how the iteration ends when the LLM decider could not judge."""
-    run, instance = begun.run, begun.run.instance
+    lease, run, instance, reply, checks = turn.lease, turn.run, turn.run.instance, verified.reply, verified.checks
     if instance.decider != instance.Decider.LLM:
         return decision_mod.from_checks(checks, act_ok=reply.ok, act_detail=reply.detail), Usage()
-    from instances.brains.anthropic.decider import decide  # type: ignore[import-not-found]  # lazy: the SDK loads for an llm decider only
+    from instances.brains.anthropic.decider import decide  # type: ignore[import-not-found]  # lazy: the Anthropic SDK takes seconds to import
 
     try:
-        answer, decider_usage = decide(instance, _decider_snapshot(run, begun, reply, checks), stop=lease.stop, meter=meter)
-        return decision_mod.parse(answer, recent_instructions=recent), decider_usage
+        answer, decider_usage = decide(instance, _decider_snapshot(turn, verified), stop=lease.stop, meter=turn.meter)
+        return decision_mod.parse(answer, recent_instructions=verified.recent), decider_usage
     except BrainError as exc:
         failure = exc
     step = policy.Stop(failure.outcome, failure.detail)
     if lease.stop.is_set():  # the decider's call was cut by a stop, not by the provider
         _confirm_stop(lease, run.pk)
-        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person while the decider judged iteration {begun.number}")
-    return _failed(reply, step, step.detail, checks=checks, fingerprint=fingerprint, decider_usage=failure.usage)
+        step = policy.Stop(Run.Outcome.CANCELLED, f"stopped by a person while the decider judged iteration {turn.number}")
+    return _failed(reply, step, step.detail, checks=checks, fingerprint=verified.fingerprint, decider_usage=failure.usage)
 
 
-def _state_after(
-    begun: Begun, reply: Reply, checks: list[policy.Check], recent: tuple[str, ...], fingerprint: str
-) -> policy.State:
+def _state_after(turn: Turn, verified: Verified) -> policy.State:
     """What the policy knows of the run after an act that was checked and decided."""
-    run, memory = begun.run, begun.memory
+    begun, run, memory = turn.begun, turn.run, turn.begun.memory
+    reply, checks, recent, fingerprint = verified.reply, verified.checks, verified.recent, verified.fingerprint
     return policy.State(
         iteration=begun.number,
         max_iterations=run.max_iterations,
@@ -785,99 +385,44 @@ def _state_after(
         has_checks=bool(run.instance.checks),
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
         delegations=memory.recent_delegations(""),
-        refusals=memory.recent_refusals(refusals_of(reply)),
+        refusals=memory.recent_refusals(decision_mod.refusals(reply.tool_calls)),
         track=memory.recent_track(begun.number, progress.total(c.progress for c in checks), fingerprint),
         stall=memory.stall, stale_after=settings.TETHER_STALL_ITERATIONS, rewind=run.instance.rewind_on_stall,
         spent_micros=run.spent_micros, max_cost_micros=run.max_cost_micros,
     )
 
 
-def _graders(
-    lease: Lease, begun: Begun, reply: Reply, checks: list[policy.Check], fingerprint: str, meter: metering.RunMeter
-) -> list[Any]:
+def _graders(turn: Turn, verified: Verified) -> list[Any]:
     """What the graders report of a proposed done (each with its assessment, its usage and its event)."""
-    final = grading.FinalAct(begun.number, reply.text, fingerprint)
+    lease, begun, meter, checks = turn.lease, turn.begun, turn.meter, verified.checks
+    final = grading.FinalAct(begun.number, verified.reply.text, verified.fingerprint)
     with tracing.span("judge"):  # the registered graders, in their declared order (loops.grading)
         return list(grading.grade(run=begun.run, final=final, checks=checks, stop=lease.stop, meter=meter))
 
 
 def _parked(
-    lease: Lease, begun: Begun, reply: Reply, park: policy.Park, decision: decision_mod.Decision,
+    turn: Turn, reply: Reply, park: policy.Park, decision: decision_mod.Decision,
     delegated: list[dict[str, Any]] | None = None, key: str = "",
-) -> Begun | bool:
-    """Record an iteration whose act asks to wait (children, a person's approval), as the policy allows."""
-    run, memory = begun.run, begun.memory
+) -> Ended:
+    """How an iteration whose act asks to wait (children, a person's approval) ends, as the policy allows."""
+    begun, run, memory = turn.begun, turn.run, turn.begun.memory
     state = policy.State(
         iteration=begun.number, max_iterations=run.max_iterations, act_ok=True,  # asking to wait is no failure
         deadline_passed=bool(run.deadline and timezone.now() >= run.deadline),
-        delegations=memory.recent_delegations(key), refusals=memory.recent_refusals(refusals_of(reply)),
+        delegations=memory.recent_delegations(key), refusals=memory.recent_refusals(decision_mod.refusals(reply.tool_calls)),
     )
     step = policy.after(state, park)
     if isinstance(step, policy.Park):
         waiting = policy.Stop(Run.Outcome.ESCALATED, step.detail)
-        return _record(lease, begun, Ended(reply, decision, waiting, delegated=delegated, delegation_key=key))
+        return Ended(reply, decision, waiting, delegated=delegated, delegation_key=key)
     assert isinstance(step, policy.Stop)
-    return _record(lease, begun, Ended(reply, decision, step, delegation_key=key))
-
-
-def refusals_of(reply: Reply) -> list[str]:
-    """What the act had refused: each tool call that answered an error, named by its tool and its answer.
-
-    Not by its input: a model that words a refused call differently each time meets the same refusal.
-    """
-    refused = []
-    for call in reply.tool_calls:
-        name = str(call.get("name") or "")
-        if name.startswith("mcp__") and "__" not in name[5:]:
-            continue  # an MCP server that could not be reached: a note of the act, not a call it made
-        if call.get("is_error"):
-            said = " ".join(decision_mod.scrub(str(call.get("result") or "")).split())[:200]
-            refused.append(f"{name} refused: {said}")
-    return refused
-
-
-def _not_started(delegated: list[dict[str, Any]]) -> str:
-    """Name the delegate calls a run that may not wait leaves unstarted."""
-    shown = "; ".join(
-        f"to {str((c.get('input') or {}).get('to', ''))[:100]!r} ({str((c.get('input') or {}).get('objective', ''))[:100]})"
-        for c in delegated[:4]
-    )
-    more = f" and {len(delegated) - 4} more" if len(delegated) > 4 else ""
-    return f"its {len(delegated)} delegate call{'s' if len(delegated) != 1 else ''} {'were' if len(delegated) != 1 else 'was'} not started: {shown}{more}"
-
-
-def _delegation_key(begun: Begun, delegated: list[dict[str, Any]], fingerprint: str) -> str:
-    """What this act delegated, in the workspace it left, given the results it was given: equal keys, no progress.
-
-    "<digest> <what was delegated>": the policy compares the whole, and names the second part.
-    """
-    asked = sorted(
-        (str(i.get("to", "")), " ".join(str(i.get("objective", "")).split()), str(i.get("workspace") or "own"))
-        for i in ((c.get("input") or {}) for c in delegated)
-    )
-    given = (begun.run.delegation or {}).get("results", "") if (begun.run.delegation or {}).get("state") == "done" else ""
-    digest = hashlib.sha256(json.dumps([asked, fingerprint, given], ensure_ascii=False).encode()).hexdigest()[:16]
-    named = "; ".join(f"to {to!r}: {objective[:100]!r}" for to, objective, _ in asked)
-    return f"{digest} {named[:300]}"
+    return Ended(reply, decision, step, delegation_key=key)
 
 
 def _stop_requested(run_id: int) -> bool:
     return dbfaults.retry(
         lambda: Run.objects.filter(pk=run_id, cancel_requested_at__isnull=False).exists(),
         what=f"run {run_id}: stop requested?",
-    )
-
-
-def _reported_beyond_reservation(run: Run, reply: Reply) -> str:
-    """Return why the act's self-reported spend ends the run (above its iteration's reservation), or ""."""
-    _, reported = metering.split_cost(reply.usage, reply.usage.metered_micros)
-    allowance = brains.iteration_reserve(run.instance)
-    if reported <= allowance:
-        return ""
-    return (
-        f"the agent reported spending {money.format_usd(reported)}, more than the {money.format_usd(allowance)} its "
-        f"iteration reserved (only metered spend is hard-capped); the overdraft of "
-        f"{money.format_usd(reported - allowance)} is recorded and its pools grant nothing more until it is covered"
     )
 
 
@@ -888,12 +433,7 @@ def _take_protected_baseline(lease: Lease, run: Run) -> None:
     """
     if run.protected_baseline is not None:
         return
-    baseline = _unaccepted_baseline(run)
-    if baseline is None:
-        baseline = protected.digests(run.instance.workspace_path(), protected.globs_for(run.instance))
-    collected = checks_mod.collect_baseline(
-        list(run.instance.checks or []), run.instance.workspace_path(), lease.stop, instance=run.instance
-    )
+    baseline, collected = checks_mod.starting_evidence(run, lease.stop)
 
     def save() -> None:
         Run.objects.filter(pk=run.pk, lease_token=lease.token, protected_baseline__isnull=True).update(
@@ -904,38 +444,8 @@ def _take_protected_baseline(lease: Lease, run: Run) -> None:
     dbfaults.retry(save, what=f"run {run.pk}: protected baseline")
 
 
-def _unaccepted_baseline(run: Run) -> dict[str, Any] | None:
-    """Return the baseline of the instance's previous run if it changed protected files and was not verified.
-
-    Tampered tests must not become the next run's starting point: until a person accepts the
-    change (which verifies that run), every later run on the workspace is measured from the
-    files as they were before it.
-    """
-    earlier = (
-        Run.objects.filter(instance_id=run.instance_id, pk__lt=run.pk, protected_baseline__isnull=False)
-        .order_by("-pk")
-        .values("protected_baseline", "protected_changed", "verified")
-        .first()
-    )
-    if earlier and earlier["protected_changed"] and earlier["verified"] is not True:
-        return dict(earlier["protected_baseline"])
-    return None
-
-
-def _protected_changes(run: Run, number: int) -> tuple[list[str], tuple[str, dict[str, Any]] | None]:
-    """Return every protected path changed since the start (sticky), and the event of new changes."""
-    globs = protected.globs_for(run.instance)
-    before = list(run.protected_changed or [])
-    if run.protected_baseline is None or not globs:
-        return before, None
-    changes = protected.compare(run.protected_baseline, protected.digests(run.instance.workspace_path(), globs), globs)
-    changed = sorted({*before, *changes.paths})
-    if set(changes.paths) <= set(before):
-        return changed, None
-    return changed, ("protected.changed", {"iteration": number, **changes.as_json(), "paths": list(changes.paths)})
-
-
-def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.Check]) -> dict[str, Any]:
+def _decider_snapshot(turn: Turn, verified: Verified) -> dict[str, Any]:
+    run, begun, reply = turn.run, turn.begun, verified.reply
     return {
         "objective": run.objective,
         "iteration": begun.number,
@@ -944,28 +454,9 @@ def _decider_snapshot(run: Run, begun: Begun, reply: Reply, checks: list[policy.
         "response": reply.text[-EXCERPT * 2 :],
         "act_ok": reply.ok,
         "act_detail": reply.detail,
-        "checks": checks_mod.as_json(checks),
+        "checks": checks_mod.as_json(verified.checks),
         "history": compaction.for_prompt(begun.memory.snapshot),
     }
-
-
-def _interrupted(run: Run, number: int) -> str:
-    """Tell a re-run what the lost attempt of its iteration left: "... it changed a.txt, b.py." ("" if none)."""
-    lost = run.events.filter(kind="attempt.lost", data__iteration=number).order_by("-seq").values_list("data", flat=True)
-    data = lost.first()
-    if data is None:
-        return ""
-    return (
-        f"A previous attempt of this iteration was interrupted; {changed_names(data)}. "
-        "Look at what it left before you go on."
-    )
-
-
-def _attempt(run: Run, number: int) -> int:
-    """Return which start of iteration `number` this is: 2 and up when a dead worker's started it before."""
-    if run.attempt <= 1:  # the first claim of this iteration: nothing started it before
-        return 1
-    return run.events.filter(kind="iteration.started", data__iteration=number).count() + 1
 
 
 def _begin(lease: Lease, *, retried: bool = False) -> Begun | None:
@@ -1000,25 +491,25 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
         number = run.next_iteration
         jsonlog.bind(iteration=number)
         if run.cancel_requested_at is not None:
-            _finish(lease, Run.Outcome.CANCELLED, f"stopped by a person before iteration {number}")
+            leases.finish(lease, Run.Outcome.CANCELLED, f"stopped by a person before iteration {number}")
             return None
         deadline_passed = bool(run.deadline and timezone.now() >= run.deadline)
         if (bound := policy.may_begin(number, run.max_iterations, deadline_passed)) is not None:
-            _finish(lease, bound.outcome, bound.detail)
+            leases.finish(lease, bound.outcome, bound.detail)
             return None
         memory = Memory.of(run.history)
         approved = [dict(c) for c in memory.approved_calls]
         base = run.next_instruction or run.objective
         instruction = base
-        attempt = _attempt(run, number)
-        if attempt > 1 and (note := _interrupted(run, number)):
+        attempt = lifecycle.attempt_of(run, number)
+        if attempt > 1 and (note := lifecycle.interrupted(run, number)):
             instruction = f"{base}\n\n{note}"
         # The reservation comes first: a refusal has written nothing to undo (no savepoint), and
         # with a quota lease it locks the run's own pool only (its ancestors when a slice is drawn).
         try:
             reservation = ledger.hold(run=run, iteration=number, amount=brains.iteration_reserve(run.instance))
         except ledger.BudgetRefused as refused:
-            _finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
+            leases.finish(lease, Run.Outcome.BUDGET_EXHAUSTED, refused.detail)
             return None
         pending = list(
             run.interjections.filter(Q(consumed_in_iteration__isnull=True) | Q(consumed_in_iteration=number))
@@ -1032,7 +523,7 @@ def _begin_once(lease: Lease, *, retried: bool) -> Begun | None:
             seq__gt=lease.claimed_seq, kind="act.started", data__iteration=number
         ).exists()
         if not begun_before:
-            events.append_many(run.pk, _starting_events(number, instruction, attempt=attempt, interjections=len(pending)))
+            events.append_many(run.pk, event_kinds.opening(number, instruction, attempt=attempt, interjections=len(pending)))
     return Begun(run, number, instruction, base, reservation, timezone.now(), approved, attempt, memory)
 
 
@@ -1040,104 +531,135 @@ class _Unfused(Exception):
     """The next iteration's reservation was refused: record this one alone (the begin says why)."""
 
 
-def _record(lease: Lease, begun: Begun, ended: Ended, fuse_until: float | None = None) -> Begun | bool:
-    """Close the iteration as `ended` says: record it, settle its cost, apply the policy's step. One transaction.
+@dataclass(frozen=True, slots=True)
+class _Closing:
+    """What the record of an iteration writes, worked out before its transaction opens."""
 
-    When the policy goes on and `fuse_until` has not passed, the same transaction begins the next
-    iteration if nothing stands in its way (a stop, the deadline, a person's message, an edited
-    instance): its events join this one's, and its reservation is this one's settle rolled on.
-    Returns that `Begun`, else whether the loop goes on.
-    """
-    _enter(lease)
-    run, number = begun.run, begun.number
-    reply, checks, decision, step, fingerprint = ended.reply, ended.checks, ended.decision, ended.step, ended.fingerprint
-    decider_usage, delegated, protected_changed = ended.decider_usage, ended.delegated, ended.protected_changed
-    usage = reply.usage.add(decider_usage)
+    fields: dict[str, Any]  # the run's columns
+    items: list[tuple[str, dict[str, Any]]]  # the events that close the iteration
+    memory: Memory  # the run's, after this iteration
+    usage: Usage  # the act's and the decider's
+    cost: int  # micro-dollars, metered and not
+    unmetered: int  # what the iteration's own reservation settles
+    now: datetime
+
+
+def _closing(turn: Turn, ended: Ended) -> _Closing:
+    """Work out what `_record` writes of `ended`: the run's new columns, the events, the memory, the cost."""
+    begun, number, reply, checks, step = turn.begun, turn.number, ended.reply, ended.checks, ended.step
+    usage = reply.usage.add(ended.decider_usage)
     # Metered calls were settled one by one as they went; the iteration's own reservation
     # settles only what no meter saw (a command's reported spend).
     act_cost, act_unmetered = metering.split_cost(reply.usage, reply.usage.metered_micros)
-    decider_cost, decider_unmetered = metering.split_cost(decider_usage, decider_usage.metered_micros)
+    decider_cost, decider_unmetered = metering.split_cost(ended.decider_usage, ended.decider_usage.metered_micros)
     cost, unmetered = act_cost + decider_cost, act_unmetered + decider_unmetered
     now = timezone.now()
     memory = begun.memory.after(  # approvals handed to this act are spent: never run twice
-        instruction=begun.base_instruction, fingerprint=fingerprint, signature=policy.checks_signature(checks),
-        act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=decision.verdict,
+        instruction=begun.base_instruction, fingerprint=ended.fingerprint, signature=policy.checks_signature(checks),
+        act_ok=reply.ok, response=reply.text, checks={c.name: c.passed for c in checks}, verdict=ended.decision.verdict,
         number=number, pending=[c for c in reply.tool_calls if c.get("needs_approval")],
-        delegation=ended.delegation_key, refused=refusals_of(reply),
+        delegation=ended.delegation_key, refused=decision_mod.refusals(reply.tool_calls),
         progress=progress.total(c.progress for c in checks), stall=step.stall,
         rewound_to=step.rewind_to if isinstance(step, policy.Continue) else 0,
     )
-    fields = _recorded_fields(begun, step, decision, delegated, now) | {
+    fields = _recorded_fields(begun, step, ended.decision, ended.delegated, now) | {
         "next_iteration": number + 1, "spent_micros": F("spent_micros") + cost, "history": memory.as_json(), "attempt": 1,
     }
-    if protected_changed:
-        fields["protected_changed"] = protected_changed
+    if ended.protected_changed:
+        fields["protected_changed"] = ended.protected_changed
     iteration_data = {
         "iteration": number, "cost_usd": money.usd_string(cost),
         "duration_ms": int((now - begun.started_at).total_seconds() * 1000), "act_ok": reply.ok,
     }
-    items = _closing_events(number, reply, checks, decision, step, usage, ended.extra_events, iteration_data, delegated)
+    items = event_kinds.closing(
+        number, reply, checks, ended.decision, step, usage, ended.extra_events, iteration_data, ended.delegated
+    )
+    return _Closing(fields, items, memory, usage, cost, unmetered, now)
+
+
+def _record(turn: Turn, ended: Ended) -> Begun | bool:
+    """Close the iteration as `ended` says: record it, settle its cost, apply the policy's step. One transaction.
+
+    When the policy goes on and the turn's `fuse_until` has not passed, the same transaction begins the
+    next iteration if nothing stands in its way (a stop, the deadline, a person's message, an edited
+    instance): its events join this one's, and its reservation is this one's settle rolled on.
+    Returns that `Begun`, else whether the loop goes on.
+    """
+    lease, run, number, step = turn.lease, turn.run, turn.number, ended.step
+    lease.enter()
+    closing = _closing(turn, ended)
     going = isinstance(step, policy.Continue)
-    fuse = going and fuse_until is not None and time.monotonic() < fuse_until and not lease.stop.is_set()
+    fuse = going and turn.fuse_until is not None and time.monotonic() < turn.fuse_until and not lease.stop.is_set()
     base = (step.instruction if going else "") or run.objective
     reserve = brains.iteration_reserve(run.instance) if fuse else 0
     asked, tries = fuse, 0
 
-    def write() -> ledger.Held | object | None:
-        nonlocal tries
-        tries += 1
-        if tries > 1 and Iteration.objects.filter(run=run, number=number, lease_token=lease.token).exists():
-            return _COMMITTED  # the connection died after this very record had committed; a begin finds what it wrote
-        with transaction.atomic():
-            current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
-            written = events.update_and_append_if(
-                current, fields, items, _nothing_in_the_way(run, number + 1, now) if fuse else None,
-                _starting_events(number + 1, base, attempt=1, interjections=0),
-            )
-            if written is None:
-                raise LeaseLost
-            if delegated:
-                transaction.on_commit(lambda: delegation.start_pending(run.pk))
-            Iteration.objects.create(
-                run=run, number=number, instruction=begun.instruction,
-                response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :], act_ok=reply.ok, act_detail=reply.detail[:2000],
-                checks=checks_mod.as_json(checks),
-                decision={"verdict": decision.verdict, "reason": decision.reason, "next": decision.next_instruction},
-                fingerprint=fingerprint, cost_micros=cost, usage=usage.as_json(), worker=lease.holder,
-                lease_token=lease.token, started_at=begun.started_at, finished_at=now,
-            )
-            if written[1]:  # the next iteration has begun: this settle rolls on into its reservation
-                try:
-                    return ledger.roll(begun.reservation, actual=unmetered, run=run, iteration=number + 1, amount=reserve)
-                except ledger.BudgetRefused:
-                    raise _Unfused from None
-            # The settle comes before a finish or a park, so a finishing child's carve is refunded,
-            # and the run's lease returned, at what it spent, this iteration included.
-            ledger.settle(begun.reservation, actual=unmetered)
-            if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED and not delegated:
-                after_finish(run.pk)
-            if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
-                _finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
-            return None
-
     def once() -> ledger.Held | object | None:
-        nonlocal fuse
+        nonlocal fuse, tries
         try:
-            return write()
+            tries += 1
+            return _write_record(turn, ended, closing, tries > 1, fuse, base, reserve)
         except _Unfused:
-            fuse = False
-            return write()
+            fuse, tries = False, tries + 1
+            return _write_record(turn, ended, closing, True, False, base, reserve)
 
     reservation = dbfaults.retry(once, what=f"run {run.pk}: record iteration {number}")
     if reservation is _COMMITTED:
         return (_begin(lease, retried=True) or False) if asked else going
     if not isinstance(reservation, ledger.Held):
         return going
-    run.next_iteration, run.next_instruction, run.history, run.attempt = number + 1, fields["next_instruction"], fields["history"], 1
-    run.spent_micros += cost
-    run.protected_changed = protected_changed or run.protected_changed
+    memory = closing.memory
+    run.next_iteration, run.next_instruction, run.history, run.attempt = (
+        number + 1, closing.fields["next_instruction"], closing.fields["history"], 1
+    )
+    run.spent_micros += closing.cost
+    run.protected_changed = ended.protected_changed or run.protected_changed
     jsonlog.bind(iteration=number + 1)
     return Begun(run, number + 1, base, base, reservation, timezone.now(), [dict(c) for c in memory.approved_calls], 1, memory)
+
+
+def _write_record(
+    turn: Turn, ended: Ended, closing: _Closing, retried: bool, fuse: bool, base: str, reserve: int
+) -> ledger.Held | object | None:
+    """The record's transaction: the next iteration's reservation when it began too, else None.
+
+    `retried`: the connection may have died after this very record had committed (then `_COMMITTED`).
+    """
+    lease, begun, run, number, reply, step = turn.lease, turn.begun, turn.run, turn.number, ended.reply, ended.step
+    delegated, now = ended.delegated, closing.now
+    if retried and Iteration.objects.filter(run=run, number=number, lease_token=lease.token).exists():
+        return _COMMITTED  # a begin finds what it wrote
+    with transaction.atomic():
+        current = Run.objects.filter(pk=run.pk, lease_token=lease.token, next_iteration=number)
+        written = events.update_and_append_if(
+            current, closing.fields, closing.items, _nothing_in_the_way(run, number + 1, now) if fuse else None,
+            event_kinds.opening(number + 1, base, attempt=1, interjections=0),
+        )
+        if written is None:
+            raise LeaseLost
+        if delegated:
+            transaction.on_commit(lambda: delegation.start_pending(run.pk))
+        Iteration.objects.create(
+            run=run, number=number, instruction=begun.instruction,
+            response=reply.text[-settings.TETHER_OUTPUT_CAP_BYTES :], act_ok=reply.ok, act_detail=reply.detail[:2000],
+            checks=checks_mod.as_json(ended.checks),
+            decision={"verdict": ended.decision.verdict, "reason": ended.decision.reason, "next": ended.decision.next_instruction},
+            fingerprint=ended.fingerprint, cost_micros=closing.cost, usage=closing.usage.as_json(), worker=lease.holder,
+            lease_token=lease.token, started_at=begun.started_at, finished_at=now,
+        )
+        if written[1]:  # the next iteration has begun: this settle rolls on into its reservation
+            try:
+                return ledger.roll(begun.reservation, actual=closing.unmetered, run=run, iteration=number + 1, amount=reserve)
+            except ledger.BudgetRefused:
+                raise _Unfused from None
+        # The settle comes before a finish or a park, so a finishing child's carve is refunded,
+        # and the run's lease returned, at what it spent, this iteration included.
+        ledger.settle(begun.reservation, actual=closing.unmetered)
+        if isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED and not delegated:
+            lifecycle.after_finish(run.pk)
+        if isinstance(step, policy.Stop) and step.outcome != Run.Outcome.ESCALATED and not delegated:
+            leases.finish(lease, step.outcome, step.detail, step.verified, held_for_review=step.held_for_review)
+        return None
 
 
 _COMMITTED = object()  # what a retried record returns when it finds its first try committed
@@ -1149,7 +671,7 @@ def _recorded_fields(
 ) -> dict[str, Any]:
     """What the policy's step writes to the run besides the iteration's count, cost and memory."""
     if isinstance(step, policy.Continue):
-        return {"next_instruction": step.instruction, "lease_expires_at": now + lease_seconds()}
+        return {"next_instruction": step.instruction, "lease_expires_at": now + leases.lease_seconds()}
     parked = {"status": Run.Status.WAITING, "outcome_detail": step.detail, "lease_token": None, "lease_holder": "",
               "lease_expires_at": None}
     if delegated:
@@ -1187,44 +709,3 @@ _IN_THE_WAY = (
     f' AND EXISTS (SELECT 1 FROM "{_INSTANCE}" i WHERE i."id" = "{_RUN}"."instance_id" AND i."updated_at" = %s)'
 )
 
-
-def _starting_events(number: int, instruction: str, *, attempt: int, interjections: int) -> list[tuple[str, dict[str, Any]]]:
-    return [
-        ("iteration.started", {
-            "iteration": number, "instruction": instruction[:EXCERPT], "interjections": interjections, "attempt": attempt,
-        }),
-        ("act.started", {"iteration": number}),
-    ]
-
-
-def _closing_events(
-    number: int, reply: Reply, checks: list[policy.Check], decision: decision_mod.Decision,
-    step: policy.Continue | policy.Stop, usage: Usage, extra: list[tuple[str, dict[str, Any]]],
-    iteration_data: dict[str, Any], delegated: list[dict[str, Any]] | None,
-) -> list[tuple[str, dict[str, Any]]]:
-    """The events that close iteration `number`, in order: act, checks, decision, extras, the end, a park."""
-    items: list[tuple[str, dict[str, Any]]] = [
-        ("act.finished", {
-            "iteration": number, "ok": reply.ok, "detail": reply.detail[:500], "response": reply.text[-EXCERPT:],
-            "tool_calls": reply.tool_calls[:50], "usage": usage.as_json(),
-        }),
-    ]
-    if checks:
-        items.append(("checks.finished", {
-            "iteration": number,
-            "checks": [
-                {
-                    "name": c.name, "required": c.required, "passed": c.passed, "output": c.output[-1000:],
-                    "evidence": c.evidence, "evidence_detail": c.evidence_detail, "progress": c.progress,
-                }
-                for c in checks
-            ],
-        }))
-    items.append(("decision.made", {"iteration": number, "verdict": decision.verdict, "reason": decision.reason[:1000]}))
-    items.extend(extra)
-    items.append(("iteration.finished", iteration_data))
-    if delegated:
-        items.append(("run.delegating", {"iteration": number, "calls": len(delegated)}))
-    elif isinstance(step, policy.Stop) and step.outcome == Run.Outcome.ESCALATED:
-        items.append(("run.waiting", {"iteration": number, "question": step.detail[:2000]}))
-    return items

@@ -1,4 +1,4 @@
-"""The only writers of runs: start, cancel, interject, resume, close, continue.
+"""What people do to runs: start, cancel, interject, resume, close, continue (`Run` names its other writers).
 
 The API, the console and the CLI call these; none of them touches a run directly.
 Each change is one short transaction; events are appended inside it and viewers
@@ -20,7 +20,8 @@ from budgets import booking, money
 from budgets import services as budget_services
 from budgets.pricing import UnpricedModel
 from instances import credentials, prices, sandbox
-from loops import delegation, events, liveness, tasks
+from instances.models import Instance
+from loops import continuation, delegation, events, lifecycle, liveness, tasks
 from loops.memory import Memory
 from loops.models import Interjection, Run
 from tether import refusals
@@ -206,11 +207,9 @@ def _locked(run: Run) -> Run:
 
 def run_cancel(*, run: Run, user, via: str = "api", request=None) -> Run:
     """Stop the run: at once when no live driver holds it, else at the driver's next check (<1 s)."""
-    from loops.runner import lost_changes
-
     held = Run.objects.filter(pk=run.pk).values_list("lease_token", "lease_holder").first()
     # A dead driver's lost attempt: what it changed is asked before the transaction (git).
-    changes = lost_changes(run.pk) if held and held[0] and liveness.holder_gone(held[1]) else None
+    changes = lifecycle.lost_changes(run.pk) if held and held[0] and liveness.holder_gone(held[1]) else None
     with transaction.atomic():
         run = _locked(run)
         if run.status == Run.Status.FINISHED:
@@ -233,9 +232,7 @@ def run_cancel(*, run: Run, user, via: str = "api", request=None) -> Run:
                 detail = f"stopped by {who} while its children ran"
             else:
                 detail = f"stopped by {who} while it waited for a person"
-            from loops.runner import finish_unheld
-
-            finish_unheld(run, detail, now, changes)
+            lifecycle.finish_unheld(run, detail, now, changes)
         live_children = list(run.children.exclude(status=Run.Status.FINISHED))
     for child in live_children:  # a stop cascades to every live descendant
         try:
@@ -342,10 +339,8 @@ def run_close(*, run: Run, user, via: str = "api", request=None) -> Run:
             raise Refused(f"only a waiting run can be closed; run {run.pk} is {run.status}", 409)
         if delegation.waiting_for_children(run):
             raise Refused(f"run {run.pk} is waiting for its children, not for a person; stop it instead", 409)
-        from loops.runner import finish_run
-
         detail = f"{run.outcome_detail}\n(closed by {user.get_username()} without an answer)".strip()
-        closed = finish_run(run.pk, run.lease_token, Run.Outcome.ESCALATED, detail, run.verified)
+        closed = lifecycle.finish_run(run.pk, run.lease_token, Run.Outcome.ESCALATED, detail, run.verified)
         assert closed is not None  # locked and waiting: nobody else can hold it
         trail.record(user=user, action="run.close", run=closed, request=request, via=via, detail={})
     return closed
@@ -379,8 +374,6 @@ def run_continue(
     waits for the continuation and reads its result instead, `_continue`); otherwise as a run of its
     own, whose end is told to the person (`loops.delegation.delegated_by`).
     """
-    from loops import continuation
-
     if run.owner_id != user.pk:
         raise Refused(f"run {run.pk} not found", 404)
     message = _checked_message(message)
@@ -410,8 +403,9 @@ def run_continue(
 
 def _ensure_key_works(run: Run) -> None:
     """Refuse to continue a run that ended credential_error while its instance's key still fails."""
-    from instances.brains.anthropic.session import check_key  # lazy: only this refusal needs the SDK
-    from instances.models import Instance
+    from instances.brains.anthropic.session import (
+        check_key,  # lazy: the Anthropic SDK takes seconds to import
+    )
 
     instance = Instance.objects.select_related("credential").get(pk=run.instance_id)  # the key as it is now
     if problem := check_key(instance):
@@ -426,8 +420,6 @@ def _continue(
     *, run: Run, user, objective: str, max_iterations: int, cap: int | None, deadline, message: str, via: str, request
 ) -> Run:
     """Check, then create the continuation of `run` in one transaction (see `run_continue`)."""
-    from loops import continuation
-
     with transaction.atomic():
         # A child's parent first (the order every path locks a parent and its children in).
         parent = Run.objects.select_for_update().filter(pk=run.parent_id).first() if run.parent_id else None

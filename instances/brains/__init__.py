@@ -14,7 +14,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from instances.brains.base import Brain
+from budgets import metering, money
+from instances.brains.base import Brain, Usage
 
 if TYPE_CHECKING:
     from instances.models import Instance
@@ -50,6 +51,19 @@ def iteration_reserve(instance: Instance) -> int:
     from instances.brains.command import reported_spend_allowance  # lazy: cycle via instances.gateway
 
     return reported_spend_allowance()
+
+
+def reported_overdraft(instance: Instance, usage: Usage) -> str:
+    """Return why an act's self-reported spend (`usage`) ends its run: above what its iteration reserved; or ""."""
+    _, reported = metering.split_cost(usage, usage.metered_micros)
+    allowance = iteration_reserve(instance)
+    if reported <= allowance:
+        return ""
+    return (
+        f"the agent reported spending {money.format_usd(reported)}, more than the {money.format_usd(allowance)} its "
+        f"iteration reserved (only metered spend is hard-capped); the overdraft of "
+        f"{money.format_usd(reported - allowance)} is recorded and its pools grant nothing more until it is covered"
+    )
 
 
 def _reset(setting: str, **kwargs: Any) -> None:

@@ -5,7 +5,7 @@ from decimal import Decimal
 import pytest
 
 from instances.templates_loader import create_instance
-from loops import runner, services
+from loops import leases, runner, services
 from loops.models import Event, Iteration, Run
 from tests.fakes.messages_server import Error, text, tool_use, tool_uses
 from tests.instances.conftest import KEY
@@ -45,7 +45,7 @@ def coder(user, server, tmp_path, price, script):
 
 def drive(instance, objective="write answer.py holding ANSWER = 42"):
     run = services.run_start(instance=instance, user=instance.owner, objective=objective)
-    lease = runner.claim(run.pk, run.next_iteration, "test-driver")
+    lease = leases.claim(run.pk, run.next_iteration, "test-driver")
     assert lease is not None
     runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()
@@ -53,7 +53,7 @@ def drive(instance, objective="write answer.py holding ANSWER = 42"):
 
 
 def resume(run):
-    lease = runner.claim(run.pk, run.next_iteration, "test-driver")
+    lease = leases.claim(run.pk, run.next_iteration, "test-driver")
     assert lease is not None
     runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()

@@ -4,7 +4,7 @@ import pytest
 from django.db import connection
 
 from instances.templates_loader import create_instance
-from loops import runner, services
+from loops import leases, runner, services
 from loops.models import Event, Iteration
 from tests.fakes.messages_server import text, tool_use, tool_uses
 from tests.instances.conftest import KEY
@@ -61,7 +61,7 @@ def test_a_cut_inside_an_act_is_retried_by_the_meter(where, marker, user, server
         ),
     )
     run = services.run_start(instance=inst, user=user, objective="write answer.py holding ANSWER = 42")
-    lease = runner.claim(run.pk, 1, "test-driver")
+    lease = leases.claim(run.pk, 1, "test-driver")
     fault = FaultOnce(marker, skip=1)  # the second such statement: mid-act, between two model calls
     with connection.execute_wrapper(fault):
         runner.drive(lease, slice_seconds=3600)

@@ -10,7 +10,7 @@ import pytest
 from django.conf import settings
 
 from instances.models import McpServer
-from loops import runner, services
+from loops import leases, runner, services
 from loops.models import Event, Iteration
 from tests.fakes.messages_server import text, tool_use
 from tests.instances.conftest import KEY
@@ -95,7 +95,7 @@ def drive(instance, objective="find out what the notes say about tether"):
 
 
 def resume(run):
-    lease = runner.claim(run.pk, run.next_iteration, "test-driver")
+    lease = leases.claim(run.pk, run.next_iteration, "test-driver")
     assert lease is not None
     runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()

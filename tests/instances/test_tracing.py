@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from instances.models import Credential
 from instances.templates_loader import create_instance
-from loops import runner, services
+from loops import leases, lifecycle, runner, services
 from loops.models import Event, Run
 from tests.fakes.messages_server import text, tool_use
 from tests.instances.conftest import KEY
@@ -117,7 +117,7 @@ def claude_agent(user, server, tmp_path, price):
 
 
 def drive(run, holder="test-driver", slice_seconds=3600.0):
-    lease = runner.claim(run.pk, run.next_iteration, holder)
+    lease = leases.claim(run.pk, run.next_iteration, holder)
     assert lease is not None
     runner.drive(lease, slice_seconds=slice_seconds)
     run.refresh_from_db()
@@ -285,13 +285,13 @@ def test_an_iteration_whose_worker_died_is_in_the_trace_as_lost(receiver, user, 
         user, command=script(AGENT), checks=[{"name": "two", "command": script(CHECK)}], max_iterations=3
     )
     run = services.run_start(instance=inst, user=user, objective="count to two")
-    lease = runner.claim(run.pk, run.next_iteration, "dying-worker")
+    lease = leases.claim(run.pk, run.next_iteration, "dying-worker")
     begun = runner._begin(lease)  # iteration 1 begins: recorded, reserved
 
     inside, never = threading.Event(), threading.Event()
 
     def die_inside_the_span():  # the worker's iteration span opens and never ends while it is traced
-        with tracing.iteration(lambda: runner.trace_ids(begun.run), run.pk, begun.number, begun.run.attempt):
+        with tracing.iteration(lambda: lifecycle.trace_ids(begun.run), run.pk, begun.number, begun.run.attempt):
             inside.set()
             never.wait(120)
 

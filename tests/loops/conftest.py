@@ -8,9 +8,9 @@ import pytest
 
 def drive_in_thread(run, holder="test-driver", slice_seconds=3600.0):
     """Claim and drive `run` in this thread until it stops; return the refreshed run."""
-    from loops import runner
+    from loops import leases, runner
 
-    lease = runner.claim(run.pk, run.next_iteration, holder)
+    lease = leases.claim(run.pk, run.next_iteration, holder)
     assert lease is not None, "the run could not be claimed"
     runner.drive(lease, slice_seconds=slice_seconds)
     run.refresh_from_db()
@@ -36,9 +36,9 @@ class Background:
     """Drive a run in a background thread (for stop tests)."""
 
     def __init__(self, run):
-        from loops import runner
+        from loops import leases
 
-        self.lease = runner.claim(run.pk, run.next_iteration, "bg-driver")
+        self.lease = leases.claim(run.pk, run.next_iteration, "bg-driver")
         assert self.lease is not None
         self.thread = threading.Thread(target=self._go, daemon=True)
         self.error = None

@@ -59,10 +59,10 @@ def test_a_dead_attempts_reservation_is_closed_by_the_reaper(spender, start, use
 
     from django.utils import timezone
 
-    from loops import driver, runner
+    from loops import driver, leases, runner
 
     run = start(spender, max_iterations=3)
-    lease = runner.claim(run.pk, 1, "doomed")
+    lease = leases.claim(run.pk, 1, "doomed")
     begun = runner._begin(lease)  # the iteration started and reserved; its worker dies here
     assert begun is not None and Reservation.objects.get(run_id=run.pk).status == "held"
     Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loops import compaction
+from loops import compaction, leases
 from loops.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +47,7 @@ def test_the_loop_hands_a_brain_its_history_compacted_within_the_budget(user, se
         {"iteration": n, "instruction": f"step {n}", "response": f"answer {n}", "verdict": "continue"} for n in (1, 2, 3)
     )
     Run.objects.filter(pk=run.pk).update(history=Memory(snapshot=earlier).as_json())  # as a continued run carries it
-    runner.drive(runner.claim(run.pk, 1, "test"), slice_seconds=3600)
+    runner.drive(leases.claim(run.pk, 1, "test"), slice_seconds=3600)
     [(_, snapshot, history)] = SEEN
     assert snapshot == list(earlier) and history == compaction.for_prompt(earlier)
     # TETHER_CONTEXT_RECENT = 1: the latest iteration nearly whole, the two before it a line each.

@@ -145,7 +145,7 @@ def test_a_crashed_run_is_continued(user, make_instance, script):
         checks=[{"name": "parts", "command": script(PARTS.format(n=2)), "required": True}],
     )
     old = services.run_start(instance=counter, user=user, objective="write two parts")
-    from loops.runner import finish_run
+    from loops.lifecycle import finish_run
 
     # How the runner ends a run whose iteration was claimed TETHER_MAX_ATTEMPTS times and never finished.
     (counter.workspace_path()).mkdir(parents=True, exist_ok=True)
@@ -411,7 +411,7 @@ def mcp_continue(user, run):
 def test_another_user_cannot_continue_a_run_on_rest_or_mcp(
     user, other_user, make_instance, outcome, verified
 ):
-    from loops.runner import finish_run
+    from loops.lifecycle import finish_run
 
     instance = make_instance(user, name="adas")
     old = services.run_start(instance=instance, user=user, objective="Ada's private objective")
@@ -429,7 +429,7 @@ def test_another_user_cannot_continue_a_run_on_rest_or_mcp(
 
 
 def test_an_agents_token_cannot_continue_a_run_on_rest_or_mcp(user, family, server):
-    from loops.runner import finish_run
+    from loops.lifecycle import finish_run
 
     done = services.run_start(instance=family, user=user, objective="the earlier work")
     done = finish_run(done.pk, None, "escalated", "closed")

@@ -134,7 +134,7 @@ def lost_answer():
 
 def test_a_fault_that_does_not_pass_ends_the_attempt(user, make_instance, script, start, settings):
     """A driver gives up once TETHER_DB_RETRY_SECONDS pass; the error surfaces for the reaper."""
-    from loops import runner
+    from loops import leases, runner
 
     settings.TETHER_DB_RETRY_SECONDS = 0.3
     run = start(counting_instance(make_instance, user, script))
@@ -144,7 +144,7 @@ def test_a_fault_that_does_not_pass_ends_the_attempt(user, make_instance, script
             raise OperationalError("database is locked")
         return execute(sql, params, many, context)
 
-    lease = runner.claim(run.pk, 1, "doomed")
+    lease = leases.claim(run.pk, 1, "doomed")
     with connection.execute_wrapper(always), pytest.raises(OperationalError):
         runner.drive(lease)
     assert not Iteration.objects.filter(run=run).exists()
@@ -243,7 +243,7 @@ def test_the_reaper_leaves_a_run_whose_live_driver_lost_renewals_to_a_cut(user, 
 
     from django.utils import timezone
 
-    from loops import driver, liveness, runner
+    from loops import driver, leases, liveness
 
     def expire(run):
         Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
@@ -251,7 +251,7 @@ def test_the_reaper_leaves_a_run_whose_live_driver_lost_renewals_to_a_cut(user, 
     alive = f"{socket.gethostname()}:{os.getpid()}"  # this test process: alive, and beating below
     cut_off = start(make_instance(user, name="cut-off", command=script("pass\n")))
     forgotten = start(make_instance(user, name="forgotten", command=script("pass\n")))
-    assert runner.claim(cut_off.pk, 1, alive) and runner.claim(forgotten.pk, 1, alive)
+    assert leases.claim(cut_off.pk, 1, alive) and leases.claim(forgotten.pk, 1, alive)
     liveness.beat(alive, [cut_off.pk])  # it drives cut_off; forgotten is no longer among its runs
     expire(cut_off)
     expire(forgotten)
@@ -263,7 +263,7 @@ def test_the_reaper_leaves_a_run_whose_live_driver_lost_renewals_to_a_cut(user, 
     child.wait()
     dead = f"{socket.gethostname()}:{child.pid}"
     killed = start(make_instance(user, name="killed", command=script("pass\n")))
-    assert runner.claim(killed.pk, 1, dead)
+    assert leases.claim(killed.pk, 1, dead)
     liveness.beat(dead, [killed.pk])  # its last beat still names the run, but its process is gone
     expire(killed)
     assert driver.reap() == 1
@@ -281,11 +281,11 @@ def test_a_lease_renewed_after_waiting_for_its_row_counts_from_when_it_is_writte
     from django.db import transaction
     from django.utils import timezone
 
-    from loops import runner
+    from loops import leases
 
     settings.TETHER_LEASE_SECONDS = 1
     run = start(make_instance(user, command=script("pass\n")))
-    lease = runner.claim(run.pk, 1, "elsewhere:1")
+    lease = leases.claim(run.pk, 1, "elsewhere:1")
     locked = threading.Event()
 
     def hold_the_row():  # as a long iteration's transaction does
@@ -300,7 +300,7 @@ def test_a_lease_renewed_after_waiting_for_its_row_counts_from_when_it_is_writte
     holder = threading.Thread(target=hold_the_row)
     holder.start()
     assert locked.wait(10)
-    assert runner.renew([lease]) == {run.pk}
+    assert leases.renew([lease]) == {run.pk}
     holder.join()
     expires = Run.objects.get(pk=run.pk).lease_expires_at
     assert expires > timezone.now() + timedelta(seconds=0.5), "renewed to an expiry that had already passed"

@@ -38,7 +38,7 @@ class WatchingBrain:
 @pytest.fixture
 def driven(user, settings):
     from instances.models import Instance
-    from loops import runner, services
+    from loops import leases, runner, services
 
     settings.TETHER_BRAINS = {"watching": f"{__name__}.WatchingBrain"}
     SEEN.clear()
@@ -50,7 +50,7 @@ def driven(user, settings):
             max_iterations=iterations, act_timeout_seconds=30,
         )
         run = services.run_start(instance=instance, user=user, objective="watch", **fields)
-        runner.drive(runner.claim(run.pk, 1, "test"), slice_seconds=3600)
+        runner.drive(leases.claim(run.pk, 1, "test"), slice_seconds=3600)
         return Run.objects.get(pk=run.pk)
 
     return drive

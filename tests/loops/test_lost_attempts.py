@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from budgets import money
 from budgets.models import Reservation
-from loops import driver, runner
+from loops import driver, leases, runner
 from loops.models import Event, Run
 from tests.support.cluster import wait_for
 
@@ -56,7 +56,7 @@ class Doomed:
     """A driver whose act hangs in a thread: it is lost when its lease is taken from it."""
 
     def __init__(self, run, holder="doomed-worker"):
-        self.lease = runner.claim(run.pk, run.next_iteration, holder)
+        self.lease = leases.claim(run.pk, run.next_iteration, holder)
         assert self.lease is not None
         self.thread = threading.Thread(target=runner.drive, args=(self.lease,), daemon=True)
         self.thread.start()
@@ -105,7 +105,7 @@ def test_a_claim_that_takes_an_expired_lease_records_the_lost_attempt_once(agent
     run = start(agent)
     doomed = Doomed(run)
     expire(run)
-    lease = runner.claim(run.pk, 1, "second-worker")  # no reaper in between
+    lease = leases.claim(run.pk, 1, "second-worker")  # no reaper in between
     assert lease is not None
     doomed.let_go()
     [lost] = lost_events(run)
@@ -151,7 +151,7 @@ def test_a_workspace_without_snapshots_says_its_changes_are_unknown(agent, start
 
 def test_a_claim_without_a_begun_attempt_records_nothing(user, make_instance, start):
     run = start(make_instance(user))
-    assert runner.claim(run.pk, 1, "died-before-acting") is not None
+    assert leases.claim(run.pk, 1, "died-before-acting") is not None
     expire(run)
     assert driver.reap() == 1
     assert lost_events(run) == []

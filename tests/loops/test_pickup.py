@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from loops import runner
+from loops import leases, runner
 from loops.models import Event, Run
 from tests.support.cluster import Cluster, wait_for
 
@@ -20,7 +20,7 @@ def started(user, make_instance, start, count):
 
 def test_a_batch_claims_waiting_runs_as_a_claim_does(user, make_instance, start):
     runs = started(user, make_instance, start, 5)
-    first = runner.claim_due("w1", 3)
+    first = leases.claim_due("w1", 3)
     assert [lease.run_id for lease, _ in first] == [r.pk for r in runs[:3]]  # longest waiting first
     for lease, iteration in first:
         run = Run.objects.get(pk=lease.run_id)
@@ -31,10 +31,10 @@ def test_a_batch_claims_waiting_runs_as_a_claim_does(user, make_instance, start)
         assert claimed.seq == lease.claimed_seq
         assert claimed.data == {"iteration": 1, "worker": "w1", "attempt": 1}
     assert len({lease.token for lease, _ in first}) == 3
-    rest = runner.claim_due("w2", 10)
+    rest = leases.claim_due("w2", 10)
     assert [lease.run_id for lease, _ in rest] == [r.pk for r in runs[3:]]
-    assert runner.claim_due("w3", 10) == []
-    assert runner.claim(runs[0].pk, 1, "w3") is None  # a queue task that comes later takes nothing
+    assert leases.claim_due("w3", 10) == []
+    assert leases.claim(runs[0].pk, 1, "w3") is None  # a queue task that comes later takes nothing
     lease, _ = first[0]
     runner.drive(lease)  # a batch's lease drives like any other
     assert Run.objects.get(pk=lease.run_id).outcome == "done"
@@ -43,10 +43,10 @@ def test_a_batch_claims_waiting_runs_as_a_claim_does(user, make_instance, start)
 def test_a_batch_leaves_expired_leases_to_the_reaper_and_ends_spent_runs_crashed(user, make_instance, start, settings):
     settings.TETHER_MAX_ATTEMPTS = 3
     held, spent = started(user, make_instance, start, 2)
-    assert runner.claim(held.pk, 1, "dead") is not None
+    assert leases.claim(held.pk, 1, "dead") is not None
     Run.objects.filter(pk=held.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     Run.objects.filter(pk=spent.pk).update(attempt=3)  # reaped after its third attempt died
-    assert runner.claim_due("w", 10) == []
+    assert leases.claim_due("w", 10) == []
     held.refresh_from_db()
     spent.refresh_from_db()
     assert held.lease_holder == "dead"  # the reaper's: it closes what the dead attempt reserved first
@@ -61,7 +61,7 @@ def test_two_drivers_claiming_at_once_never_hold_one_run_both(user, make_instanc
     def pickup(holder):
         try:
             barrier.wait(timeout=10)
-            found[holder] = runner.claim_due(holder, 30)
+            found[holder] = leases.claim_due(holder, 30)
         finally:
             connection.close()
 

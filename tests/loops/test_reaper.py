@@ -5,7 +5,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from loops import driver, runner
+from loops import driver, leases, runner
 from loops.models import Event, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -17,21 +17,21 @@ def expire(run):
 
 def test_a_duplicate_or_stale_claim_takes_nothing(user, make_instance, start):
     run = start(make_instance(user))
-    lease = runner.claim(run.pk, 1, "first")
+    lease = leases.claim(run.pk, 1, "first")
     assert lease is not None
-    assert runner.claim(run.pk, 1, "second") is None  # held
-    assert runner.claim(run.pk, 2, "second") is None  # not at that iteration
+    assert leases.claim(run.pk, 1, "second") is None  # held
+    assert leases.claim(run.pk, 2, "second") is None  # not at that iteration
     expire(run)
-    stolen = runner.claim(run.pk, 1, "second")
+    stolen = leases.claim(run.pk, 1, "second")
     assert stolen is not None and stolen.token != lease.token
-    with pytest.raises(runner.LeaseLost):
+    with pytest.raises(leases.LeaseLost):
         runner.iterate(lease)  # the first driver's writes are fenced off
 
 
 def test_reaper_reschedules_expired_runs_and_leaves_live_ones(user, make_instance, start):
     live = start(make_instance(user, name="live"))
     dead = start(make_instance(user, name="dead"))
-    assert runner.claim(live.pk, 1, "w1") and runner.claim(dead.pk, 1, "w2")
+    assert leases.claim(live.pk, 1, "w1") and leases.claim(dead.pk, 1, "w2")
     expire(dead)
     assert driver.reap() == 1
     dead.refresh_from_db()
@@ -54,10 +54,10 @@ def test_attempts_exhausted_is_crashed(user, make_instance, start, settings):
     settings.TETHER_MAX_ATTEMPTS = 3
     run = start(make_instance(user))
     for attempt in range(3):
-        assert runner.claim(run.pk, 1, f"doomed-{attempt}") is not None
+        assert leases.claim(run.pk, 1, f"doomed-{attempt}") is not None
         expire(run)  # its worker died mid-iteration
         assert driver.reap() == 1
-    assert runner.claim(run.pk, 1, "last") is None
+    assert leases.claim(run.pk, 1, "last") is None
     run.refresh_from_db()
     assert (run.status, run.outcome) == ("finished", "crashed")
     assert "3 attempts" in run.outcome_detail

@@ -53,14 +53,14 @@ def test_a_steady_iteration_sends_at_most_the_pinned_statements_and_never_locks_
 def drive_counted(user, settings, name, iterations):
     """Drive a new run of `iterations` in this thread; return the statements it sent, and the run."""
     from instances.models import Instance
-    from loops import runner, services
+    from loops import leases, runner, services
 
     workspace = Path(settings.TETHER_WORKSPACES) / name
     instance = Instance.objects.create(
         owner=user, name=name, brain="instant", workspace=str(workspace), max_iterations=iterations
     )
     run = services.run_start(instance=instance, user=user, objective="count")
-    lease = runner.claim(run.pk, 1, "test")
+    lease = leases.claim(run.pk, 1, "test")
     with CaptureQueriesContext(connection) as queries:
         runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()

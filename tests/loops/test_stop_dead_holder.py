@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from budgets.models import Reservation
-from loops import liveness, runner, services
+from loops import leases, lifecycle, liveness, runner, services
 from loops.models import Event, Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,7 +25,7 @@ def dead_pid() -> int:
 
 def begun(run, holder):
     """Claim `run` for `holder` and open its first iteration (its reservation is held)."""
-    lease = runner.claim(run.pk, 1, holder)
+    lease = leases.claim(run.pk, 1, holder)
     assert lease is not None
     assert runner._begin(lease) is not None
     return lease
@@ -45,7 +45,7 @@ def test_stop_finishes_at_once_when_the_holder_on_this_machine_is_dead(user, mak
     assert not Reservation.objects.filter(run_id=run.pk, status="held").exists()
     assert Reservation.objects.filter(run_id=run.pk, iteration=1, status="abandoned").exists()
     assert Event.objects.filter(run=run, kind="run.finished", data__outcome="cancelled").count() == 1
-    with pytest.raises(runner.LeaseLost):  # were the driver to come back, its writes are fenced off
+    with pytest.raises(leases.LeaseLost):  # were the driver to come back, its writes are fenced off
         runner.iterate(lease)
 
 
@@ -151,7 +151,7 @@ def test_an_iteration_cannot_begin_on_a_run_finished_while_it_read(user, make_in
     if connection.vendor != "postgresql":
         pytest.skip("SQLite serialises the two writers whole: the begin's write fails and re-reads")
     run = start(make_instance(user, command=script("print('hi')\n")))
-    lease = runner.claim(run.pk, 1, "vm:1")
+    lease = leases.claim(run.pk, 1, "vm:1")
     locked, finished = threading.Event(), threading.Event()
 
     def stop_it():
@@ -159,7 +159,7 @@ def test_an_iteration_cannot_begin_on_a_run_finished_while_it_read(user, make_in
             with transaction.atomic():
                 held = Run.objects.select_for_update().get(pk=run.pk)
                 locked.set()
-                runner.finish_unheld(held, "stopped by a person (test)")
+                lifecycle.finish_unheld(held, "stopped by a person (test)")
                 finished.wait(1.0)  # the begin is reading meanwhile
         finally:
             connection.close()
@@ -169,7 +169,7 @@ def test_an_iteration_cannot_begin_on_a_run_finished_while_it_read(user, make_in
     assert locked.wait(10)
     try:
         threading.Timer(0.5, finished.set).start()
-        with pytest.raises(runner.LeaseLost):
+        with pytest.raises(leases.LeaseLost):
             runner._begin(lease)
     finally:
         stopper.join(10)

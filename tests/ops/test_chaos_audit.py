@@ -13,14 +13,14 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def fleet(tmp_path, user, make_instance):
     """Two runs driven to their end in this thread, and the logs of viewers that saw everything."""
-    from loops import runner, services
+    from loops import leases, runner, services
 
     agent = chaos.agent(0, "0.01")
     instance = make_instance(user, command=agent, env={"GOAL": "2"}, max_iterations=5)
     runs = []
     for _ in range(2):
         run = services.run_start(instance=instance, user=user, objective="count", via="api")
-        lease = runner.claim(run.pk, 1, "audit-test")
+        lease = leases.claim(run.pk, 1, "audit-test")
         runner.drive(lease, slice_seconds=60)
         run.refresh_from_db()
         assert run.outcome == "done", run.outcome_detail

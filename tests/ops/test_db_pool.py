@@ -43,7 +43,7 @@ def claimed_run(user, settings, brain, *, iterations, gated):
     """Start a run of an in-process `brain` and claim it here; `gated`: it gives its connection back
     before every act, as a driver's runs beyond the ones that keep theirs do."""
     from instances.models import Instance
-    from loops import runner, services
+    from loops import leases, services
 
     settings.TETHER_BRAINS = {"test": brain}
     instance = Instance.objects.create(
@@ -51,7 +51,7 @@ def claimed_run(user, settings, brain, *, iterations, gated):
         max_iterations=iterations,
     )
     run = services.run_start(instance=instance, user=user, objective="reuse")
-    lease = runner.claim(run.pk, 1, "test")
+    lease = leases.claim(run.pk, 1, "test")
     if gated:
         lease.keeps_connection, lease.gate = False, threading.BoundedSemaphore(1)
     return run, lease

@@ -149,9 +149,9 @@ def test_restore_puts_back_what_was_bound_before():
 
 
 def test_driving_a_run_in_this_thread_leaves_no_ids_behind(user, make_instance, db):
-    from loops import runner, services
+    from loops import leases, runner, services
 
     instance = make_instance(user, command=["sh", "-c", "echo done"])
     run = services.run_start(instance=instance, user=user, objective="once", via="api")
-    runner.drive(runner.claim(run.pk, 1, "log-test"), slice_seconds=60)
+    runner.drive(leases.claim(run.pk, 1, "log-test"), slice_seconds=60)
     assert jsonlog.bound() == {}

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from loops import delegation, driver, runner, services
+from loops import delegation, driver, lifecycle, services
 from loops.models import Event, Run
 from tests.fakes.messages_server import text, tool_use, tool_uses
 from tests.loops import test_delegation as delegation_tests
@@ -109,14 +109,14 @@ def test_one_run_the_reaper_fails_on_is_logged_once_and_the_others_are_reaped(us
     first = services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00")
     second = services.run_start(instance=family, user=user, objective="o", max_cost_usd="1.00")
     Run.objects.filter(pk__in=[first.pk, second.pk]).update(lease_expires_at=timezone.now() - timedelta(minutes=5))
-    real = runner.record_lost_attempt
+    real = lifecycle.record_lost_attempt
 
     def record(run, worker, changes):
         if run.pk == first.pk:
             raise RuntimeError("a fault in this run's rows")
         return real(run, worker, changes)
 
-    monkeypatch.setattr(runner, "record_lost_attempt", record)
+    monkeypatch.setattr(lifecycle, "record_lost_attempt", record)
     with caplog.at_level(logging.ERROR):
         driver.reap()
         driver.reap()
@@ -136,7 +136,7 @@ def test_one_stopped_run_the_sweep_fails_on_does_not_keep_the_others_running(use
     Run.objects.filter(pk__in=[first.pk, second.pk]).update(
         status="running", lease_token="t", lease_holder="dead-host:1", cancel_requested_at=timezone.now()
     )
-    real = runner.finish_stopped
+    real = lifecycle.finish_stopped
 
     def finish(run_id, token, holder):
         if run_id == first.pk:
@@ -144,7 +144,7 @@ def test_one_stopped_run_the_sweep_fails_on_does_not_keep_the_others_running(use
         return real(run_id, token, holder)
 
     monkeypatch.setattr(liveness, "holder_gone", lambda holder: True)
-    monkeypatch.setattr(runner, "finish_stopped", finish)
+    monkeypatch.setattr(lifecycle, "finish_stopped", finish)
     assert driver.sweep_stops() == 1
     assert Run.objects.get(pk=second.pk).outcome == "cancelled"
     assert Run.objects.get(pk=first.pk).status == "running"

@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import pytest
 
-from loops import journal, runner, services
+from loops import journal, leases, runner, services
 from loops.models import Event, Iteration, ToolCall
 from tests.fakes.messages_server import MessagesServer, text, tool_use
 from tether.redaction import REDACTED, Redactor
@@ -244,7 +244,7 @@ def test_a_key_an_agent_writes_in_other_forms_reaches_no_event_page_or_journal(
         tool_use("record_decision", {"verdict": "done", "reason": f"wrote {ALL_FORMS['%-escaped every third']}"}),
     )
     run = services.run_start(instance=instance, user=user, objective="write the key down")
-    lease = runner.claim(run.pk, run.next_iteration, "test-driver")
+    lease = leases.claim(run.pk, run.next_iteration, "test-driver")
     assert lease is not None
     runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()

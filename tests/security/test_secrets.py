@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 
-from loops import runner, services
+from loops import leases, runner, services
 from loops.models import Event, Iteration
 from reviews import receipts
 from tests.fakes.messages_server import MessagesServer, text, tool_use
@@ -114,7 +114,7 @@ def test_a_piece_of_a_stored_key_read_by_an_agent_goes_no_further(user, make_ins
     logging.getLogger("instances.brains.anthropic").warning("model said %s / %s", PIECE, ENCODED)
 
     run = services.run_start(instance=instance, user=user, objective="summarise the notes")
-    lease = runner.claim(run.pk, run.next_iteration, "test-driver")
+    lease = leases.claim(run.pk, run.next_iteration, "test-driver")
     assert lease is not None
     runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()
@@ -162,7 +162,7 @@ def test_a_piece_of_a_stored_key_printed_by_a_command_agent_or_a_check_goes_no_f
     (workspace / "auth.b64").write_text(f"{ENCODED}\n")
 
     run = services.run_start(instance=instance, user=user, objective="show the notes")
-    lease = runner.claim(run.pk, run.next_iteration, "test-driver")
+    lease = leases.claim(run.pk, run.next_iteration, "test-driver")
     assert lease is not None
     runner.drive(lease, slice_seconds=3600)
     run.refresh_from_db()
