@@ -9,15 +9,15 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from instances.models import Instance
 from triggers import services
 from triggers.api import hook_url
 from triggers.forms import TriggerForm
-from triggers.models import Trigger
-from web.console.views import _nav
+from triggers.models import Schedule, Trigger
+from web.console.views import _nav, see_other, show_refusal
 
 # The session key that carries a new secret from the POST that made it to the one page that shows it.
 NEW_SECRET = "tether_new_trigger_secret"
@@ -25,16 +25,27 @@ DELIVERIES_SHOWN = 20
 
 
 def _see_other(instance: Instance) -> HttpResponse:
-    response = redirect("triggers:list", instance.pk)
-    response.status_code = 303
-    return response
+    return see_other("triggers:list", instance.pk)
+
+
+def owned(request: HttpRequest, model: type[Trigger] | type[Schedule], item_id: int) -> Any:
+    """The caller's trigger or schedule `item_id` (`services.owned`); anyone else's is a 404."""
+    found = services.owned(model, request.user, item_id)
+    if found is None:
+        raise Http404(f"no such {model._meta.model_name}")
+    return found
+
+
+def paused(request: HttpRequest, change: Any, item: Trigger | Schedule) -> None:
+    """Pause (or resume, when the form says active=1) a trigger or a schedule through its service's change."""
+    active = request.POST.get("active") == "1"
+    noun = item._meta.model_name
+    change(user=request.user, changes={"active": active}, via="console", request=request, **{noun: item})
+    messages.success(request, f"{noun.capitalize()} “{item.name}” {'resumed' if active else 'paused'}.")
 
 
 def _own_trigger(request: HttpRequest, trigger_id: int) -> Trigger:
-    found = Trigger.objects.select_related("instance").filter(owner=request.user, pk=trigger_id).first()
-    if found is None:
-        raise Http404("no such trigger")
-    return found
+    return owned(request, Trigger, trigger_id)
 
 
 @login_required
@@ -48,12 +59,12 @@ def trigger_list(request: HttpRequest, instance_id: int) -> HttpResponse:
                 user=request.user, instance=instance, via="console", request=request, **form.values()
             )
         except services.TriggerRefused as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            show_refusal(form, exc)
         else:
             request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
             return _see_other(instance)
     created = request.session.pop(NEW_SECRET, None) if request.method == "GET" else None
-    triggers = list(Trigger.objects.filter(instance=instance, owner=request.user))
+    triggers = list(services.of_instance(Trigger, request.user, instance))
     shown: list[dict[str, Any]] = [
         {
             "trigger": t,
@@ -82,11 +93,7 @@ def trigger_rotate(request: HttpRequest, trigger_id: int) -> HttpResponse:
 @require_POST
 def trigger_pause(request: HttpRequest, trigger_id: int) -> HttpResponse:
     trigger = _own_trigger(request, trigger_id)
-    active = request.POST.get("active") == "1"
-    services.trigger_change(
-        user=request.user, trigger=trigger, changes={"active": active}, via="console", request=request
-    )
-    messages.success(request, f"Trigger “{trigger.name}” {'resumed' if active else 'paused'}.")
+    paused(request, services.trigger_change, trigger)
     return _see_other(trigger.instance)
 
 

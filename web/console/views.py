@@ -31,6 +31,7 @@ from loops import selectors, services
 from loops.models import Interjection, Run
 from reviews import changecard, rollback
 from reviews import selectors as review_selectors
+from tether.refusals import Refused
 from web.console import live
 from web.console.display import EventView, RunView
 from web.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
@@ -65,6 +66,18 @@ def _nonce_key(kind: str, request: HttpRequest, nonce: str) -> str:
 def _nav(request: HttpRequest) -> dict[str, Any]:
     """Return what the navigation shows on every console page: the count of items waiting for review."""
     return {"pending_reviews": review_selectors.pending_count(request.user)}
+
+
+def show_refusal(form: Any, exc: Refused) -> None:
+    """Put a service's refusal on the form: beside its field when the form has that field, else above it."""
+    form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+
+
+def see_other(url_name: str, *args: Any) -> HttpResponse:
+    """Redirect with 303 See Other: after a POST, the page is fetched again with a GET."""
+    response = redirect(url_name, *args)
+    response.status_code = 303
+    return response
 
 
 def console_settings(request: HttpRequest) -> dict[str, Any]:
