@@ -46,7 +46,10 @@ class McpMount:
     """ASGI app: `/mcp` to Tether's MCP server (token-authenticated), everything else to `app`."""
 
     def __init__(self, app: Any) -> None:
-        from web.mcp_server import build_server, http_caller
+        from web.mcp_server import (  # lazy: the tools import models: the mount is made before django.setup()
+            build_server,
+            http_caller,
+        )
 
         self.app = app
         self.server = build_server(http_caller)

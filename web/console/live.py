@@ -24,6 +24,7 @@ from loops.memory import Memory
 from loops.models import Event, Run
 from web import charts
 from web.console.display import EventView, RunView, tree_view, usd
+from web.console.forms import InterjectForm, ResumeRunForm, fresh_nonce
 
 RUN_TEMPLATE = "loops/run_detail.html"
 FLEET_TEMPLATE = "loops/fleet.html"
@@ -349,7 +350,6 @@ def resume_offer(run: Run, form: Any = None) -> ResumeOffer | None:
     """Return what resuming budget_exhausted `run` may ask for (None for any other run)."""
     if run.status != Run.Status.FINISHED or run.outcome != Run.Outcome.BUDGET_EXHAUSTED or run.parent_id:
         return None  # a delegated run is not resumed: its parent decides (the service says so)
-    from web.console.forms import ResumeRunForm
 
     pools = run_chain(run)
     own = next((p for p in pools if p.kind == "run" and p.run_id == run.pk), None)
@@ -389,7 +389,6 @@ def render_state(run: Run, chart_all: bool = False) -> str:
     The actions block carries `data-actions` (what decides which actions it offers): the page keeps
     its own block, with what a person is typing, unless that changed (see static/console/console.js).
     """
-    from web.console.forms import InterjectForm
 
     context = {
         **run_state_context(run, chart_all),
@@ -405,7 +404,6 @@ def for_viewer(message: str, csrf_token: str) -> str:
 
     Without a token ("": no CSRF cookie yet) the page's script fills the field from the page's own.
     """
-    from web.console.forms import fresh_nonce
 
     if CSRF_SLOT in message:
         message = message.replace(CSRF_SLOT, csrf_token)
