@@ -130,9 +130,7 @@ def trigger_change(
 
 @route(router.delete, TRIGGER, "trigger-detail", schemas.Deleted, "Delete a trigger")
 def trigger_delete(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any:
-    trigger = _trigger(request, instance_id, trigger_id)
-    services.trigger_delete(user=request.user, trigger=trigger, request=request)
-    return {"deleted": trigger_id}
+    return services.delete_with(services.trigger_delete, request.user, _trigger(request, instance_id, trigger_id), request=request)
 
 
 @route(

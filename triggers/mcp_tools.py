@@ -59,16 +59,6 @@ def _listed(model: type[Trigger] | type[Schedule], user: Any, instance: Any, sho
     return {f"{model._meta.model_name}s": [shown(item) for item in services.of_instance(model, user, instance)]}
 
 
-def _paused(change: Callable[..., Any], user: Any, device: Any, paused: bool, **item: Any) -> Any:
-    """Pause (or resume) a trigger or a schedule through its service's change."""
-    return change(user=user, changes={"active": not paused}, via="mcp", request=device, **item)
-
-
-def _deleted(delete: Callable[..., Any], user: Any, device: Any, item_id: int, **item: Any) -> dict[str, Any]:
-    delete(user=user, via="mcp", request=device, **item)
-    return {"deleted": item_id}
-
-
 def _trigger_answer(trigger: Trigger) -> dict[str, Any]:
     return {**trigger_json(None, trigger), "url": public_url(hook_url(None, trigger))}
 
@@ -145,7 +135,9 @@ def _register_triggers(server: MCPServer, run: Call, instance_of: FindInstance) 
         """Pause one of your triggers (its deliveries are refused), or resume it with paused=false."""
 
         def work(user, device):
-            trigger = _paused(services.trigger_change, user, device, paused, trigger=_trigger(user, trigger_id))
+            trigger = services.set_active(
+                services.trigger_change, user, _trigger(user, trigger_id), not paused, via="mcp", request=device
+            )
             return _trigger_answer(trigger)
 
         return await run(ctx, work)
@@ -155,7 +147,8 @@ def _register_triggers(server: MCPServer, run: Call, instance_of: FindInstance) 
         """Delete one of your triggers: its url answers 404 from then on; the runs it started stay."""
 
         def work(user, device):
-            return _deleted(services.trigger_delete, user, device, trigger_id, trigger=_trigger(user, trigger_id))
+            trigger = _trigger(user, trigger_id)
+            return services.delete_with(services.trigger_delete, user, trigger, via="mcp", request=device)
 
         return await run(ctx, work)
 
@@ -215,7 +208,9 @@ def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance)
         """Pause one of your schedules, or resume it with paused=false (it fires again from now; nothing is caught up)."""
 
         def work(user, device):
-            schedule = _paused(scheduling.schedule_change, user, device, paused, schedule=_schedule(user, schedule_id))
+            schedule = services.set_active(
+                scheduling.schedule_change, user, _schedule(user, schedule_id), not paused, via="mcp", request=device
+            )
             return schedule_json(schedule)
 
         return await run(ctx, work)
@@ -226,7 +221,7 @@ def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance)
 
         def work(user, device):
             schedule = _schedule(user, schedule_id)
-            return _deleted(scheduling.schedule_delete, user, device, schedule_id, schedule=schedule)
+            return services.delete_with(scheduling.schedule_delete, user, schedule, via="mcp", request=device)
 
         return await run(ctx, work)
 

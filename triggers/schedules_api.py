@@ -17,6 +17,7 @@ from loops.schemas import Empty
 from triggers import scheduling, schemas
 from triggers.api import listed, owned
 from triggers.models import Firing, Schedule
+from triggers.services import delete_with
 from web.api import owned_instance
 from web.rest import Id, route
 
@@ -116,8 +117,7 @@ def schedule_change(
 @route(router.delete, SCHEDULE, "schedule-detail", schemas.Deleted, "Delete a schedule")
 def schedule_delete(request: HttpRequest, instance_id: Id, schedule_id: Id) -> Any:
     schedule = _schedule(request, instance_id, schedule_id)
-    scheduling.schedule_delete(user=request.user, schedule=schedule, request=request)
-    return {"deleted": schedule_id}
+    return delete_with(scheduling.schedule_delete, request.user, schedule, request=request)
 
 
 @route(

@@ -44,11 +44,14 @@ from triggers.models import Firing, Schedule
 from triggers.services import (
     TriggerRefused,
     cap,
+    change_action,
+    changed_cap,
     check_instance,
     check_owner,
     checked_template,
     delete_owned,
     start_run,
+    stored,
 )
 from triggers.timing import Timing, TimingError
 
@@ -228,22 +231,14 @@ def schedule_change(
         value = changes[name]
         if name == "cron" and value is None:
             value = ""
-        if name == "objective_template":
-            value = checked_template(value)
-        elif name == "name":
-            value = value.strip()
-        elif name == "overlap":
-            value = _overlap(value)
+        value = _overlap(value) if name == "overlap" else stored(name, value)
         if getattr(schedule, name) != value:
             changed[name] = value
     if "cron" in changed and "interval_minutes" not in changes:
         changed["interval_minutes"] = None  # a cron replaces the interval, and the other way round
     if "interval_minutes" in changed and "cron" not in changes:
         changed["cron"] = ""
-    if changes.get("max_cost_usd") is not None:
-        micros = cap(changes["max_cost_usd"])
-        if micros != schedule.max_cost_micros:
-            changed["max_cost_micros"] = micros
+    changed_cap(schedule, changes, changed)
     if not changed:
         return schedule
     if set(changed) & set(TIMING):
@@ -255,14 +250,10 @@ def schedule_change(
     with transaction.atomic():
         Schedule.objects.filter(pk=schedule.pk).update(**changed)
         schedule.refresh_from_db()
-        active = schedule.active
         reschedule(schedule, now)
-        action = "schedule.change"
-        if set(changed) == {"active"}:
-            action = "schedule.resume" if active else "schedule.pause"
         trail.record(
             user=user,
-            action=action,
+            action=change_action(schedule, changed),
             request=request,
             via=via,
             detail=_detail(schedule, changed=_shown(changed)),

@@ -12,7 +12,7 @@ the run's caps are the trigger's and the instance's own.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -74,6 +74,18 @@ def of_instance[Item: (Trigger, Schedule)](model: type[Item], user: Any, instanc
     return model.objects.filter(instance=instance, owner=user)
 
 
+def set_active(change: Callable[..., Any], user: Any, item: Trigger | Schedule, active: bool, **how: Any) -> Any:
+    """Pause (or resume) `user`'s trigger or schedule through its service's `change` (`how`: via, request)."""
+    return change(user=user, changes={"active": active}, **{item._meta.model_name: item}, **how)
+
+
+def delete_with(delete: Callable[..., Any], user: Any, item: Trigger | Schedule, **how: Any) -> dict[str, int]:
+    """Delete `user`'s trigger or schedule through its service's `delete` (`how`: via, request); say which."""
+    item_id = item.pk
+    delete(user=user, **{item._meta.model_name: item}, **how)
+    return {"deleted": item_id}
+
+
 def check_owner(user: Any, item: Trigger | Schedule) -> None:
     """Refuse a change to a trigger or schedule that is not `user`'s: it reads as not found (404)."""
     if item.owner_id != user.pk:
@@ -99,6 +111,31 @@ def checked_template(template: str) -> str:
 
 def cap(value: Any) -> int | None:
     return None if value in (None, "") else money.usd_to_micros(value, exact=True)
+
+
+def stored(name: str, value: Any) -> Any:
+    """A trigger's or schedule's changed field as it is kept: the objective template checked, the name stripped."""
+    if name == "objective_template":
+        return checked_template(value)
+    if name == "name":
+        return value.strip()
+    return value
+
+
+def changed_cap(item: Trigger | Schedule, changes: Mapping[str, Any], changed: dict[str, Any]) -> None:
+    """Add the cost cap to `changed` when `changes` gives one other than `item`'s."""
+    if changes.get("max_cost_usd") is not None:
+        micros = cap(changes["max_cost_usd"])
+        if micros != item.max_cost_micros:
+            changed["max_cost_micros"] = micros
+
+
+def change_action(item: Trigger | Schedule, changed: Mapping[str, Any]) -> str:
+    """The audit action of a change: a pause or a resume when only `active` changed."""
+    noun = item._meta.model_name
+    if set(changed) == {"active"}:
+        return f"{noun}.resume" if changed["active"] else f"{noun}.pause"
+    return f"{noun}.change"
 
 
 def _detail(trigger: Trigger, **more: Any) -> dict[str, Any]:
@@ -158,29 +195,22 @@ def trigger_change(
         value = changes.get(name)
         if value is None:
             continue
-        if name == "objective_template":
-            value = checked_template(value)
-        elif name == "name":
-            value = value.strip()
-        elif name in ("events", "actions"):
-            value = list(dict.fromkeys(value))
+        value = list(dict.fromkeys(value)) if name in ("events", "actions") else stored(name, value)
         if getattr(trigger, name) != value:
             changed[name] = value
-    if changes.get("max_cost_usd") is not None:
-        micros = cap(changes["max_cost_usd"])
-        if micros != trigger.max_cost_micros:
-            changed["max_cost_micros"] = micros
+    changed_cap(trigger, changes, changed)
     if not changed:
         return trigger
     with transaction.atomic():
         Trigger.objects.filter(pk=trigger.pk).update(**changed)
         trigger.refresh_from_db()
-        action = "trigger.change"
-        if set(changed) == {"active"}:
-            action = "trigger.resume" if changed["active"] else "trigger.pause"
         shown = {k: (v[:500] if isinstance(v, str) else v) for k, v in changed.items()}
         trail.record(
-            user=user, action=action, request=request, via=via, detail=_detail(trigger, changed=shown)
+            user=user,
+            action=change_action(trigger, changed),
+            request=request,
+            via=via,
+            detail=_detail(trigger, changed=shown),
         )
     return trigger
 

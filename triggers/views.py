@@ -39,9 +39,8 @@ def owned(request: HttpRequest, model: type[Trigger] | type[Schedule], item_id: 
 def paused(request: HttpRequest, change: Any, item: Trigger | Schedule) -> None:
     """Pause (or resume, when the form says active=1) a trigger or a schedule through its service's change."""
     active = request.POST.get("active") == "1"
-    noun = item._meta.model_name
-    change(user=request.user, changes={"active": active}, via="console", request=request, **{noun: item})
-    messages.success(request, f"{noun.capitalize()} “{item.name}” {'resumed' if active else 'paused'}.")
+    services.set_active(change, request.user, item, active, via="console", request=request)
+    messages.success(request, f"{item._meta.model_name.capitalize()} “{item.name}” {'resumed' if active else 'paused'}.")
 
 
 def _own_trigger(request: HttpRequest, trigger_id: int) -> Trigger:
