@@ -254,6 +254,11 @@ def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
 # --- resume with a new cap ---------------------------------------------------------------------------
 
 
+def _in_dollars(name: str) -> property:
+    """A read-only attribute: the amount in micros named `name`, said in dollars (`usd`)."""
+    return property(lambda self: usd(getattr(self, name)))
+
+
 @dataclass
 class PoolLeft:
     name: str
@@ -298,25 +303,12 @@ class ResumeOffer:
             )
         return ""
 
-    @property
-    def cap_text(self) -> str:
-        return usd(self.cap)
-
-    @property
-    def needed_text(self) -> str:
-        return usd(self.needed)
-
-    @property
-    def used_text(self) -> str:
-        return usd(self.used)
-
-    @property
-    def most_text(self) -> str:
-        return usd(self.most)
-
-    @property
-    def least_text(self) -> str:
-        return usd(self.least)
+    # The amounts as the page says them, in dollars.
+    cap_text = _in_dollars("cap")
+    needed_text = _in_dollars("needed")
+    used_text = _in_dollars("used")
+    most_text = _in_dollars("most")
+    least_text = _in_dollars("least")
 
     def refusal(self, cap: int | None) -> str:
         """Why resuming with `cap` (None: the cap it has) would end at once, or "" when it can go on."""
