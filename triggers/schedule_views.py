@@ -126,9 +126,7 @@ def schedule_edit(request: HttpRequest, schedule_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def schedule_pause(request: HttpRequest, schedule_id: int) -> HttpResponse:
-    schedule = _own_schedule(request, schedule_id)
-    paused(request, scheduling.schedule_change, schedule)
-    return _see_other(schedule.instance_id)
+    return paused(request, scheduling.schedule_change, _own_schedule(request, schedule_id), "triggers:schedules")
 
 
 @login_required

@@ -36,11 +36,13 @@ def owned(request: HttpRequest, model: type[Trigger] | type[Schedule], item_id: 
     return found
 
 
-def paused(request: HttpRequest, change: Any, item: Trigger | Schedule) -> None:
-    """Pause (or resume, when the form says active=1) a trigger or a schedule through its service's change."""
+def paused(request: HttpRequest, change: Any, item: Trigger | Schedule, back: str) -> HttpResponse:
+    """Pause (or resume, when the form says active=1) a trigger or a schedule through its service's change;
+    then back to the instance's page named `back`."""
     active = request.POST.get("active") == "1"
     services.set_active(change, request.user, item, active, via="console", request=request)
     messages.success(request, f"{item._meta.model_name.capitalize()} “{item.name}” {'resumed' if active else 'paused'}.")
+    return see_other(back, item.instance_id)
 
 
 def _own_trigger(request: HttpRequest, trigger_id: int) -> Trigger:
@@ -91,9 +93,7 @@ def trigger_rotate(request: HttpRequest, trigger_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def trigger_pause(request: HttpRequest, trigger_id: int) -> HttpResponse:
-    trigger = _own_trigger(request, trigger_id)
-    paused(request, services.trigger_change, trigger)
-    return _see_other(trigger.instance)
+    return paused(request, services.trigger_change, _own_trigger(request, trigger_id), "triggers:list")
 
 
 @login_required

@@ -9,6 +9,8 @@ message identical to one made seconds ago by the same person is taken as a repea
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -54,6 +56,22 @@ def _run(request: HttpRequest, run_id: int) -> Run:
     if run is None:
         raise Http404("no such run")
     return run
+
+
+def _of_run(check: Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]) -> Callable[..., Any]:
+    """A console page of one of the caller's runs: signed in, the methods `check` allows, the run looked up
+    (`_run`: anyone else's is a 404) and given to the view in place of its id."""
+
+    def wrap(view: Callable[[HttpRequest, Run], HttpResponse]) -> Callable[..., HttpResponse]:
+        @login_required
+        @check
+        @functools.wraps(view)
+        def page(request: HttpRequest, run_id: int) -> HttpResponse:
+            return view(request, _run(request, run_id))
+
+        return page
+
+    return wrap
 
 
 def _nonce_key(kind: str, request: HttpRequest, nonce: str) -> str:
@@ -180,10 +198,8 @@ def run_start(request: HttpRequest, instance_id: int) -> HttpResponse:
 # --- run ------------------------------------------------------------------------------------------
 
 
-@login_required
-@require_GET
-def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_GET)
+def run_detail(request: HttpRequest, run: Run) -> HttpResponse:
     return _run_page(request, run, InterjectForm(run=run))
 
 
@@ -252,10 +268,8 @@ def _actions(
     return redirect("loops:run-detail", run_id=run.pk)
 
 
-@login_required
-@require_POST
-def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_POST)
+def run_stop(request: HttpRequest, run: Run) -> HttpResponse:
     try:
         run = services.run_cancel(run=run, user=request.user, via="console", request=request)
     except services.Refused:
@@ -271,10 +285,8 @@ def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice=notice)
 
 
-@login_required
-@require_POST
-def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_POST)
+def run_interject(request: HttpRequest, run: Run) -> HttpResponse:
     form = InterjectForm(request.POST, run=run)
     if not form.is_valid():
         return _actions(request, run, form, status=400)
@@ -307,10 +319,8 @@ def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice=notice, transient=not repeat)
 
 
-@login_required
-@require_POST
-def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_POST)
+def run_close(request: HttpRequest, run: Run) -> HttpResponse:
     try:
         run = services.run_close(run=run, user=request.user, via="console", request=request)
     except services.Refused as refused:
@@ -318,11 +328,9 @@ def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice="Closed without an answer (escalated).")
 
 
-@login_required
-@require_POST
-def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_POST)
+def run_resume(request: HttpRequest, run: Run) -> HttpResponse:
     """Resume a budget_exhausted run, with a new cap if one is given; one that would end at once is refused."""
-    run = _run(request, run_id)
     offer = live.resume_offer(run)
     if offer is None:  # not out of budget: the service says why it cannot be resumed
         try:
@@ -345,11 +353,9 @@ def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice=notice)
 
 
-@login_required
-@require_POST
-def run_continue(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_POST)
+def run_continue(request: HttpRequest, run: Run) -> HttpResponse:
     """Continue a finished run as a new one, then show the new run (a plain form post: works without JavaScript)."""
-    run = _run(request, run_id)
     form = ContinueRunForm(request.POST, run=run)
     if not form.is_valid():
         return _run_page(request, run, InterjectForm(run=run), status=400, continue_form=form)
@@ -377,11 +383,9 @@ def run_continue(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("loops:run-detail", run_id=new.pk)
 
 
-@login_required
-@require_GET
-def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_GET)
+def run_timeline(request: HttpRequest, run: Run) -> HttpResponse:
     """Return the events before `?before=SEQ` (an earlier part of the timeline)."""
-    run = _run(request, run_id)
     try:
         before = int(request.GET.get("before", ""))
         if before < 1:
@@ -393,11 +397,9 @@ def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "loops/run_detail.html#timeline-earlier", context)
 
 
-@login_required
-@require_GET
-def run_costs(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_GET)
+def run_costs(request: HttpRequest, run: Run) -> HttpResponse:
     """Return "Where the money went" for the iterations before `?before=N` (older ones)."""
-    run = _run(request, run_id)
     try:
         before = int(request.GET.get("before", ""))
         if not 1 <= before <= 2**31:
