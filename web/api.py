@@ -17,7 +17,6 @@ from budgets import services as budget_services
 from budgets.selectors import headroom_for_run, pool_as_json, pools_visible_to
 from budgets.spending import run_spending
 from instances import credentials
-from instances.brains.anthropic import decide
 from instances.brains.base import BrainError, BudgetExhausted
 from instances.models import Instance
 from loops import decision, events, schemas, selectors, services
@@ -228,12 +227,12 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
 
     An `llm` decider's call is metered like any other and charged to the caller's own pool.
     """
-
     instance = owned_instance(request, instance_id)
     checks = [Check(c.name, c.required, c.passed, c.output) for c in payload.checks or []]
     recent = payload.recent_instructions or []
     usage = None
     if instance.decider == instance.Decider.LLM:
+        from instances.brains.anthropic import decide  # lazy: the Anthropic SDK loads only for an llm decider
 
         snapshot = payload.model_dump(exclude_none=True)
         snapshot.setdefault("iteration", 1)
