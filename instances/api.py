@@ -83,10 +83,6 @@ def credential_json(credential) -> dict[str, Any]:
     }
 
 
-def _refused(exc: services.InstanceRefused) -> ApiError:
-    return ApiError(exc.message, exc.status, exc.field)
-
-
 @router.get(
     "/instances",
     url_name="instances",
@@ -109,12 +105,9 @@ def instance_list(request: HttpRequest) -> Any:
 def instance_create(request: HttpRequest, payload: schemas.InstanceIn) -> Any:
     values = payload.model_dump(exclude_none=True)
     template = values.pop("template", None)
-    try:
-        instance = services.instance_create(
-            user=request.user, values=values, template=template, request=request
-        )
-    except services.InstanceRefused as exc:
-        raise _refused(exc) from None
+    instance = services.instance_create(
+        user=request.user, values=values, template=template, request=request
+    )
     return Status(201, instance_json(instance))
 
 
@@ -143,12 +136,9 @@ def instance_detail(request: HttpRequest, instance_id: Id) -> Any:
 )
 def instance_update(request: HttpRequest, instance_id: Id, payload: schemas.InstanceChange) -> Any:
     instance = _own_instance(request, instance_id)
-    try:
-        instance = services.instance_update(
-            instance=instance, user=request.user, values=payload.model_dump(exclude_none=True), request=request
-        )
-    except services.InstanceRefused as exc:
-        raise _refused(exc) from None
+    instance = services.instance_update(
+        instance=instance, user=request.user, values=payload.model_dump(exclude_none=True), request=request
+    )
     return instance_json(instance)
 
 
@@ -165,10 +155,7 @@ def instance_update(request: HttpRequest, instance_id: Id, payload: schemas.Inst
 )
 def instance_archive(request: HttpRequest, instance_id: Id) -> Any:
     instance = _own_instance(request, instance_id)
-    try:
-        instance = services.instance_archive(instance=instance, user=request.user, request=request)
-    except services.InstanceRefused as exc:
-        raise _refused(exc) from None
+    instance = services.instance_archive(instance=instance, user=request.user, request=request)
     return instance_json(instance)
 
 
@@ -198,12 +185,9 @@ def credential_list(request: HttpRequest) -> Any:
     summary="Store an Anthropic key (write-only)",
 )
 def credential_create(request: HttpRequest, payload: schemas.CredentialIn) -> Any:
-    try:
-        credential = services.credential_add(
-            user=request.user, label=payload.label, secret=payload.secret, request=request
-        )
-    except services.InstanceRefused as exc:
-        raise _refused(exc) from None
+    credential = services.credential_add(
+        user=request.user, label=payload.label, secret=payload.secret, request=request
+    )
     return Status(201, credential_json(credential))
 
 

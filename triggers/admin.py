@@ -7,31 +7,49 @@ from audit.trail import AuditedAdmin
 from triggers import scheduling
 from triggers.models import Delivery, Firing, Schedule, Trigger
 
+OWNED = ("instance", "owner", "name", "objective_template")  # what a trigger and a schedule both start with
 
-class DeliveryInline(admin.TabularInline):
-    model = Delivery
+
+class _History(admin.TabularInline):
+    """A trigger's deliveries or a schedule's firings: read only, newest first."""
+
     extra = 0
     can_delete = False
-    fields = ("received_at", "delivery_id", "event", "outcome", "status", "reason", "run")
-    readonly_fields = fields
-    ordering = ("-received_at",)
     max_num = 0
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+
+class _Owned(AuditedAdmin, admin.ModelAdmin):
+    """A trigger or a schedule: an operator may pause it (`active`) or delete it; the rest is its owner's to change,
+    and it is made where its owner is (the console or the API)."""
+
+    audit_verbs = ("create", "change", "delete")
+    search_fields = ("name", "instance__name", "owner__username")
+
+    def get_readonly_fields(self, request, obj=None):
+        return tuple(f for f in self.fields if f != "active")
+
+    def has_add_permission(self, request):
+        return False
+
+
+class DeliveryInline(_History):
+    model = Delivery
+    fields = ("received_at", "delivery_id", "event", "outcome", "status", "reason", "run")
+    ordering = ("-received_at",)
     show_change_link = True
 
 
 @admin.register(Trigger)
-class TriggerAdmin(AuditedAdmin, admin.ModelAdmin):
+class TriggerAdmin(_Owned):
     audit_noun = "trigger"  # the one admin hook: a change (pausing, resuming) or a delete, before and after
-    audit_verbs = ("create", "change", "delete")
     list_display = ("id", "name", "instance", "owner", "active", "max_per_minute", "secret_set_at")
     list_filter = ("active",)
-    search_fields = ("name", "instance__name", "owner__username")
-    # An operator may pause a trigger or delete it; what it does is its owner's to change (console, API).
+    # What a trigger does is its owner's to change (console, API); its secret can be shown once only there.
     fields = (
-        "instance",
-        "owner",
-        "name",
-        "objective_template",
+        *OWNED,
         "events",
         "actions",
         "max_iterations",
@@ -41,11 +59,7 @@ class TriggerAdmin(AuditedAdmin, admin.ModelAdmin):
         "secret_set_at",
         "created_at",
     )
-    readonly_fields = tuple(f for f in fields if f != "active")
     inlines = [DeliveryInline]
-
-    def has_add_permission(self, request):  # made where its secret can be shown once: the console or the API
-        return False
 
 
 @admin.register(Delivery)
@@ -71,20 +85,15 @@ class DeliveryAdmin(admin.ModelAdmin):
         return False
 
 
-class FiringInline(admin.TabularInline):
+class FiringInline(_History):
     model = Firing
-    extra = 0
-    can_delete = False
     fields = ("scheduled_for", "fired_at", "outcome", "reason", "manual", "run")
-    readonly_fields = fields
     ordering = ("-scheduled_for",)
-    max_num = 0
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(AuditedAdmin, admin.ModelAdmin):
+class ScheduleAdmin(_Owned):
     audit_noun = "schedule"  # a change (pausing, resuming) or a delete, before and after
-    audit_verbs = ("create", "change", "delete")
     list_display = (
         "id",
         "name",
@@ -97,13 +106,9 @@ class ScheduleAdmin(AuditedAdmin, admin.ModelAdmin):
         "next_fire_at",
     )
     list_filter = ("active", "overlap")
-    search_fields = ("name", "instance__name", "owner__username")
-    # An operator may pause a schedule or delete it; when and what it runs is its owner's to change.
+    # When and what a schedule runs is its owner's to change, where its timing is checked and previewed.
     fields = (
-        "instance",
-        "owner",
-        "name",
-        "objective_template",
+        *OWNED,
         "cron",
         "interval_minutes",
         "timezone",
@@ -117,13 +122,7 @@ class ScheduleAdmin(AuditedAdmin, admin.ModelAdmin):
         "next_fire_at",
         "created_at",
     )
-    readonly_fields = tuple(f for f in fields if f != "active")
     inlines = [FiringInline]
-
-    def has_add_permission(
-        self, request
-    ):  # made where its timing is checked and previewed: the console or the API
-        return False
 
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)

@@ -15,13 +15,12 @@ from ninja import Body, Router, Status
 
 from budgets import money
 from loops.schemas import Empty
-from triggers import schedules_api, schemas, services
-from triggers.models import Delivery, Trigger
+from triggers import schemas, services
+from triggers.models import Delivery, Schedule, Trigger
 from web.api import owned_instance
-from web.rest import ApiError, Id, errors
+from web.rest import ApiError, Id, route
 
 router = Router(tags=["triggers"])
-router.add_router("", schedules_api.router)  # an instance's schedules, beside its triggers
 
 TRIGGERS = "/instances/{id:instance_id}/triggers"
 TRIGGER = TRIGGERS + "/{id:trigger_id}"
@@ -71,95 +70,72 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
     }
 
 
-def _trigger(request: HttpRequest, instance_id: int, trigger_id: int) -> Trigger:
-    found = Trigger.objects.filter(owner=request.user, instance_id=instance_id, pk=trigger_id).first()
+def owned(request: HttpRequest, model: type[Trigger] | type[Schedule], instance_id: int, item_id: int) -> Any:
+    """The caller's trigger or schedule `item_id` of instance `instance_id` (`services.owned`), or a JSON 404."""
+    found = services.owned(model, request.user, item_id, instance_id=instance_id)
     if found is None:
-        raise ApiError(f"trigger {trigger_id} of instance {instance_id} not found", 404)
+        raise ApiError(f"{model._meta.model_name} {item_id} of instance {instance_id} not found", 404)
     return found
 
 
-def _refused(exc: services.TriggerRefused) -> ApiError:
-    return ApiError(exc.message, exc.status, exc.field)
+def listed(request: HttpRequest, model: type[Trigger] | type[Schedule], instance_id: int, shown: Any) -> Any:
+    """The caller's triggers or schedules of instance `instance_id` (`services.of_instance`), each as `shown` says."""
+    items = services.of_instance(model, request.user, owned_instance(request, instance_id))
+    return {f"{model._meta.model_name}s": [shown(item) for item in items]}
 
 
-@router.get(
-    TRIGGERS,
-    url_name="triggers",
-    response={200: schemas.Triggers, **errors()},
-    summary="List the instance's triggers",
-)
+def _trigger(request: HttpRequest, instance_id: int, trigger_id: int) -> Trigger:
+    return owned(request, Trigger, instance_id, trigger_id)
+
+
+@route(router.get, TRIGGERS, "triggers", schemas.Triggers, "List the instance's triggers")
 def trigger_list(request: HttpRequest, instance_id: Id) -> Any:
-    instance = owned_instance(request, instance_id)
-    return {
-        "triggers": [
-            trigger_json(request, t) for t in Trigger.objects.filter(instance=instance, owner=request.user)
-        ]
-    }
+    return listed(request, Trigger, instance_id, lambda t: trigger_json(request, t))
 
 
-@router.post(
-    TRIGGERS,
-    url_name="triggers",
-    response={201: schemas.TriggerWithSecret, **errors()},
-    summary="Create a webhook trigger; the answer holds its secret, shown this once",
+@route(
+    router.post, TRIGGERS, "triggers", schemas.TriggerWithSecret,
+    "Create a webhook trigger; the answer holds its secret, shown this once",
+    status=201,
 )
 def trigger_create(
     request: HttpRequest, response: HttpResponse, instance_id: Id, payload: schemas.TriggerIn
 ) -> Any:
     instance = owned_instance(request, instance_id)
     response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
-    try:
-        trigger, secret = services.trigger_create(
-            user=request.user, instance=instance, request=request, **payload.model_dump()
-        )
-    except services.TriggerRefused as exc:
-        raise _refused(exc) from None
+    trigger, secret = services.trigger_create(
+        user=request.user, instance=instance, request=request, **payload.model_dump()
+    )
     return Status(201, {**trigger_json(request, trigger), "secret": secret})
 
 
-@router.get(
-    TRIGGER, url_name="trigger-detail", response={200: schemas.Trigger, **errors()}, summary="Get a trigger"
-)
+@route(router.get, TRIGGER, "trigger-detail", schemas.Trigger, "Get a trigger")
 def trigger_detail(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any:
     return trigger_json(request, _trigger(request, instance_id, trigger_id))
 
 
-@router.patch(
-    TRIGGER,
-    url_name="trigger-detail",
-    response={200: schemas.Trigger, **errors()},
-    summary="Change a trigger (only the fields given); active: false pauses it",
+@route(
+    router.patch, TRIGGER, "trigger-detail", schemas.Trigger,
+    "Change a trigger (only the fields given); active: false pauses it",
 )
 def trigger_change(
     request: HttpRequest, instance_id: Id, trigger_id: Id, payload: schemas.TriggerChange
 ) -> Any:
     trigger = _trigger(request, instance_id, trigger_id)
-    try:
-        trigger = services.trigger_change(
-            user=request.user, trigger=trigger, changes=payload.model_dump(exclude_none=True), request=request
-        )
-    except services.TriggerRefused as exc:
-        raise _refused(exc) from None
+    trigger = services.trigger_change(
+        user=request.user, trigger=trigger, changes=payload.model_dump(exclude_none=True), request=request
+    )
     return trigger_json(request, trigger)
 
 
-@router.delete(
-    TRIGGER,
-    url_name="trigger-detail",
-    response={200: schemas.Deleted, **errors()},
-    summary="Delete a trigger",
-)
+@route(router.delete, TRIGGER, "trigger-detail", schemas.Deleted, "Delete a trigger")
 def trigger_delete(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any:
-    trigger = _trigger(request, instance_id, trigger_id)
-    services.trigger_delete(user=request.user, trigger=trigger, request=request)
-    return {"deleted": trigger_id}
+    return services.delete_with(services.trigger_delete, request.user, _trigger(request, instance_id, trigger_id), request=request)
 
 
-@router.post(
-    TRIGGER + "/rotate",
-    url_name="trigger-rotate",
-    response={200: schemas.TriggerWithSecret, **errors()},
-    summary="Give a trigger a new secret (the old one stops working at once); the answer holds it, shown this once",
+@route(
+    router.post, TRIGGER + "/rotate", "trigger-rotate", schemas.TriggerWithSecret,
+    "Give a trigger a new secret (the old one stops working at once); the answer holds it, shown this once",
 )
 def trigger_rotate(
     request: HttpRequest, response: HttpResponse, instance_id: Id, trigger_id: Id, payload: Empty = NO_BODY
@@ -170,11 +146,9 @@ def trigger_rotate(
     return {**trigger_json(request, trigger), "secret": secret}
 
 
-@router.get(
-    TRIGGER + "/deliveries",
-    url_name="trigger-deliveries",
-    response={200: schemas.Deliveries, **errors()},
-    summary=f"The trigger's latest deliveries (at most {DELIVERIES_SHOWN}), accepted and refused, newest first",
+@route(
+    router.get, TRIGGER + "/deliveries", "trigger-deliveries", schemas.Deliveries,
+    f"The trigger's latest deliveries (at most {DELIVERIES_SHOWN}), accepted and refused, newest first",
 )
 def trigger_deliveries(request: HttpRequest, instance_id: Id, trigger_id: Id) -> Any:
     trigger = _trigger(request, instance_id, trigger_id)

@@ -1,16 +1,15 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_migrate, post_save
 
 
 class TriggersConfig(AppConfig):
     name = "triggers"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_delete, post_migrate, post_save
-
-        from instances import credentials
-        from tether import redaction
-        from triggers.models import Trigger
-        from triggers.tasks import ensure_tick
+        from instances import credentials  # lazy: the app registry is not ready when apps.py is read
+        from tether import redaction  # lazy: the app registry is not ready when apps.py is read
+        from triggers.models import Trigger  # lazy: the app registry is not ready when apps.py is read
+        from triggers.tasks import ensure_tick  # lazy: the app registry is not ready when apps.py is read
 
         # A trigger's secret is encrypted as a stored key is, rotated with them (`rotate_keys`), and
         # redacted from every text like them; a secret made, rotated or deleted is picked up at once.

@@ -17,22 +17,38 @@ def _names(text: str) -> list[str]:
     return [word.strip() for word in (text or "").split(",") if word.strip()]
 
 
-class TriggerForm(Checked):
-    SCHEMA = schemas.TriggerIn
-    FIELDS = {
-        "name": ("name", "The name"),
-        "objective_template": ("objective_template", "The objective template"),
-        "events": ("events", "The events"),
-        "actions": ("actions", "The actions"),
-        "max_per_minute": ("max_per_minute", "Runs a minute"),
-    }
+def _labelled(**labels: str) -> dict[str, tuple[str, str]]:
+    """`Checked.FIELDS` where each form field is the schema's field of its name: name -> (name, label)."""
+    return {name: (name, label) for name, label in labels.items()}
+
+
+def _template_field(rows: int, help_text: str) -> forms.CharField:
+    return forms.CharField(
+        strip=True, label="Objective template", widget=forms.Textarea(attrs={"rows": rows}), help_text=help_text
+    )
+
+
+class _Named(Checked):
+    """What a trigger's and a schedule's forms share: a name, and an objective template (its newlines as one)."""
 
     name = forms.CharField(max_length=limits.NAME_MAX_CHARS, strip=True)
-    objective_template = forms.CharField(
-        strip=True,
-        label="Objective template",
-        widget=forms.Textarea(attrs={"rows": 4}),
-        help_text="Fields in braces are paths into the delivery's JSON, e.g. Triage issue #{issue.number}: {issue.title}",
+
+    def clean_objective_template(self) -> str:
+        return normalise_newlines(self.cleaned_data["objective_template"])
+
+
+class TriggerForm(_Named):
+    SCHEMA = schemas.TriggerIn
+    FIELDS = _labelled(
+        name="The name",
+        objective_template="The objective template",
+        events="The events",
+        actions="The actions",
+        max_per_minute="Runs a minute",
+    )
+
+    objective_template = _template_field(
+        4, "Fields in braces are paths into the delivery's JSON, e.g. Triage issue #{issue.number}: {issue.title}"
     )
     events = forms.CharField(
         required=False, label="Events", help_text="comma-separated, e.g. issues (empty: any event)"
@@ -48,9 +64,6 @@ class TriggerForm(Checked):
         widget=forms.NumberInput(attrs={"min": limits.HOOK_RATE[0], "max": limits.HOOK_RATE[1]}),
     )
 
-    def clean_objective_template(self) -> str:
-        return normalise_newlines(self.cleaned_data["objective_template"])
-
     def clean_events(self) -> list[str]:
         return _names(self.cleaned_data["events"])
 
@@ -61,28 +74,24 @@ class TriggerForm(Checked):
         return {name: self.cleaned_data[name] for name in self.FIELDS}
 
 
-class ScheduleForm(Checked):
+class ScheduleForm(_Named):
     """A schedule, made or changed: checked by the API's schema; the timing and the budget by the service."""
 
     SCHEMA = schemas.ScheduleIn
-    FIELDS = {
-        "name": ("name", "The name"),
-        "objective_template": ("objective_template", "The objective template"),
-        "cron": ("cron", "The cron expression"),
-        "interval_minutes": ("interval_minutes", "The interval"),
-        "timezone": ("timezone", "The time zone"),
-        "max_iterations": ("max_iterations", "Max iterations"),
-        "max_cost_usd": ("max_cost_usd", "The cost cap"),
-        "overlap": ("overlap", "The overlap policy"),
-        "catch_up_minutes": ("catch_up_minutes", "The catch-up window"),
-    }
+    FIELDS = _labelled(
+        name="The name",
+        objective_template="The objective template",
+        cron="The cron expression",
+        interval_minutes="The interval",
+        timezone="The time zone",
+        max_iterations="Max iterations",
+        max_cost_usd="The cost cap",
+        overlap="The overlap policy",
+        catch_up_minutes="The catch-up window",
+    )
 
-    name = forms.CharField(max_length=limits.NAME_MAX_CHARS, strip=True)
-    objective_template = forms.CharField(
-        strip=True,
-        label="Objective template",
-        widget=forms.Textarea(attrs={"rows": 3}),
-        help_text="Fields in braces: {date}, {time}, {schedule.name}, {last_run.id}, {last_run.outcome}",
+    objective_template = _template_field(
+        3, "Fields in braces: {date}, {time}, {schedule.name}, {last_run.id}, {last_run.outcome}"
     )
     cron = forms.CharField(
         required=False,
@@ -126,9 +135,6 @@ class ScheduleForm(Checked):
             attrs={"min": limits.SCHEDULE_CATCH_UP_MINUTES[0], "max": limits.SCHEDULE_CATCH_UP_MINUTES[1]}
         ),
     )
-
-    def clean_objective_template(self) -> str:
-        return normalise_newlines(self.cleaned_data["objective_template"])
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()

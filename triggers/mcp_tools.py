@@ -22,7 +22,8 @@ from triggers.api import hook_url, trigger_json
 from triggers.models import Schedule, Trigger
 from triggers.schedules_api import firing_json, schedule_json
 
-Call = Callable[[Context, Callable[[Any, Any], Any]], Awaitable[Any]]
+Work = Callable[[Any, Any], Any]  # a tool's body: given the caller's user and device, its answer
+Call = Callable[[Context, Work], Awaitable[Any]]  # runs a tool's body as the caller
 FindInstance = Callable[[Any, int | str], Any]
 
 ItemId = Annotated[
@@ -36,25 +37,33 @@ Dollars = Annotated[loop_schemas.Cap, Field(description="each run's own cost cap
 Iterations = Annotated[loop_schemas.Iterations | None, Field(description="each run's turns at most")]
 
 
-def _trigger(user: Any, trigger_id: int) -> Trigger:
-    found = Trigger.objects.filter(owner=user, pk=trigger_id).first()
+def _own(model: type[Trigger] | type[Schedule], user: Any, item_id: int) -> Any:
+    """The caller's trigger or schedule `item_id` (`services.owned`); anyone else's reads as not found."""
+    found = services.owned(model, user, item_id)
     if found is None:
-        raise ToolError(f"trigger {trigger_id} not found; list_triggers shows yours")
+        noun = model._meta.model_name
+        raise ToolError(f"{noun} {item_id} not found; list_{noun}s shows yours")
     return found
+
+
+def _trigger(user: Any, trigger_id: int) -> Trigger:
+    return _own(Trigger, user, trigger_id)
 
 
 def _schedule(user: Any, schedule_id: int) -> Schedule:
-    found = Schedule.objects.filter(owner=user, pk=schedule_id).first()
-    if found is None:
-        raise ToolError(f"schedule {schedule_id} not found; list_schedules shows yours")
-    return found
+    return _own(Schedule, user, schedule_id)
+
+
+def _listed(model: type[Trigger] | type[Schedule], user: Any, instance: Any, shown: Callable[[Any], Any]) -> Any:
+    """The caller's triggers or schedules of `instance` (`services.of_instance`), each as `shown` says."""
+    return {f"{model._meta.model_name}s": [shown(item) for item in services.of_instance(model, user, instance)]}
 
 
 def _trigger_answer(trigger: Trigger) -> dict[str, Any]:
     return {**trigger_json(None, trigger), "url": public_url(hook_url(None, trigger))}
 
 
-def _refusals(work: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+def _refusals(work: Work) -> Work:
     def guarded(user: Any, device: Any) -> Any:
         try:
             return work(user, device)
@@ -67,18 +76,23 @@ def _refusals(work: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
 def register(server: MCPServer, call: Call, instance_of: FindInstance) -> None:
     """Add the trigger and schedule tools to `server`; `call` runs a tool body as the caller."""
 
-    async def run(ctx: Context, work: Callable[[Any, Any], Any]) -> Any:
+    async def run(ctx: Context, work: Work) -> Any:
         return await call(ctx, _refusals(work))
+
+    _register_triggers(server, run, instance_of)
+    _register_schedules(server, run, instance_of)
+    _register_schedule_runs(server, run)
+
+
+def _register_triggers(server: MCPServer, run: Call, instance_of: FindInstance) -> None:
+    """list_triggers, create_trigger, pause_trigger, delete_trigger."""
 
     @server.tool()
     async def list_triggers(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
         """List the webhook triggers of one of your instances (never their secrets)."""
 
         def work(user, device):
-            found = instance_of(user, instance)
-            return {
-                "triggers": [_trigger_answer(t) for t in Trigger.objects.filter(instance=found, owner=user)]
-            }
+            return _listed(Trigger, user, instance_of(user, instance), _trigger_answer)
 
         return await run(ctx, work)
 
@@ -121,12 +135,8 @@ def register(server: MCPServer, call: Call, instance_of: FindInstance) -> None:
         """Pause one of your triggers (its deliveries are refused), or resume it with paused=false."""
 
         def work(user, device):
-            trigger = services.trigger_change(
-                user=user,
-                trigger=_trigger(user, trigger_id),
-                changes={"active": not paused},
-                via="mcp",
-                request=device,
+            trigger = services.set_active(
+                services.trigger_change, user, _trigger(user, trigger_id), not paused, via="mcp", request=device
             )
             return _trigger_answer(trigger)
 
@@ -137,20 +147,21 @@ def register(server: MCPServer, call: Call, instance_of: FindInstance) -> None:
         """Delete one of your triggers: its url answers 404 from then on; the runs it started stay."""
 
         def work(user, device):
-            services.trigger_delete(user=user, trigger=_trigger(user, trigger_id), via="mcp", request=device)
-            return {"deleted": trigger_id}
+            trigger = _trigger(user, trigger_id)
+            return services.delete_with(services.trigger_delete, user, trigger, via="mcp", request=device)
 
         return await run(ctx, work)
+
+
+def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance) -> None:
+    """list_schedules, create_schedule, pause_schedule, delete_schedule."""
 
     @server.tool()
     async def list_schedules(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
         """List the schedules of one of your instances, each with its next five firings."""
 
         def work(user, device):
-            found = instance_of(user, instance)
-            return {
-                "schedules": [schedule_json(s) for s in Schedule.objects.filter(instance=found, owner=user)]
-            }
+            return _listed(Schedule, user, instance_of(user, instance), schedule_json)
 
         return await run(ctx, work)
 
@@ -197,12 +208,8 @@ def register(server: MCPServer, call: Call, instance_of: FindInstance) -> None:
         """Pause one of your schedules, or resume it with paused=false (it fires again from now; nothing is caught up)."""
 
         def work(user, device):
-            schedule = scheduling.schedule_change(
-                user=user,
-                schedule=_schedule(user, schedule_id),
-                changes={"active": not paused},
-                via="mcp",
-                request=device,
+            schedule = services.set_active(
+                scheduling.schedule_change, user, _schedule(user, schedule_id), not paused, via="mcp", request=device
             )
             return schedule_json(schedule)
 
@@ -213,12 +220,14 @@ def register(server: MCPServer, call: Call, instance_of: FindInstance) -> None:
         """Delete one of your schedules and its firing history; the runs it started stay."""
 
         def work(user, device):
-            scheduling.schedule_delete(
-                user=user, schedule=_schedule(user, schedule_id), via="mcp", request=device
-            )
-            return {"deleted": schedule_id}
+            schedule = _schedule(user, schedule_id)
+            return services.delete_with(scheduling.schedule_delete, user, schedule, via="mcp", request=device)
 
         return await run(ctx, work)
+
+
+def _register_schedule_runs(server: MCPServer, run: Call) -> None:
+    """run_schedule, schedule_firings."""
 
     @server.tool()
     async def run_schedule(ctx: Context, schedule_id: ItemId) -> dict[str, Any]:

@@ -12,7 +12,10 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 from django.utils import timezone as clock
+
+from instances import credentials
 
 SECRET_BYTES = 32
 
@@ -49,9 +52,7 @@ class Trigger(models.Model):
 
     def new_secret(self) -> str:
         """Set a fresh random secret (encrypted); return it in plain text, to show once."""
-        from django.utils import timezone
 
-        from instances import credentials
 
         secret = secrets.token_urlsafe(SECRET_BYTES)
         self.secret_encrypted = credentials.encrypt(secret)
@@ -60,7 +61,6 @@ class Trigger(models.Model):
 
     def reveal(self) -> str:
         """Return the secret in plain text, to check a signature with (never to show)."""
-        from instances import credentials
 
         return credentials.decrypt(self.secret_encrypted)
 

@@ -5,35 +5,32 @@ schedule is a 404.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from instances.models import Instance
 from triggers import scheduling
 from triggers.forms import ScheduleForm
 from triggers.models import Schedule
-from triggers.services import TriggerRefused
-from web.console.views import _nav
+from triggers.services import TriggerRefused, of_instance
+from triggers.views import owned, paused
+from web.console.views import _nav, see_other, show_refusal
 
 FIRINGS_SHOWN = 20
 
 
 def _see_other(instance_id: int) -> HttpResponse:
-    response = redirect("triggers:schedules", instance_id)
-    response.status_code = 303
-    return response
+    return see_other("triggers:schedules", instance_id)
 
 
 def _own_schedule(request: HttpRequest, schedule_id: int) -> Schedule:
-    found = Schedule.objects.select_related("instance").filter(owner=request.user, pk=schedule_id).first()
-    if found is None:
-        raise Http404("no such schedule")
-    return found
+    return owned(request, Schedule, schedule_id)
 
 
 def _previewed(form: ScheduleForm) -> list[Any] | None:
@@ -41,8 +38,29 @@ def _previewed(form: ScheduleForm) -> list[Any] | None:
     try:
         return scheduling.preview(form.values())
     except TriggerRefused as exc:
-        form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+        show_refusal(form, exc)
         return None
+
+
+def _submitted(
+    request: HttpRequest, form: ScheduleForm, save: Callable[[], HttpResponse]
+) -> tuple[list[Any] | None, int, HttpResponse | None]:
+    """A schedule form's POST: its timing previewed, then saved by `save` unless only a preview was asked.
+
+    Return the preview, the page's status and, once saved, where to go (`save`'s answer).
+    """
+    if request.method != "POST" or not form.is_valid():
+        return None, 400 if request.method == "POST" else 200, None
+    preview = _previewed(form)
+    if preview is None:
+        return None, 400, None
+    if request.POST.get("action") == "preview":
+        return preview, 200, None
+    try:
+        return preview, 400, save()
+    except TriggerRefused as exc:
+        show_refusal(form, exc)
+        return preview, 400, None
 
 
 @login_required
@@ -50,31 +68,24 @@ def _previewed(form: ScheduleForm) -> list[Any] | None:
 def schedule_list(request: HttpRequest, instance_id: int) -> HttpResponse:
     instance = get_object_or_404(Instance, owner=request.user, pk=instance_id)
     form = ScheduleForm(request.POST or None)
-    preview = None
-    status = 200
-    if request.method == "POST":
-        status = 400
-        if form.is_valid():
-            preview = _previewed(form)
-            if preview is not None and request.POST.get("action") == "preview":
-                status = 200
-            elif preview is not None:
-                try:
-                    schedule = scheduling.schedule_create(
-                        user=request.user, instance=instance, via="console", request=request, **form.values()
-                    )
-                except TriggerRefused as exc:
-                    form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-                else:
-                    messages.success(request, f"Schedule “{schedule.name}” made: it fires {schedule.when()}.")
-                    return _see_other(instance.pk)
+
+    def save() -> HttpResponse:
+        schedule = scheduling.schedule_create(
+            user=request.user, instance=instance, via="console", request=request, **form.values()
+        )
+        messages.success(request, f"Schedule “{schedule.name}” made: it fires {schedule.when()}.")
+        return _see_other(instance.pk)
+
+    preview, status, done = _submitted(request, form, save)
+    if done is not None:
+        return done
     schedules = [
         {
             "schedule": s,
             "next": scheduling.next_firings(s),
             "firings": list(s.firings.select_related("run")[:FIRINGS_SHOWN]),
         }
-        for s in Schedule.objects.filter(instance=instance, owner=request.user)
+        for s in of_instance(Schedule, request.user, instance)
     ]
     context = {
         "instance": instance,
@@ -91,28 +102,17 @@ def schedule_list(request: HttpRequest, instance_id: int) -> HttpResponse:
 def schedule_edit(request: HttpRequest, schedule_id: int) -> HttpResponse:
     schedule = _own_schedule(request, schedule_id)
     form = ScheduleForm(request.POST) if request.method == "POST" else ScheduleForm.of(schedule)
-    preview = None
-    status = 200
-    if request.method == "POST":
-        status = 400
-        if form.is_valid():
-            preview = _previewed(form)
-            if preview is not None and request.POST.get("action") == "preview":
-                status = 200
-            elif preview is not None:
-                try:
-                    scheduling.schedule_change(
-                        user=request.user,
-                        schedule=schedule,
-                        changes=form.values(),
-                        via="console",
-                        request=request,
-                    )
-                except TriggerRefused as exc:
-                    form.add_error(exc.field if exc.field in form.fields else None, exc.message)
-                else:
-                    messages.success(request, f"Schedule “{schedule.name}” saved.")
-                    return _see_other(schedule.instance_id)
+
+    def save() -> HttpResponse:
+        scheduling.schedule_change(
+            user=request.user, schedule=schedule, changes=form.values(), via="console", request=request
+        )
+        messages.success(request, f"Schedule “{schedule.name}” saved.")
+        return _see_other(schedule.instance_id)
+
+    preview, status, done = _submitted(request, form, save)
+    if done is not None:
+        return done
     context = {
         "schedule": schedule,
         "instance": schedule.instance,
@@ -126,13 +126,7 @@ def schedule_edit(request: HttpRequest, schedule_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def schedule_pause(request: HttpRequest, schedule_id: int) -> HttpResponse:
-    schedule = _own_schedule(request, schedule_id)
-    active = request.POST.get("active") == "1"
-    scheduling.schedule_change(
-        user=request.user, schedule=schedule, changes={"active": active}, via="console", request=request
-    )
-    messages.success(request, f"Schedule “{schedule.name}” {'resumed' if active else 'paused'}.")
-    return _see_other(schedule.instance_id)
+    return paused(request, scheduling.schedule_change, _own_schedule(request, schedule_id), "triggers:schedules")
 
 
 @login_required

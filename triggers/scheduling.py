@@ -26,6 +26,7 @@ import logging
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -40,7 +41,18 @@ from reviews import notify
 from tether import redaction
 from tether.limits import FIRINGS_KEPT, OBJECTIVE_MAX_CHARS, SCHEDULE_MISSED_RECORDED
 from triggers.models import Firing, Schedule
-from triggers.services import TriggerRefused, cap, check_instance, checked_template
+from triggers.services import (
+    TriggerRefused,
+    cap,
+    change_action,
+    changed_cap,
+    check_instance,
+    check_owner,
+    checked_template,
+    delete_owned,
+    start_run,
+    stored,
+)
 from triggers.timing import Timing, TimingError
 
 log = logging.getLogger(__name__)
@@ -211,8 +223,7 @@ def schedule_change(
     not caught up.
     """
     now = now or _now()
-    if schedule.owner_id != user.pk:
-        raise TriggerRefused(f"schedule {schedule.pk} not found", 404)
+    check_owner(user, schedule)
     changed: dict[str, Any] = {}
     for name in CHANGEABLE:
         if name not in changes or (changes[name] is None and name not in TIMING):
@@ -220,22 +231,14 @@ def schedule_change(
         value = changes[name]
         if name == "cron" and value is None:
             value = ""
-        if name == "objective_template":
-            value = checked_template(value)
-        elif name == "name":
-            value = value.strip()
-        elif name == "overlap":
-            value = _overlap(value)
+        value = _overlap(value) if name == "overlap" else stored(name, value)
         if getattr(schedule, name) != value:
             changed[name] = value
     if "cron" in changed and "interval_minutes" not in changes:
         changed["interval_minutes"] = None  # a cron replaces the interval, and the other way round
     if "interval_minutes" in changed and "cron" not in changes:
         changed["cron"] = ""
-    if changes.get("max_cost_usd") is not None:
-        micros = cap(changes["max_cost_usd"])
-        if micros != schedule.max_cost_micros:
-            changed["max_cost_micros"] = micros
+    changed_cap(schedule, changes, changed)
     if not changed:
         return schedule
     if set(changed) & set(TIMING):
@@ -247,14 +250,10 @@ def schedule_change(
     with transaction.atomic():
         Schedule.objects.filter(pk=schedule.pk).update(**changed)
         schedule.refresh_from_db()
-        active = schedule.active
         reschedule(schedule, now)
-        action = "schedule.change"
-        if set(changed) == {"active"}:
-            action = "schedule.resume" if active else "schedule.pause"
         trail.record(
             user=user,
-            action=action,
+            action=change_action(schedule, changed),
             request=request,
             via=via,
             detail=_detail(schedule, changed=_shown(changed)),
@@ -270,12 +269,7 @@ def reschedule(schedule: Schedule, now: datetime) -> None:
 
 def schedule_delete(*, user: Any, schedule: Schedule, via: str = "api", request: Any = None) -> None:
     """Delete `user`'s schedule and its firings (the runs it started stay)."""
-    if schedule.owner_id != user.pk:
-        raise TriggerRefused(f"schedule {schedule.pk} not found", 404)
-    with transaction.atomic():
-        detail = _detail(schedule)
-        schedule.delete()
-        trail.record(user=user, action="schedule.delete", request=request, via=via, detail=detail)
+    delete_owned(user, schedule, _detail(schedule), via, request)
 
 
 def run_now(
@@ -283,8 +277,7 @@ def run_now(
 ) -> Firing:
     """Fire `user`'s schedule now, as a person asked: within its budget, whatever its overlap policy."""
     now = now or _now()
-    if schedule.owner_id != user.pk:
-        raise TriggerRefused(f"schedule {schedule.pk} not found", 404)
+    check_owner(user, schedule)
     problem = _startable_problem(schedule)
     with transaction.atomic():
         locked = Schedule.objects.select_for_update().get(pk=schedule.pk)
@@ -504,8 +497,6 @@ def _budget_problem(schedule: Schedule, now: datetime) -> str:
 
 
 def _template_data(schedule: Schedule, scheduled_for: datetime) -> dict[str, Any]:
-    from zoneinfo import ZoneInfo
-
     local = scheduled_for.astimezone(ZoneInfo(schedule.timezone))
     last = (
         Firing.objects.filter(schedule=schedule, run__isnull=False)
@@ -555,18 +546,7 @@ def _start(schedule: Schedule, firing: Firing, now: datetime, problem: str, note
     firing.save()  # its id names it in the run's origin; a second cluster's copy fails the unique key here
     origin = services.Origin(Run.Origin.SCHEDULE, {"schedule": schedule.pk, "firing": firing.pk})
     try:
-        with transaction.atomic():
-            run = services.run_start(
-                instance=schedule.instance,
-                user=schedule.owner,
-                objective=redaction.redact(objective),
-                max_iterations=schedule.max_iterations,
-                max_cost_usd=None
-                if schedule.max_cost_micros is None
-                else money.usd_string(schedule.max_cost_micros),
-                via="system",
-                origin=origin,
-            )
+        run = start_run(schedule, redaction.redact(objective), origin)
     except services.Refused as exc:
         return _record(firing, Firing.Outcome.SKIPPED, exc.message)
     return _record(firing, Firing.Outcome.STARTED, f"started run {run.pk}{note}", run)

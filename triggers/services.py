@@ -12,12 +12,13 @@ the run's caps are the trigger's and the instance's own.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from audit import trail
@@ -36,7 +37,7 @@ from tether.limits import (
 from tether.refusals import Refused
 from tether.schema import UNSTORABLE
 from triggers import signatures
-from triggers.models import Delivery, Trigger
+from triggers.models import Delivery, Schedule, Trigger
 from web.rest import ApiError, read_json
 
 DELIVERY_HEADERS = ("X-GitHub-Delivery", "X-Tether-Delivery")
@@ -63,6 +64,42 @@ def check_instance(user: Any, instance: Any) -> None:
         raise TriggerRefused(f"instance {instance.name!r} is archived: it starts no new runs", 409)
 
 
+def owned[Item: (Trigger, Schedule)](model: type[Item], user: Any, item_id: int, **where: Any) -> Item | None:
+    """The trigger or schedule `item_id` if it is `user`'s (and matches `where`), else None: every surface's lookup."""
+    return model.objects.select_related("instance").filter(owner=user, pk=item_id, **where).first()
+
+
+def of_instance[Item: (Trigger, Schedule)](model: type[Item], user: Any, instance: Any) -> QuerySet[Item]:
+    """`user`'s triggers or schedules of `instance`: every surface's listing."""
+    return model.objects.filter(instance=instance, owner=user)
+
+
+def set_active(change: Callable[..., Any], user: Any, item: Trigger | Schedule, active: bool, **how: Any) -> Any:
+    """Pause (or resume) `user`'s trigger or schedule through its service's `change` (`how`: via, request)."""
+    return change(user=user, changes={"active": active}, **{item._meta.model_name: item}, **how)
+
+
+def delete_with(delete: Callable[..., Any], user: Any, item: Trigger | Schedule, **how: Any) -> dict[str, int]:
+    """Delete `user`'s trigger or schedule through its service's `delete` (`how`: via, request); say which."""
+    item_id = item.pk
+    delete(user=user, **{item._meta.model_name: item}, **how)
+    return {"deleted": item_id}
+
+
+def check_owner(user: Any, item: Trigger | Schedule) -> None:
+    """Refuse a change to a trigger or schedule that is not `user`'s: it reads as not found (404)."""
+    if item.owner_id != user.pk:
+        raise TriggerRefused(f"{item._meta.model_name} {item.pk} not found", 404)
+
+
+def delete_owned(user: Any, item: Trigger | Schedule, detail: dict[str, Any], via: str, request: Any) -> None:
+    """Delete `user`'s trigger or schedule (its deliveries or firings go with it; its runs stay), audited."""
+    check_owner(user, item)
+    with transaction.atomic():
+        item.delete()
+        trail.record(user=user, action=f"{item._meta.model_name}.delete", request=request, via=via, detail=detail)
+
+
 def checked_template(template: str) -> str:
     template = template.replace("\r\n", "\n").strip()
     try:
@@ -74,6 +111,31 @@ def checked_template(template: str) -> str:
 
 def cap(value: Any) -> int | None:
     return None if value in (None, "") else money.usd_to_micros(value, exact=True)
+
+
+def stored(name: str, value: Any) -> Any:
+    """A trigger's or schedule's changed field as it is kept: the objective template checked, the name stripped."""
+    if name == "objective_template":
+        return checked_template(value)
+    if name == "name":
+        return value.strip()
+    return value
+
+
+def changed_cap(item: Trigger | Schedule, changes: Mapping[str, Any], changed: dict[str, Any]) -> None:
+    """Add the cost cap to `changed` when `changes` gives one other than `item`'s."""
+    if changes.get("max_cost_usd") is not None:
+        micros = cap(changes["max_cost_usd"])
+        if micros != item.max_cost_micros:
+            changed["max_cost_micros"] = micros
+
+
+def change_action(item: Trigger | Schedule, changed: Mapping[str, Any]) -> str:
+    """The audit action of a change: a pause or a resume when only `active` changed."""
+    noun = item._meta.model_name
+    if set(changed) == {"active"}:
+        return f"{noun}.resume" if changed["active"] else f"{noun}.pause"
+    return f"{noun}.change"
 
 
 def _detail(trigger: Trigger, **more: Any) -> dict[str, Any]:
@@ -127,44 +189,35 @@ def trigger_change(
     *, user: Any, trigger: Trigger, changes: Mapping[str, Any], via: str = "api", request: Any = None
 ) -> Trigger:
     """Change `user`'s trigger: the fields in `changes` (None leaves a field as it is); `active` False pauses it."""
-    if trigger.owner_id != user.pk:
-        raise TriggerRefused(f"trigger {trigger.pk} not found", 404)
+    check_owner(user, trigger)
     changed: dict[str, Any] = {}
     for name in CHANGEABLE:
         value = changes.get(name)
         if value is None:
             continue
-        if name == "objective_template":
-            value = checked_template(value)
-        elif name == "name":
-            value = value.strip()
-        elif name in ("events", "actions"):
-            value = list(dict.fromkeys(value))
+        value = list(dict.fromkeys(value)) if name in ("events", "actions") else stored(name, value)
         if getattr(trigger, name) != value:
             changed[name] = value
-    if changes.get("max_cost_usd") is not None:
-        micros = cap(changes["max_cost_usd"])
-        if micros != trigger.max_cost_micros:
-            changed["max_cost_micros"] = micros
+    changed_cap(trigger, changes, changed)
     if not changed:
         return trigger
     with transaction.atomic():
         Trigger.objects.filter(pk=trigger.pk).update(**changed)
         trigger.refresh_from_db()
-        action = "trigger.change"
-        if set(changed) == {"active"}:
-            action = "trigger.resume" if changed["active"] else "trigger.pause"
         shown = {k: (v[:500] if isinstance(v, str) else v) for k, v in changed.items()}
         trail.record(
-            user=user, action=action, request=request, via=via, detail=_detail(trigger, changed=shown)
+            user=user,
+            action=change_action(trigger, changed),
+            request=request,
+            via=via,
+            detail=_detail(trigger, changed=shown),
         )
     return trigger
 
 
 def trigger_rotate(*, user: Any, trigger: Trigger, via: str = "api", request: Any = None) -> str:
     """Give `user`'s trigger a new secret (the old one stops working at once); return it, to show once."""
-    if trigger.owner_id != user.pk:
-        raise TriggerRefused(f"trigger {trigger.pk} not found", 404)
+    check_owner(user, trigger)
     secret = trigger.new_secret()
     with transaction.atomic():
         trigger.save(update_fields=["secret_encrypted", "secret_set_at"])
@@ -174,12 +227,22 @@ def trigger_rotate(*, user: Any, trigger: Trigger, via: str = "api", request: An
 
 def trigger_delete(*, user: Any, trigger: Trigger, via: str = "api", request: Any = None) -> None:
     """Delete `user`'s trigger and its deliveries (the runs it started stay)."""
-    if trigger.owner_id != user.pk:
-        raise TriggerRefused(f"trigger {trigger.pk} not found", 404)
+    delete_owned(user, trigger, _detail(trigger), via, request)
+
+
+def start_run(source: Trigger | Schedule, objective: str, origin: services.Origin) -> Run:
+    """Start the run a trigger's delivery or a schedule's firing asks for: its owner's, within its own bounds
+    (a refusal is `loops.services.Refused`)."""
     with transaction.atomic():
-        detail = _detail(trigger)
-        trigger.delete()
-        trail.record(user=user, action="trigger.delete", request=request, via=via, detail=detail)
+        return services.run_start(
+            instance=source.instance,
+            user=source.owner,
+            objective=objective,
+            max_iterations=source.max_iterations,
+            max_cost_usd=None if source.max_cost_micros is None else money.usd_string(source.max_cost_micros),
+            via="system",
+            origin=origin,
+        )
 
 
 # --- a delivery ---------------------------------------------------------------------------------------
@@ -382,18 +445,7 @@ def _start(asked: _Request, objective: str) -> Answer:
                     f"trigger {trigger.pk} started {recent} runs in the last minute, its limit; try again later",
                 )
             try:
-                with transaction.atomic():
-                    run = services.run_start(
-                        instance=trigger.instance,
-                        user=trigger.owner,
-                        objective=objective,
-                        max_iterations=trigger.max_iterations,
-                        max_cost_usd=None
-                        if trigger.max_cost_micros is None
-                        else money.usd_string(trigger.max_cost_micros),
-                        via="system",
-                        origin=origin,
-                    )
+                run = start_run(trigger, objective, origin)
             except services.Refused as exc:
                 return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
             delivery = _keep(asked, Delivery.Outcome.STARTED, 201, f"started run {run.pk}", run=run)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connections
+from django.utils import timezone
+from django_q.models import Schedule
+
 from triggers import scheduling
 
 TICK = "tether.schedules.tick"
@@ -19,9 +23,6 @@ def ensure_tick(sender: Any = None, *, app_config: Any = None, using: str = "def
     (a fresh or flushed database). An operator's edit of it (its cadence) is kept."""
     if app_config is None or app_config.label != "triggers":
         return
-    from django.db import connections
-    from django.utils import timezone
-    from django_q.models import Schedule
 
     if Schedule._meta.db_table not in connections[using].introspection.table_names():
         return

@@ -9,15 +9,15 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import get_object_or_404, redirect, render
+from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from instances.models import Instance
 from triggers import services
 from triggers.api import hook_url
 from triggers.forms import TriggerForm
-from triggers.models import Trigger
-from web.console.views import _nav
+from triggers.models import Schedule, Trigger
+from web.console.views import _nav, see_other, show_refusal
 
 # The session key that carries a new secret from the POST that made it to the one page that shows it.
 NEW_SECRET = "tether_new_trigger_secret"
@@ -25,16 +25,28 @@ DELIVERIES_SHOWN = 20
 
 
 def _see_other(instance: Instance) -> HttpResponse:
-    response = redirect("triggers:list", instance.pk)
-    response.status_code = 303
-    return response
+    return see_other("triggers:list", instance.pk)
+
+
+def owned(request: HttpRequest, model: type[Trigger] | type[Schedule], item_id: int) -> Any:
+    """The caller's trigger or schedule `item_id` (`services.owned`); anyone else's is a 404."""
+    found = services.owned(model, request.user, item_id)
+    if found is None:
+        raise Http404(f"no such {model._meta.model_name}")
+    return found
+
+
+def paused(request: HttpRequest, change: Any, item: Trigger | Schedule, back: str) -> HttpResponse:
+    """Pause (or resume, when the form says active=1) a trigger or a schedule through its service's change;
+    then back to the instance's page named `back`."""
+    active = request.POST.get("active") == "1"
+    services.set_active(change, request.user, item, active, via="console", request=request)
+    messages.success(request, f"{item._meta.model_name.capitalize()} “{item.name}” {'resumed' if active else 'paused'}.")
+    return see_other(back, item.instance_id)
 
 
 def _own_trigger(request: HttpRequest, trigger_id: int) -> Trigger:
-    found = Trigger.objects.select_related("instance").filter(owner=request.user, pk=trigger_id).first()
-    if found is None:
-        raise Http404("no such trigger")
-    return found
+    return owned(request, Trigger, trigger_id)
 
 
 @login_required
@@ -48,12 +60,12 @@ def trigger_list(request: HttpRequest, instance_id: int) -> HttpResponse:
                 user=request.user, instance=instance, via="console", request=request, **form.values()
             )
         except services.TriggerRefused as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            show_refusal(form, exc)
         else:
             request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
             return _see_other(instance)
     created = request.session.pop(NEW_SECRET, None) if request.method == "GET" else None
-    triggers = list(Trigger.objects.filter(instance=instance, owner=request.user))
+    triggers = list(services.of_instance(Trigger, request.user, instance))
     shown: list[dict[str, Any]] = [
         {
             "trigger": t,
@@ -81,13 +93,7 @@ def trigger_rotate(request: HttpRequest, trigger_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def trigger_pause(request: HttpRequest, trigger_id: int) -> HttpResponse:
-    trigger = _own_trigger(request, trigger_id)
-    active = request.POST.get("active") == "1"
-    services.trigger_change(
-        user=request.user, trigger=trigger, changes={"active": active}, via="console", request=request
-    )
-    messages.success(request, f"Trigger “{trigger.name}” {'resumed' if active else 'paused'}.")
-    return _see_other(trigger.instance)
+    return paused(request, services.trigger_change, _own_trigger(request, trigger_id), "triggers:list")
 
 
 @login_required

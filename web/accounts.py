@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.sessions.models import Session
 from django.core import signing
 from django.db import IntegrityError, transaction
 from django.http import HttpResponse
@@ -52,7 +53,6 @@ def use_login_link(uidb64: str, token: str):
     (`clearsessions` removes it then): inserting it is atomic, so a link is used once even by two
     requests at the same moment.
     """
-    from django.contrib.sessions.models import Session
 
     User = get_user_model()
     try:

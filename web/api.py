@@ -19,10 +19,11 @@ from budgets.spending import run_spending
 from instances import credentials
 from instances.brains.base import BrainError, BudgetExhausted
 from instances.models import Instance
-from loops import compaction, events, schemas, selectors, services
+from loops import compaction, decision, events, schemas, selectors, services
 from loops.models import Run
+from loops.policy import Check
 from reviews import rollback
-from web.rest import ApiError, Id, errors
+from web.rest import ApiError, Id, route
 
 PAGE = 1000
 COST_CALLS = 2500  # a page of 10 iterations: every call of each, at 200 tool turns per act and then some
@@ -49,17 +50,10 @@ def _run(request: HttpRequest, instance_id: int, run_id: int) -> Run:
     return found
 
 
-def _refused(exc: services.Refused) -> ApiError:
-    return ApiError(exc.message, exc.status)
-
-
 def _changed(request: HttpRequest, instance_id: int, run_id: int, change: Any, **options: Any) -> Any:
     """Apply a service's change to the caller's run; answer 202 with the run, or its refusal."""
     run = _run(request, instance_id, run_id)
-    try:
-        run = change(run=run, user=request.user, request=request, **options)
-    except services.Refused as exc:
-        raise _refused(exc) from None
+    run = change(run=run, user=request.user, request=request, **options)
     return Status(202, selectors.run_json(run))
 
 
@@ -67,11 +61,9 @@ def _usd(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-@router.get(
-    INSTANCE + "/loop",
-    url_name="loop",
-    response={200: schemas.Runs, **errors()},
-    summary="List the instance's runs (newest first, at most 200)",
+@route(
+    router.get, INSTANCE + "/loop", "loop", schemas.Runs,
+    "List the instance's runs (newest first, at most 200)",
 )
 def loop_list(
     request: HttpRequest,
@@ -93,62 +85,50 @@ def loop_list(
     return {"runs": [selectors.run_json(r) for r in runs]}
 
 
-@router.post(
-    INSTANCE + "/loop", url_name="loop", response={201: schemas.Run, **errors()}, summary="Start a run"
-)
+@route(router.post, INSTANCE + "/loop", "loop", schemas.Run, "Start a run", status=201)
 def loop_start(request: HttpRequest, instance_id: Id, payload: schemas.RunIn) -> Any:
     instance = owned_instance(request, instance_id)
-    try:
-        run = services.run_start(
-            instance=instance,
-            user=request.user,
-            objective=payload.objective,
-            max_iterations=payload.max_iterations,
-            max_cost_usd=_usd(payload.max_cost_usd),
-            max_minutes=payload.max_minutes,
-            request=request,
-        )
-    except services.Refused as exc:
-        raise _refused(exc) from None
+    run = services.run_start(
+        instance=instance,
+        user=request.user,
+        objective=payload.objective,
+        max_iterations=payload.max_iterations,
+        max_cost_usd=_usd(payload.max_cost_usd),
+        max_minutes=payload.max_minutes,
+        request=request,
+    )
     return Status(201, selectors.run_json(run))
 
 
-@router.get(RUN, url_name="run-detail", response={200: schemas.RunDetail, **errors()}, summary="Get a run")
+@route(router.get, RUN, "run-detail", schemas.RunDetail, "Get a run")
 def run_detail(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
     run = _run(request, instance_id, run_id)
     return {**selectors.run_json(run), "budget": headroom_for_run(run).as_json()}
 
 
-@router.post(
-    RUN + "/cancel", url_name="run-cancel", response={202: schemas.Run, **errors()}, summary="Stop a run"
-)
+@route(router.post, RUN + "/cancel", "run-cancel", schemas.Run, "Stop a run", status=202)
 def run_cancel(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Empty = NO_BODY) -> Any:
     return _changed(request, instance_id, run_id, services.run_cancel)
 
 
-@router.post(
-    RUN + "/interject",
-    url_name="run-interject",
-    response={202: schemas.Interjected, **errors()},
-    summary="Queue a message for the next iteration (answers a waiting run)",
+@route(
+    router.post, RUN + "/interject", "run-interject", schemas.Interjected,
+    "Queue a message for the next iteration (answers a waiting run)",
+    status=202,
 )
 def run_interject(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Interjection) -> Any:
     run = _run(request, instance_id, run_id)
-    try:
-        interjection = services.run_interject(
-            run=run, user=request.user, text=payload.message or "", approve=payload.approve, request=request
-        )
-    except services.Refused as exc:
-        raise _refused(exc) from None
+    interjection = services.run_interject(
+        run=run, user=request.user, text=payload.message or "", approve=payload.approve, request=request
+    )
     run.refresh_from_db()
     return Status(202, {"interjection": interjection.pk, "run": selectors.run_json(run)})
 
 
-@router.post(
-    RUN + "/resume",
-    url_name="run-resume",
-    response={202: schemas.Run, **errors()},
-    summary="Resume a budget_exhausted run (optionally raising its cap first)",
+@route(
+    router.post, RUN + "/resume", "run-resume", schemas.Run,
+    "Resume a budget_exhausted run (optionally raising its cap first)",
+    status=202,
 )
 def run_resume(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.ResumeIn = NO_BODY) -> Any:
     return _changed(
@@ -156,10 +136,8 @@ def run_resume(request: HttpRequest, instance_id: Id, run_id: Id, payload: schem
     )
 
 
-@router.post(
-    RUN + "/continue",
-    url_name="run-continue",
-    response={201: schemas.Run, **errors()},
+@route(
+    router.post, RUN + "/continue", "run-continue", schemas.Run, status=201,
     summary=(
         "Continue any finished run as a new run with its history, in its workspace, with your message (for a "
         "verified done the message is required: it is the follow-up's objective); the old run is not changed. "
@@ -171,35 +149,25 @@ def run_continue(
 ) -> Any:
     run = _run(request, instance_id, run_id)
     payload = payload or schemas.RunContinueIn()
-    try:
-        new = services.run_continue(
-            run=run,
-            user=request.user,
-            max_iterations=payload.max_iterations,
-            max_cost_usd=_usd(payload.max_cost_usd),
-            max_minutes=payload.max_minutes,
-            message=payload.message,
-            request=request,
-        )
-    except services.Refused as exc:
-        raise _refused(exc) from None
+    new = services.run_continue(
+        run=run,
+        user=request.user,
+        max_iterations=payload.max_iterations,
+        max_cost_usd=_usd(payload.max_cost_usd),
+        max_minutes=payload.max_minutes,
+        message=payload.message,
+        request=request,
+    )
     return Status(201, selectors.run_json(new))
 
 
-@router.post(
-    RUN + "/close",
-    url_name="run-close",
-    response={202: schemas.Run, **errors()},
-    summary="Close a waiting run as escalated",
-)
+@route(router.post, RUN + "/close", "run-close", schemas.Run, "Close a waiting run as escalated", status=202)
 def run_close(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.Empty = NO_BODY) -> Any:
     return _changed(request, instance_id, run_id, services.run_close)
 
 
-@router.post(
-    INSTANCE + "/loop-decide",
-    url_name="loop-decide",
-    response={200: schemas.Decision, **errors(502)},
+@route(
+    router.post, INSTANCE + "/loop-decide", "loop-decide", schemas.Decision, refusals=(502,),
     summary=(
         "Run the instance's decider once on a snapshot (no run or event is touched; an llm decider's call is "
         "metered to your own pool)"
@@ -210,9 +178,6 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
 
     An `llm` decider's call is metered like any other and charged to the caller's own pool.
     """
-    from loops import decision
-    from loops.policy import Check
-
     instance = owned_instance(request, instance_id)
     checks = [Check(c.name, c.required, c.passed, c.output) for c in payload.checks or []]
     recent = payload.recent_instructions or []
@@ -251,20 +216,13 @@ def loop_decide(request: HttpRequest, instance_id: Id, payload: schemas.DecideIn
     }
 
 
-@router.get(
-    "/pools",
-    url_name="pools",
-    response={200: schemas.Pools, **errors()},
-    summary="Your budget pools: limit, spent, reserved, period",
-)
+@route(router.get, "/pools", "pools", schemas.Pools, "Your budget pools: limit, spent, reserved, period")
 def pools(request: HttpRequest) -> Any:
     return {"pools": [pool_as_json(p) for p in pools_visible_to(request.user)]}
 
 
-@router.get(
-    RUN + "/costs",
-    url_name="run-costs",
-    response={200: schemas.Costs, **errors()},
+@route(
+    router.get, RUN + "/costs", "run-costs", schemas.Costs,
     summary=(
         "Where the run's money went: per iteration (newest first, 10 a page) and per call (model, tokens, reserved, "
         "settled, overdraft and its cause, the pools that paid), and its pools' headroom"
@@ -291,12 +249,7 @@ def run_costs(
     }
 
 
-@router.get(
-    RUN + "/events",
-    url_name="run-events",
-    response={200: schemas.Events, **errors()},
-    summary="Events after a seq (at most 1000 a page)",
-)
+@route(router.get, RUN + "/events", "run-events", schemas.Events, "Events after a seq (at most 1000 a page)")
 def run_events(
     request: HttpRequest,
     instance_id: Id,
@@ -309,10 +262,8 @@ def run_events(
     return {"events": [e.as_json() for e in found], "last_seq": last, "more": last < run.last_seq}
 
 
-@router.get(
-    RUN + "/rollback",
-    url_name="run-rollback",
-    response={200: schemas.RollbackPoints, **errors()},
+@route(
+    router.get, RUN + "/rollback", "run-rollback", schemas.RollbackPoints,
     summary=(
         "The states the run's workspace can be rolled back to: the last verified state, before the run, as each "
         "iteration left it, and as each earlier rollback found it"
@@ -322,10 +273,8 @@ def run_rollback_points(request: HttpRequest, instance_id: Id, run_id: Id) -> An
     return rollback.listing(_run(request, instance_id, run_id))
 
 
-@router.post(
-    RUN + "/rollback",
-    url_name="run-rollback",
-    response={200: schemas.RolledBack, **errors()},
+@route(
+    router.post, RUN + "/rollback", "run-rollback", schemas.RolledBack,
     summary=(
         "Roll the run's workspace back to one of its points (refused with 409 while a run on that workspace is "
         "live). The workspace as it is is snapshot first: `undo` names the point that returns to it. What the "
@@ -334,9 +283,6 @@ def run_rollback_points(request: HttpRequest, instance_id: Id, run_id: Id) -> An
 )
 def run_rollback(request: HttpRequest, instance_id: Id, run_id: Id, payload: schemas.RollbackIn) -> Any:
     run = _run(request, instance_id, run_id)
-    try:
-        if payload.dry_run:
-            return rollback.plan(run=run, to=payload.to).as_json()
-        return rollback.rollback(run=run, user=request.user, to=payload.to, via="api", request=request).as_json()
-    except services.Refused as exc:
-        raise _refused(exc) from None
+    if payload.dry_run:
+        return rollback.plan(run=run, to=payload.to).as_json()
+    return rollback.rollback(run=run, user=request.user, to=payload.to, via="api", request=request).as_json()

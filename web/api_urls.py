@@ -14,6 +14,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path, re_path, register_converter
 from django.views.decorators.csrf import csrf_exempt
+from ninja.responses import Response
 
 from budgets.models import Price
 from instances import api as instances_api
@@ -21,6 +22,7 @@ from instances import prices
 from instances.models import AgentTemplate
 from reviews import api as reviews_api
 from triggers import api as triggers_api
+from triggers import schedules_api
 from web import api as loops_api
 from web import rest
 from web.auth import error
@@ -44,6 +46,7 @@ rest.api.add_router("", instances_api.router)
 rest.api.add_router("", loops_api.router)
 rest.api.add_router("", reviews_api.router)
 rest.api.add_router("", triggers_api.router)
+rest.api.add_router("", schedules_api.router)  # an instance's schedules, beside its triggers
 
 
 def _json_405(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -67,7 +70,6 @@ def _json_405(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
 @csrf_exempt
 def openapi(request: HttpRequest) -> HttpResponse:
     """Serve the document ninja generates from the routes' schemas, with today's usable templates and priced models."""
-    from ninja.responses import Response
 
     if request.method not in ("GET", "HEAD"):
         response = error(f"method {request.method} is not allowed here; use GET", 405)

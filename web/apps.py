@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 def _act_mcp(*args: Any, **kwargs: Any) -> Any:
-    from web import mcp_act  # the MCP SDK loads only in a process that serves an act's /mcp
+    from web import mcp_act  # lazy: the MCP SDK loads only in a process that serves an act's /mcp
 
     return mcp_act.handle(*args, **kwargs)
 
@@ -15,10 +15,10 @@ class WebConfig(AppConfig):
     name = "web"
 
     def ready(self) -> None:
-        from axes.signals import user_locked_out
+        from axes.signals import user_locked_out  # lazy: the app registry is not ready when apps.py is read
 
-        from instances import gateway
-        from web import accounts
+        from instances import gateway  # lazy: the app registry is not ready when apps.py is read
+        from web import accounts  # lazy: the app registry is not ready when apps.py is read
 
         # An act's MCP endpoint (how a command agent delegates) on every worker's gateway socket.
         gateway.route("/mcp", _act_mcp)

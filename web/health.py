@@ -3,11 +3,11 @@
 from django.db import connection
 from django.http import JsonResponse
 from django.utils import timezone
+from django_q.status import Stat
 
 
 def healthz(request):
     """Report database reachability and whether any worker cluster is alive."""
-    from django_q.status import Stat
 
     db_ok = True
     try:

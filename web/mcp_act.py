@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from typing import Annotated, Any, Literal
 
@@ -260,8 +261,6 @@ _bridge_lock = threading.Lock()
 
 
 def _current() -> _Bridge:
-    import os
-
     global _bridge
     with _bridge_lock:
         if _bridge is None or _bridge[0] != os.getpid():

@@ -34,6 +34,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from instances import gateway
 from web import auth
+from web.mcp_server import build_server, http_caller
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ class McpMount:
     """ASGI app: `/mcp` to Tether's MCP server (token-authenticated), everything else to `app`."""
 
     def __init__(self, app: Any) -> None:
-        from web.mcp_server import build_server, http_caller
-
         self.app = app
         self.server = build_server(http_caller)
         # The Host header is checked against ALLOWED_HOSTS below, as Django checks it; the SDK's own

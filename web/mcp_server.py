@@ -107,7 +107,11 @@ def http_caller(ctx: Context) -> Caller:
     return Caller(user_id=user_id, user_agent=agent, address=client[0])
 
 
-def _serve(ctx: Context, identify: Callable[[Context], Caller], work: Callable[[Any, _Device], Any]) -> Any:
+Work = mcp_tools.Work
+Call = mcp_tools.Call
+
+
+def _serve(ctx: Context, identify: Callable[[Context], Caller], work: Work) -> Any:
     """Run one tool body as the caller, with a fresh database connection and readable refusals."""
     caller = identify(ctx)
     close_old_connections()
@@ -123,7 +127,7 @@ def _serve(ctx: Context, identify: Callable[[Context], Caller], work: Callable[[
         close_old_connections()
 
 
-async def _call(ctx: Context, identify: Callable[[Context], Caller], work: Callable[[Any, _Device], Any]) -> Any:
+async def _call(ctx: Context, identify: Callable[[Context], Caller], work: Work) -> Any:
     # The loop's own executor, not anyio's worker threads: those live until the task that first
     # used them ends, and the session manager's task never does, so they would keep daphne from
     # exiting on SIGTERM.
@@ -209,6 +213,21 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
     """Return Tether's MCP server; `identify` names the caller of each tool call."""
     server = TetherMCPServer("tether", instructions=INSTRUCTIONS)
 
+    def call(ctx: Context, work: Work) -> Any:
+        return _call(ctx, identify, work)
+
+    _register_runs(server, call)
+    _register_steering(server, call)
+    _register_results(server, call)
+    _register_instances(server, call)
+    # An instance's webhook triggers and schedules: list, create, pause, delete (and run a schedule now).
+    mcp_tools.register(server, call, _instance)
+    return server
+
+
+def _register_runs(server: MCPServer, call: Call) -> None:
+    """Start and find runs: list_instances, start_run, get_run, list_runs."""
+
     @server.tool()
     async def list_instances(ctx: Context) -> dict[str, Any]:
         """List your instances (agents) with their live, waiting and total run counts."""
@@ -216,7 +235,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         def work(user, device):
             return {"instances": [_instance_json(i) for i in selectors.instances_for(user).order_by("id")]}
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def start_run(
@@ -239,7 +258,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             )
             return selectors.run_json(run)
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def get_run(ctx: Context, run_id: RunId) -> dict[str, Any]:
@@ -249,7 +268,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             run = _run(user, run_id)
             return {**selectors.run_json(run), "budget": headroom_for_run(run).as_json()}
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def list_runs(
@@ -268,7 +287,11 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 runs = runs.filter(status=status)
             return {"runs": [selectors.run_json(r) for r in runs.order_by("-id")[:limit]]}
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
+
+
+def _register_steering(server: MCPServer, call: Call) -> None:
+    """Follow and steer a run: run_events, interject, answer a waiting one, cancel."""
 
     @server.tool()
     async def run_events(
@@ -285,7 +308,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             last = found[-1].seq if found else after
             return {"events": [e.as_json() for e in found], "last_seq": last, "more": last < run.last_seq}
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def interject(
@@ -301,7 +324,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             run.refresh_from_db()
             return {"interjection": queued.pk, "run": selectors.run_json(run)}
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def answer(
@@ -329,7 +352,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             run.refresh_from_db()
             return {"interjection": queued.pk, "run": selectors.run_json(run)}
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def cancel(ctx: Context, run_id: RunId) -> dict[str, Any]:
@@ -339,7 +362,11 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             run = services.run_cancel(run=_run(user, run_id), user=user, via="mcp", request=device)
             return selectors.run_json(run)
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
+
+
+def _register_results(server: MCPServer, call: Call) -> None:
+    """After a run: continue_run, its change card, its rollback points, a rollback."""
 
     @server.tool()
     async def continue_run(
@@ -363,7 +390,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
             )
             return selectors.run_json(new)
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def change_card(ctx: Context, run_id: RunId) -> dict[str, Any]:
@@ -377,7 +404,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 raise ToolError(f"run {run_id} is {run.status}; its change card is made when it finishes or waits")
             return found
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def rollback_points(ctx: Context, run_id: RunId) -> dict[str, Any]:
@@ -386,7 +413,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         def work(user, device):
             return rollbacks.listing(_run(user, run_id))
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def rollback(
@@ -404,7 +431,11 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 return rollbacks.plan(run=run, to=to).as_json()
             return rollbacks.rollback(run=run, user=user, to=to, via="mcp", request=device).as_json()
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
+
+
+def _register_instances(server: MCPServer, call: Call) -> None:
+    """Make and change instances (list_templates, create_, update_ and archive_instance); delegate's refusal."""
 
     @server.tool()
     async def list_templates(ctx: Context) -> dict[str, Any]:
@@ -414,7 +445,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         def work(user, device):
             return instances_api.templates_json()
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def create_instance(
@@ -433,7 +464,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 user=user, values=values, template=template, via="mcp", request=device,
             ))
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def update_instance(ctx: Context, instance: InstanceRef, settings: Settings = None) -> dict[str, Any]:
@@ -445,7 +476,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 instance=found, user=user, values=values, via="mcp", request=device,
             ))
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def archive_instance(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
@@ -457,7 +488,7 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
                 instance=found, user=user, via="mcp", request=device,
             ))
 
-        return await _call(ctx, identify, work)
+        return await call(ctx, work)
 
     @server.tool()
     async def delegate(
@@ -469,7 +500,3 @@ def build_server(identify: Callable[[Context], Caller]) -> MCPServer:
         """An agent's tool: hand part of its act to a child run. It takes the per-act token a running agent gets
         (TETHER_TOKEN); with your own API token it is refused, and start_run is how you start a run."""
         raise ToolError(DELEGATE_IS_FOR_AGENTS)
-
-    # An instance's webhook triggers and schedules: list, create, pause, delete (and run a schedule now).
-    mcp_tools.register(server, lambda ctx, work: _call(ctx, identify, work), _instance)
-    return server

@@ -27,6 +27,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+from django_q.brokers import get_broker
+from django_q.conf import Conf
+from django_q.models import OrmQ
+from django_q.status import Stat
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -34,6 +38,7 @@ from prometheus_client.utils import floatToGoString
 
 from budgets import money
 from budgets.models import Pool, Reservation
+from loops.models import Event, Iteration, Run
 from tether import dbfaults, tracing
 
 log = logging.getLogger(__name__)
@@ -54,8 +59,6 @@ def _check_database() -> str:
 
 
 def _check_broker() -> str:
-    from django_q.brokers import get_broker
-
     broker = get_broker()
     if not broker.ping():
         raise RuntimeError("the broker did not answer")
@@ -64,9 +67,6 @@ def _check_broker() -> str:
 
 
 def _live_clusters() -> list:
-    from django_q.conf import Conf
-    from django_q.status import Stat
-
     # A cluster still starting has no worker process yet; one stopping takes no more tasks.
     return [stat for stat in Stat.get_all() if stat.status in (Conf.IDLE, Conf.WORKING) and stat.workers]
 
@@ -130,8 +130,6 @@ class TetherCollector(Collector):
         yield from self._workers()
 
     def _runs(self) -> Iterator[Metric]:
-        from loops.models import Run
-
         by_status = dict(Run.objects.values_list("status").annotate(n=Count("id")).order_by())
         runs = GaugeMetricFamily("tether_runs", "Runs by status.", labels=["status"])
         for status in Run.Status.values:
@@ -155,8 +153,6 @@ class TetherCollector(Collector):
         )
 
     def _iterations(self) -> Iterator[Metric]:
-        from loops.models import Iteration
-
         duration = ExpressionWrapper(F("finished_at") - F("started_at"), output_field=DurationField())
         bucket_counts = {
             f"le_{i}": Count("id", filter=Q(duration__lte=timedelta(seconds=bound)))
@@ -223,10 +219,6 @@ class TetherCollector(Collector):
         yield limits
 
     def _workers(self) -> Iterator[Metric]:
-        from django_q.models import OrmQ
-
-        from loops.models import Event
-
         queue = OrmQ.objects.using(settings.Q_CLUSTER.get("orm", "default"))
         yield GaugeMetricFamily(
             "tether_queue_depth", "Tasks waiting in the django-q2 queue (ORM broker).", queue.count()

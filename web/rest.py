@@ -5,12 +5,14 @@ whose schemas both validate requests and make /v1/openapi.json. This module owns
 common to every route: the JSON body parser and its limits (413 over the upload limit, 415
 not JSON, 400 nested deeper than MAX_DEPTH or NaN/Infinity), authentication (a Bearer token,
 or the console's session with its CSRF check, `web.auth`), and the one error shape,
-`{"error": "...", "field": "..."}`, for every refusal, whatever raised it.
+`{"error": "...", "field": "..."}`, for every refusal, whatever raised it: a route lets a service's
+`tether.refusals.Refused` through and it is answered with its message, status and field.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from django.conf import settings
@@ -26,6 +28,9 @@ from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from instances.models import Credential, Instance
+from loops.models import Run
+from loops.schemas import Error
+from tether.refusals import Refused
 from tether.schema import MAX_ID, describe
 from web.auth import authenticate_token, error
 
@@ -34,14 +39,11 @@ Id = Annotated[int, Path(ge=0, le=MAX_ID)]  # the `id` converter already refuses
 ERRORS = frozenset({400, 401, 402, 403, 404, 405, 409, 413, 415})
 
 
-class ApiError(Exception):
-    """A refusal the API answers as `{"error": message, "field": field}` with `status`."""
+class ApiError(Refused):
+    """A refusal the API answers as `{"error": message, "field": field}` with `status`.
 
-    def __init__(self, message: str, status: int = 400, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.field = field
+    Any other `Refused` a route lets through (a service's) is answered the same way (`_api_error`).
+    """
 
 
 class JsonBody(Parser):
@@ -138,8 +140,9 @@ def _answer(request: HttpRequest, message: str, status: int, field: str | None =
     return error(message, status, **({"field": field} if field else {}))
 
 
-@api.exception_handler(ApiError)
-def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
+@api.exception_handler(Refused)
+def _api_error(request: HttpRequest, exc: Refused) -> HttpResponse:
+    """Answer a refusal, the API's own or a service's (`loops`, `instances`, `triggers`), with its status."""
     return _answer(request, exc.message, exc.status, exc.field)
 
 
@@ -196,7 +199,6 @@ def _invalid(request: HttpRequest, exc: NinjaValidationError) -> HttpResponse:
 
 def _absent(request: HttpRequest) -> str:
     """Return why the ids in the request's path name nothing of the user's ("" when they all exist)."""
-    from loops.models import Run
 
     ids = request.resolver_match.kwargs if request.resolver_match else {}
     user = request.user
@@ -222,8 +224,22 @@ def not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
     return error(f"no API route {request.path!r}; see /v1/openapi.json", 404)
 
 
+def route(
+    method: Callable[..., Any],
+    path: str,
+    name: str,
+    answer: Any,
+    summary: str,
+    *,
+    status: int = 200,
+    refusals: tuple[int, ...] = (),
+) -> Any:
+    """Declare a route: `method` (`router.get`, ...) of `path`, named `name`, answering `answer` with `status`
+    or any documented refusal (`errors`, with `refusals` besides), `summary` in /v1/openapi.json."""
+    return method(path, url_name=name, response={status: answer, **errors(*refusals)}, summary=summary)
+
+
 def errors(*statuses: int) -> dict[frozenset[int], Any]:
     """The documented refusals of a route (all of them share the Error schema)."""
-    from loops.schemas import Error
 
     return {frozenset(ERRORS | set(statuses)): Error}

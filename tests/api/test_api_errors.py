@@ -6,7 +6,11 @@ import pytest
 from django.test import Client
 
 from instances.models import Instance
+from instances.services import InstanceRefused
+from loops import services as loop_services
 from loops.models import Run
+from tether.refusals import Refused
+from triggers.services import TriggerRefused
 from web.auth import make_token
 
 pytestmark = pytest.mark.django_db
@@ -182,3 +186,15 @@ def test_the_kept_invisible_class_is_what_the_walk_over_every_code_point_finds()
     version, kept = schema._KNOWN_CLASS
     assert kept == schema._invisible_class() or unicodedata.unidata_version != version
     assert schema.INVISIBLE_CLASS == schema._invisible_class()
+
+
+
+@pytest.mark.parametrize("kind", [Refused, loop_services.Refused, InstanceRefused, TriggerRefused])
+def test_a_refusal_a_route_lets_through_is_answered_with_its_status_and_field(api, monkeypatch, kind):
+    def refuse(user):
+        raise kind("the pools are being counted; try again", 409, "pool")
+
+    monkeypatch.setattr("web.api.pools_visible_to", refuse)
+    response = api("get", "/v1/pools")
+    _json_error(response, 409)
+    assert response.json() == {"error": "the pools are being counted; try again", "field": "pool"}

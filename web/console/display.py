@@ -11,11 +11,14 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
 
 from budgets import money
-from loops import event_kinds, outcomes, selectors
+from loops import continuation, event_kinds, outcomes, selectors
 from loops.models import Event, Run
+from web.console.forms import ContinueRunForm
 
 EXCERPT_CHARS = 600
 INSTRUCTION_CHARS = 400
@@ -143,7 +146,6 @@ class RunView:
     @property
     def can_continue(self) -> bool:
         """Whether a person may continue this run as a new one (see loops.continuation)."""
-        from loops import continuation
 
         run = self.run
         why = continuation.refusal(
@@ -155,7 +157,6 @@ class RunView:
     @property
     def continue_form(self) -> Any:
         """Return a fresh "continue this run" form (pages with a bound one pass their own)."""
-        from web.console.forms import ContinueRunForm
 
         return ContinueRunForm(run=self.run)
 
@@ -317,8 +318,6 @@ def worker_note(run: Run, now: datetime | None = None) -> WorkerNote | None:
     A live worker renews its leases every third of TETHER_LEASE_SECONDS; a lease with less
     than a third left (give or take a second) was not renewed on time: its worker is likely gone.
     """
-    from django.conf import settings
-    from django.utils import timezone
 
     now = now or timezone.now()
     expires = run.lease_expires_at

@@ -125,6 +125,26 @@ def _save(
         return _form_page(request, form, error=exc.message, status=exc.status, **page)
 
 
+def _instance_form(
+    request: HttpRequest, template: Any, values: dict[str, Any], page: dict[str, Any], write: Any, done: Any,
+    **purpose: str,
+) -> HttpResponse:
+    """An instance's form: on a GET the form filled with `values`; on a POST `write(values)` (`_save`), then
+    `done(saved)` said as a success on the saved instance's page. `page`: the title, and the instance edited."""
+    form = InstanceForm(
+        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values,
+        **purpose,
+    )
+    page = {**page, "action": request.path, "values": values, "template": template}
+    if request.method == "GET":
+        return _form_page(request, form, **page)
+    saved = _save(request, form, template, write, page)
+    if isinstance(saved, HttpResponse):
+        return saved
+    messages.success(request, done(saved))
+    return redirect("loops:instance-detail", instance_id=saved.pk)
+
+
 # --- pages ----------------------------------------------------------------------------------
 
 
@@ -148,40 +168,23 @@ def instance_new(request: HttpRequest) -> HttpResponse:
 def instance_create(request: HttpRequest, template: str) -> HttpResponse:
     chosen = get_object_or_404(AgentTemplate, name=template)
     values = {**_values_of(chosen), "name": services.free_name(request.user, chosen.name)}
-    form = InstanceForm(
-        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values
+    return _instance_form(
+        request, chosen, values, {"title": f"New instance from “{chosen.name}”"},
+        lambda v: services.instance_create(user=request.user, values=v, template=chosen, via="console", request=request),
+        lambda saved: f"Created “{saved.name}” from the {chosen.name} template.",
     )
-    page = {"title": f"New instance from “{chosen.name}”", "action": request.path, "values": values,
-            "template": chosen}
-    if request.method == "GET":
-        return _form_page(request, form, **page)
-    saved = _save(request, form, chosen, lambda v: services.instance_create(
-        user=request.user, values=v, template=chosen, via="console", request=request), page)
-    if isinstance(saved, HttpResponse):
-        return saved
-    messages.success(request, f"Created “{saved.name}” from the {chosen.name} template.")
-    return redirect("loops:instance-detail", instance_id=saved.pk)
 
 
 @login_required
 @require_http_methods(["GET", "POST"])
 def instance_edit(request: HttpRequest, instance_id: int) -> HttpResponse:
     instance = _instance(request, instance_id)
-    values = _values_of(instance)
-    form = InstanceForm(
-        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values,
+    return _instance_form(
+        request, instance.template, _values_of(instance), {"title": f"Edit “{instance.name}”", "instance": instance},
+        lambda v: services.instance_update(instance=instance, user=request.user, values=v, via="console", request=request),
+        lambda saved: f"Saved “{saved.name}”. Runs started from now on use these settings.",
         purpose="edit",
     )
-    page = {"title": f"Edit “{instance.name}”", "action": request.path, "values": values,
-            "template": instance.template, "instance": instance}
-    if request.method == "GET":
-        return _form_page(request, form, **page)
-    saved = _save(request, form, instance.template, lambda v: services.instance_update(
-        instance=instance, user=request.user, values=v, via="console", request=request), page)
-    if isinstance(saved, HttpResponse):
-        return saved
-    messages.success(request, f"Saved “{saved.name}”. Runs started from now on use these settings.")
-    return redirect("loops:instance-detail", instance_id=saved.pk)
 
 
 @login_required
@@ -189,20 +192,12 @@ def instance_edit(request: HttpRequest, instance_id: int) -> HttpResponse:
 def instance_duplicate(request: HttpRequest, instance_id: int) -> HttpResponse:
     source = _instance(request, instance_id)
     values = {**_values_of(source), "name": services.free_name(request.user, f"{source.name} copy"), "workspace": ""}
-    form = InstanceForm(
-        request.POST or None, user=request.user, full=capabilities.may_run_programs(request.user), initial=values,
+    return _instance_form(
+        request, source.template, values, {"title": f"Duplicate “{source.name}”"},
+        lambda v: services.instance_duplicate(source=source, user=request.user, values=v, via="console", request=request),
+        lambda saved: f"Created “{saved.name}”, a copy of “{source.name}” with its own workspace.",
         purpose="duplicate",
     )
-    page = {"title": f"Duplicate “{source.name}”", "action": request.path, "values": values,
-            "template": source.template}
-    if request.method == "GET":
-        return _form_page(request, form, **page)
-    saved = _save(request, form, source.template, lambda v: services.instance_duplicate(
-        source=source, user=request.user, values=v, via="console", request=request), page)
-    if isinstance(saved, HttpResponse):
-        return saved
-    messages.success(request, f"Created “{saved.name}”, a copy of “{source.name}” with its own workspace.")
-    return redirect("loops:instance-detail", instance_id=saved.pk)
 
 
 @login_required

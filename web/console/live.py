@@ -24,6 +24,7 @@ from loops.memory import Memory
 from loops.models import Event, Run
 from web import charts
 from web.console.display import EventView, RunView, tree_view, usd
+from web.console.forms import InterjectForm, ResumeRunForm, fresh_nonce
 
 RUN_TEMPLATE = "loops/run_detail.html"
 FLEET_TEMPLATE = "loops/fleet.html"
@@ -253,6 +254,11 @@ def run_state_context(run: Run, chart_all: bool = False) -> dict[str, Any]:
 # --- resume with a new cap ---------------------------------------------------------------------------
 
 
+def _in_dollars(name: str) -> property:
+    """A read-only attribute: the amount in micros named `name`, said in dollars (`usd`)."""
+    return property(lambda self: usd(getattr(self, name)))
+
+
 @dataclass
 class PoolLeft:
     name: str
@@ -297,25 +303,12 @@ class ResumeOffer:
             )
         return ""
 
-    @property
-    def cap_text(self) -> str:
-        return usd(self.cap)
-
-    @property
-    def needed_text(self) -> str:
-        return usd(self.needed)
-
-    @property
-    def used_text(self) -> str:
-        return usd(self.used)
-
-    @property
-    def most_text(self) -> str:
-        return usd(self.most)
-
-    @property
-    def least_text(self) -> str:
-        return usd(self.least)
+    # The amounts as the page says them, in dollars.
+    cap_text = _in_dollars("cap")
+    needed_text = _in_dollars("needed")
+    used_text = _in_dollars("used")
+    most_text = _in_dollars("most")
+    least_text = _in_dollars("least")
 
     def refusal(self, cap: int | None) -> str:
         """Why resuming with `cap` (None: the cap it has) would end at once, or "" when it can go on."""
@@ -349,7 +342,6 @@ def resume_offer(run: Run, form: Any = None) -> ResumeOffer | None:
     """Return what resuming budget_exhausted `run` may ask for (None for any other run)."""
     if run.status != Run.Status.FINISHED or run.outcome != Run.Outcome.BUDGET_EXHAUSTED or run.parent_id:
         return None  # a delegated run is not resumed: its parent decides (the service says so)
-    from web.console.forms import ResumeRunForm
 
     pools = run_chain(run)
     own = next((p for p in pools if p.kind == "run" and p.run_id == run.pk), None)
@@ -389,7 +381,6 @@ def render_state(run: Run, chart_all: bool = False) -> str:
     The actions block carries `data-actions` (what decides which actions it offers): the page keeps
     its own block, with what a person is typing, unless that changed (see static/console/console.js).
     """
-    from web.console.forms import InterjectForm
 
     context = {
         **run_state_context(run, chart_all),
@@ -405,7 +396,6 @@ def for_viewer(message: str, csrf_token: str) -> str:
 
     Without a token ("": no CSRF cookie yet) the page's script fills the field from the page's own.
     """
-    from web.console.forms import fresh_nonce
 
     if CSRF_SLOT in message:
         message = message.replace(CSRF_SLOT, csrf_token)

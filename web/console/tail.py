@@ -59,7 +59,6 @@ def events_per_pass() -> int:
 
 def states_per_pass() -> int:
     """How many runs' states one pass draws at most (`TETHER_CONSOLE_STATES_PER_PASS`)."""
-    from django.conf import settings
 
     return int(settings.TETHER_CONSOLE_STATES_PER_PASS)
 
@@ -174,7 +173,7 @@ class Tail:
     # --- the loop ---------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        from web.consumers import poll_seconds, refresh_seconds
+        from web.consumers import poll_seconds, refresh_seconds  # lazy: web.consumers imports this module
 
         while self.runs or self.fleets:
             self.wake.clear()

@@ -9,6 +9,8 @@ message identical to one made seconds ago by the same person is taken as a repea
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +33,7 @@ from loops import selectors, services
 from loops.models import Interjection, Run
 from reviews import changecard, rollback
 from reviews import selectors as review_selectors
+from tether.refusals import Refused
 from web.console import live
 from web.console.display import EventView, RunView
 from web.console.forms import ContinueRunForm, HistoryFilterForm, InterjectForm, ResumeRunForm, StartRunForm
@@ -55,6 +58,22 @@ def _run(request: HttpRequest, run_id: int) -> Run:
     return run
 
 
+def _of_run(check: Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]) -> Callable[..., Any]:
+    """A console page of one of the caller's runs: signed in, the methods `check` allows, the run looked up
+    (`_run`: anyone else's is a 404) and given to the view in place of its id."""
+
+    def wrap(view: Callable[[HttpRequest, Run], HttpResponse]) -> Callable[..., HttpResponse]:
+        @login_required
+        @check
+        @functools.wraps(view)
+        def page(request: HttpRequest, run_id: int) -> HttpResponse:
+            return view(request, _run(request, run_id))
+
+        return page
+
+    return wrap
+
+
 def _nonce_key(kind: str, request: HttpRequest, nonce: str) -> str:
     return f"tether:console:{kind}:{request.user.pk}:{nonce}"
 
@@ -65,6 +84,18 @@ def _nonce_key(kind: str, request: HttpRequest, nonce: str) -> str:
 def _nav(request: HttpRequest) -> dict[str, Any]:
     """Return what the navigation shows on every console page: the count of items waiting for review."""
     return {"pending_reviews": review_selectors.pending_count(request.user)}
+
+
+def show_refusal(form: Any, exc: Refused) -> None:
+    """Put a service's refusal on the form: beside its field when the form has that field, else above it."""
+    form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+
+
+def see_other(url_name: str, *args: Any) -> HttpResponse:
+    """Redirect with 303 See Other: after a POST, the page is fetched again with a GET."""
+    response = redirect(url_name, *args)
+    response.status_code = 303
+    return response
 
 
 def console_settings(request: HttpRequest) -> dict[str, Any]:
@@ -167,10 +198,8 @@ def run_start(request: HttpRequest, instance_id: int) -> HttpResponse:
 # --- run ------------------------------------------------------------------------------------------
 
 
-@login_required
-@require_GET
-def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_GET)
+def run_detail(request: HttpRequest, run: Run) -> HttpResponse:
     return _run_page(request, run, InterjectForm(run=run))
 
 
@@ -239,10 +268,8 @@ def _actions(
     return redirect("loops:run-detail", run_id=run.pk)
 
 
-@login_required
-@require_POST
-def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_POST)
+def run_stop(request: HttpRequest, run: Run) -> HttpResponse:
     try:
         run = services.run_cancel(run=run, user=request.user, via="console", request=request)
     except services.Refused:
@@ -258,10 +285,8 @@ def run_stop(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice=notice)
 
 
-@login_required
-@require_POST
-def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_POST)
+def run_interject(request: HttpRequest, run: Run) -> HttpResponse:
     form = InterjectForm(request.POST, run=run)
     if not form.is_valid():
         return _actions(request, run, form, status=400)
@@ -294,10 +319,8 @@ def run_interject(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice=notice, transient=not repeat)
 
 
-@login_required
-@require_POST
-def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = _run(request, run_id)
+@_of_run(require_POST)
+def run_close(request: HttpRequest, run: Run) -> HttpResponse:
     try:
         run = services.run_close(run=run, user=request.user, via="console", request=request)
     except services.Refused as refused:
@@ -305,11 +328,9 @@ def run_close(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice="Closed without an answer (escalated).")
 
 
-@login_required
-@require_POST
-def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_POST)
+def run_resume(request: HttpRequest, run: Run) -> HttpResponse:
     """Resume a budget_exhausted run, with a new cap if one is given; one that would end at once is refused."""
-    run = _run(request, run_id)
     offer = live.resume_offer(run)
     if offer is None:  # not out of budget: the service says why it cannot be resumed
         try:
@@ -332,11 +353,9 @@ def run_resume(request: HttpRequest, run_id: int) -> HttpResponse:
     return _actions(request, run, InterjectForm(run=run), notice=notice)
 
 
-@login_required
-@require_POST
-def run_continue(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_POST)
+def run_continue(request: HttpRequest, run: Run) -> HttpResponse:
     """Continue a finished run as a new one, then show the new run (a plain form post: works without JavaScript)."""
-    run = _run(request, run_id)
     form = ContinueRunForm(request.POST, run=run)
     if not form.is_valid():
         return _run_page(request, run, InterjectForm(run=run), status=400, continue_form=form)
@@ -364,11 +383,9 @@ def run_continue(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("loops:run-detail", run_id=new.pk)
 
 
-@login_required
-@require_GET
-def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_GET)
+def run_timeline(request: HttpRequest, run: Run) -> HttpResponse:
     """Return the events before `?before=SEQ` (an earlier part of the timeline)."""
-    run = _run(request, run_id)
     try:
         before = int(request.GET.get("before", ""))
         if before < 1:
@@ -380,11 +397,9 @@ def run_timeline(request: HttpRequest, run_id: int) -> HttpResponse:
     return render(request, "loops/run_detail.html#timeline-earlier", context)
 
 
-@login_required
-@require_GET
-def run_costs(request: HttpRequest, run_id: int) -> HttpResponse:
+@_of_run(require_GET)
+def run_costs(request: HttpRequest, run: Run) -> HttpResponse:
     """Return "Where the money went" for the iterations before `?before=N` (older ones)."""
-    run = _run(request, run_id)
     try:
         before = int(request.GET.get("before", ""))
         if not 1 <= before <= 2**31:

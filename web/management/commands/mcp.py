@@ -18,7 +18,10 @@ class Command(BaseCommand):
         parser.add_argument("--user", required=True, help="the username every tool call acts as")
 
     def handle(self, user, **options):
-        from web.mcp_server import build_server, stdio_caller
+        from web.mcp_server import (  # lazy: the MCP SDK loads only when this command runs
+            build_server,
+            stdio_caller,
+        )
 
         found = get_user_model().objects.filter(username=user).first()
         if found is None:

@@ -33,7 +33,7 @@ LISTEN_BACKLOG = 1024
 
 def listen_endpoint(host: str, port: int) -> str:
     """daphne's endpoint for `host:port` (as its -b/-p build it), with a listen backlog for a herd."""
-    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.endpoints import build_endpoint_description_strings  # lazy: daphne loads only to serve
 
     return f"{build_endpoint_description_strings(host=host, port=port)[0]}:backlog={LISTEN_BACKLOG}"
 
