@@ -11,6 +11,7 @@ from typing import Any
 
 from budgets import selectors
 from budgets.pricing import UnpricedModel
+from instances.models import Instance
 
 
 def claude_model(instance: Any) -> str | None:
@@ -23,7 +24,7 @@ def claude_model(instance: Any) -> str | None:
     judged_with_it = bool(getattr(instance, "judge_rubric", "")) and not getattr(instance, "judge_model", "")
     if not (instance.brain == "anthropic" or instance.decider == "llm" or judged_with_it):
         return None
-    from instances.brains.anthropic import model_for
+    from instances.brains.anthropic import model_for  # lazy: it loads the Claude SDK
 
     return model_for(instance)
 
@@ -50,8 +51,6 @@ def ensure_priced(instance: Any) -> None:
 
 def template_usable(template: Any) -> bool:
     """Whether an instance made from `template` as it is would be kept (every model it calls has a price)."""
-    from instances.models import Instance
-
     try:
         ensure_priced(Instance(name=template.name, **template.instance_defaults()))
     except UnpricedModel:
