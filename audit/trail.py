@@ -41,6 +41,7 @@ import socket
 from collections.abc import Iterable
 from typing import IO, Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -212,8 +213,6 @@ class AuditedAdmin:
         super().delete_queryset(request, queryset)  # type: ignore[misc]
 
     def _audit(self, request: Any, obj: Any, verb: str, found: dict[str, Any]) -> None:
-        from django.contrib.auth import get_user_model
-
         model = type(obj)
         is_user = isinstance(obj, get_user_model())
         record(

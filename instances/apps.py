@@ -1,15 +1,15 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_delete, post_save
+
+from instances import credentials
+from tether import redaction
 
 
 class InstancesConfig(AppConfig):
     name = "instances"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_delete, post_save
-
-        from instances import credentials
-        from instances.models import Credential
-        from tether import redaction
+        from instances.models import Credential  # lazy: models load after the app configs, before ready()
 
         # The stored credentials' keys are redacted from every text.
         redaction.stored_keys_from(credentials.stored_rows, credentials.stored_keys)

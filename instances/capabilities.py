@@ -37,6 +37,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.db import connection
+
+from instances.models import McpServer
+from instances.tools.mcp import SERVER_NAME
+from instances.validation import InvalidInstance
 
 PERMISSION = "instances.run_programs"
 # What a user without the capability may set on an instance made from a template.
@@ -155,10 +160,6 @@ def check_mcp_servers(user: Any, names: Any, *, template: Any = None) -> list[st
     A server the instance's template names is allowed (the operator chose it); any other must be
     registered, enabled and granted to `user`. An unknown server is refused like one not granted.
     """
-    from instances.models import McpServer
-    from instances.tools.mcp import SERVER_NAME
-    from instances.validation import InvalidInstance
-
     if not isinstance(names, list | tuple) or not all(isinstance(n, str) and SERVER_NAME.match(n) for n in names):
         raise InvalidInstance("mcp_servers must be a list of MCP server names", "mcp_servers")
     wanted: list[str] = [str(n) for n in names]
@@ -184,10 +185,6 @@ def mcp_servers_for(instance: Any) -> tuple[list[Any], dict[str, str]]:
 
     Read at each act: a server disabled or no longer granted to the owner is not connected.
     """
-    from django.db import connection
-
-    from instances.models import McpServer
-
     names = [str(n) for n in (instance.mcp_servers or [])]
     was_closed = connection.connection is None
     try:

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from django.apps import apps
 from django.conf import settings
+from django.db import connections, transaction
 
 if TYPE_CHECKING:
     from instances.models import Credential, Instance
@@ -99,8 +101,6 @@ def rotate(secret: str | None = None, fallbacks: Sequence[str] | None = None) ->
     A secret is opened with `secret` or any of `fallbacks` (default: SECRET_KEY_FALLBACKS);
     one that none of them opens is left as it is (and stays unusable until re-entered).
     """
-    from django.apps import apps
-
     fernet = _fernet(secret, fallbacks)
     count = 0
     for label, field, _ in _ENCRYPTED:
@@ -216,10 +216,7 @@ def stored_rows() -> tuple[tuple[str, int, str], ...] | None:
     Only over a database connection this thread already has open, never opening one (acts give
     theirs back), and in a savepoint inside a transaction, so a failure spoils nothing.
     """
-    from django.apps import apps
-    from django.db import connections, transaction
-
-    from instances.models import Credential
+    from instances.models import Credential  # lazy: instances.models imports this module
 
     connection = connections[Credential.objects.db]
     if connection.connection is None:

@@ -1,9 +1,13 @@
+import json
+import shlex
 from pathlib import Path
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, RegexValidator
 from django.db import models
 from django.db.models.signals import post_migrate
+
+from instances import credentials
 
 
 class Credential(models.Model):
@@ -38,8 +42,6 @@ class Credential(models.Model):
         return credential
 
     def set_secret(self, secret: str) -> None:
-        from instances import credentials
-
         secret = secret.strip()
         if not secret:
             raise ValueError("an API key cannot be empty")
@@ -48,8 +50,6 @@ class Credential(models.Model):
 
     def reveal(self) -> str:
         """Return the plaintext key. Only a brain building its client calls this."""
-        from instances import credentials
-
         return credentials.decrypt(self.secret_encrypted)
 
 
@@ -215,8 +215,6 @@ class Instance(AgentConfig):
     @property
     def command_line(self) -> str:
         """Return its command as a shell would take it, quotes and all (`shlex.join`)."""
-        import shlex
-
         return shlex.join(str(a) for a in (self.command or []))
 
     def workspace_path(self) -> Path:
@@ -274,20 +272,12 @@ class McpServer(models.Model):
 
     def set_secrets(self, *, env: dict[str, str] | None = None, headers: dict[str, str] | None = None) -> None:
         """Store the program's environment and the HTTP headers encrypted; keep only their names readable."""
-        import json
-
-        from instances import credentials
-
         data = {"env": dict(env or {}), "headers": dict(headers or {})}
         self.secrets_encrypted = credentials.encrypt(json.dumps(data)) if data["env"] or data["headers"] else ""
         self.secret_names = sorted([*(f"env {k}" for k in data["env"]), *(f"header {k}" for k in data["headers"])])
 
     def secrets(self) -> dict[str, dict[str, str]]:
         """Return {"env": {...}, "headers": {...}}. Only the connection to the server reads this."""
-        import json
-
-        from instances import credentials
-
         if not self.secrets_encrypted:
             return {"env": {}, "headers": {}}
         data = json.loads(credentials.decrypt(self.secrets_encrypted))
@@ -297,7 +287,7 @@ class McpServer(models.Model):
 # Shipped agent templates are recreated after migrate and after a test flush.
 # (Connected here so it is registered whenever the app's models load.)
 def _ensure_templates(sender, **kwargs):
-    from instances.templates_loader import ensure_templates
+    from instances.templates_loader import ensure_templates  # lazy: templates_loader imports these models
 
     ensure_templates(sender, **kwargs)
 

@@ -12,6 +12,7 @@ from typing import Any
 from budgets import selectors
 from budgets.pricing import UnpricedModel
 from instances.brains.anthropic.config import model_for
+from instances.models import Instance
 
 
 def claude_model(instance: Any) -> str | None:
@@ -49,8 +50,6 @@ def ensure_priced(instance: Any) -> None:
 
 def template_usable(template: Any) -> bool:
     """Whether an instance made from `template` as it is would be kept (every model it calls has a price)."""
-    from instances.models import Instance
-
     try:
         ensure_priced(Instance(name=template.name, **template.instance_defaults()))
     except UnpricedModel:

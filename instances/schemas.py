@@ -10,6 +10,7 @@ model has a price is `instances.prices`. Touches no database.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,8 @@ from ninja import Schema
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, model_validator
 
 from instances.models import Instance as InstanceModel
+from instances.tools import TOOLS, check_names, mcp
+from instances.tools.mcp import SERVER_NAME
 from tether import limits
 from tether.schema import (
     INVISIBLE_CLASS,
@@ -51,7 +54,7 @@ _ARGV_SCHEMA = {
 
 
 def _visible(value: str) -> str:
-    from instances.validation import invisible
+    from instances.validation import invisible  # lazy: instances.validation imports this module
 
     why = invisible(value)
     if why:
@@ -104,8 +107,6 @@ def _choice(values: list[str]) -> Any:
 
 
 def _tool_names(value: Any) -> list[str]:
-    from instances.tools import check_names, mcp
-
     names = listed(_nonempty)(value)
     for i, name in enumerate(names):
         if mcp.is_mcp_name(name) and not re.fullmatch(mcp.PATTERN.pattern, name):
@@ -117,8 +118,6 @@ def _tool_names(value: Any) -> list[str]:
 
 
 def _server_names(value: Any) -> list[str]:
-    from instances.tools.mcp import SERVER_NAME
-
     names = listed(_nonempty)(value)
     for i, name in enumerate(names):
         if not re.fullmatch(SERVER_NAME.pattern, name):
@@ -129,8 +128,6 @@ def _server_names(value: Any) -> list[str]:
 
 
 def _server_list_schema() -> dict[str, Any]:
-    from instances.tools.mcp import SERVER_NAME
-
     return {"uniqueItems": True, "items": {"type": "string", "pattern": SERVER_NAME.pattern}}
 
 
@@ -156,9 +153,7 @@ def _base_url(value: Any) -> str:
 
 
 def _response_schema(value: Any) -> dict[str, Any]:
-    import json
-
-    from instances.validation import json_schema_problem
+    from instances.validation import json_schema_problem  # lazy: instances.validation imports this module
 
     if not isinstance(value, dict):
         raise refuse(f"must be a JSON Schema (an object; {{}} for none), not {kind_of(value)}")
@@ -182,8 +177,6 @@ def _bounded(field: str) -> Any:
 
 
 def _tool_list_schema() -> dict[str, Any]:
-    from instances.tools import TOOLS, mcp
-
     return {
         "type": "array",
         "items": {

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from audit import trail
 from budgets.pricing import UnpricedModel
-from instances import capabilities, prices, templates_loader, validation
+from instances import capabilities, credentials, prices, templates_loader, validation
 from instances.models import AgentTemplate, Credential, Instance
 from tether.refusals import Refused
 
@@ -59,8 +59,6 @@ def fit_to_brain(instance: Instance) -> list[str]:
     """
     if instance.brain != Instance.Brain.COMMAND:
         return []
-    from instances import credentials
-
     changed = []
     unused = ["system_prompt"] if credentials.needs_key(instance) else ["system_prompt", "model"]
     for field in unused:

@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-from django.db import transaction
+from django.db import connections, transaction
 
 from audit import trail
 from instances.models import AgentConfig, AgentTemplate, Credential, Instance
+from instances.tools import check_names
+from instances.validation import json_schema_problem
 from tether import limits
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "agent_templates"
@@ -92,9 +94,6 @@ class TemplateError(ValueError):
 
 def validate(data: Any, *, source: str = "template") -> dict[str, Any]:
     """Return `data` if it is a valid template, else raise TemplateError naming the problem."""
-    from instances.tools import check_names
-    from instances.validation import json_schema_problem
-
     try:
         jsonschema.validate(data, SCHEMA)
     except jsonschema.ValidationError as exc:
@@ -207,8 +206,6 @@ def ensure_templates(sender: Any = None, *, app_config: Any = None, using: str =
     """
     if app_config is None or app_config.label != "instances":
         return
-    from django.db import connections
-
     if AgentTemplate._meta.db_table not in connections[using].introspection.table_names():
         return  # migrated backwards past the table
     load_templates(overwrite=False, using=using)
@@ -229,8 +226,6 @@ def instance_values(template: Any, overrides: dict[str, Any] | None = None) -> d
     if unknown:
         raise TemplateError(f"cannot override {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(OVERRIDABLE))}")
     values = {**template.instance_defaults(), **overrides}
-    from instances.tools import check_names
-
     try:
         check_names(values.get("tools") or [])
         check_names(values.get("approval_tools") or [])

@@ -29,10 +29,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 from django.conf import settings
 from django.db import connection
 from pydantic import ValidationError
 
+from instances.brains.process import SAFE_PATH
+from instances.models import Instance
 from instances.schemas import BOUNDS, KEY_CHARS, InstanceIn
 from tether.schema import INVISIBLE, describe
 
@@ -58,8 +61,6 @@ class InvalidInstance(ValueError):
 
 def json_schema_problem(schema: Any) -> str:
     """Return why `schema` is not a JSON Schema a final answer can be checked against ("" when it is)."""
-    import jsonschema
-
     if not isinstance(schema, dict | bool):
         return f"must be a JSON Schema (an object), not {type(schema).__name__}"
     try:
@@ -116,8 +117,6 @@ def name_taken(owner_id: int | None, name: str, *, instance_id: int | None = Non
     An owner's instances have names that tell them apart (a delegate call names its target):
     two names are the same when they differ only in case or in Unicode form.
     """
-    from instances.models import Instance
-
     if owner_id is None or not name:
         return None
     key = _name_key(name)
@@ -154,8 +153,6 @@ def _workspace_file(argv: list[str]) -> str | None:
 
 
 def _search_path() -> str:
-    from instances.brains.process import SAFE_PATH
-
     return SAFE_PATH
 
 
@@ -167,8 +164,6 @@ def unrunnable(instance: Any) -> tuple[str, str] | None:
     (a copy gets its own, empty one); a bare script name that is no program on the search path
     cannot start even when the workspace holds it.
     """
-    from instances.models import Instance
-
     if instance.brain != Instance.Brain.COMMAND:
         return None
     argv = [a for a in (instance.command or []) if isinstance(a, str)]
@@ -257,8 +252,6 @@ def validate(data: dict[str, Any], *, from_template: bool = False) -> dict[str, 
     otherwise `data` defines the whole agent (a command brain needs its command). Keys the
     schema does not know (a form's `credential` object, `mcp_servers`) pass through unchanged.
     """
-    from instances.models import Instance
-
     clean = {k: v for k, v in data.items() if v is not None}
     known = {k: v for k, v in clean.items() if k in InstanceInFields}
     known.setdefault("name", "")
@@ -286,8 +279,6 @@ def _forms(path: Path | str) -> tuple[str, str]:
 
 def _workspaces() -> list[tuple[int, int, str, str]]:
     """Return (id, owner id, name, workspace) of every instance; a thread that held no connection holds none after."""
-    from instances.models import Instance
-
     was_closed = connection.connection is None
     try:
         return list(Instance.objects.values_list("pk", "owner_id", "name", "workspace"))

@@ -1,5 +1,7 @@
 """Append events to a run's gap-free sequence; ring the doorbell after commit.
 
+Every payload is checked against its kind's model (`loops.event_types`) before anything is
+written: a kind nobody declared, or a field its model does not name, is refused (`InvalidEvent`).
 Must be called inside a transaction: the run row's `last_seq` is bumped with a
 conditional update, which serialises appenders of one run. Every string in an event's
 data is redacted (`tether.redaction`) before it is stored. Viewers are woken
@@ -24,6 +26,7 @@ from django.db.models.expressions import RawSQL
 from django.db.models.sql import UpdateQuery
 from django.utils import timezone
 
+from loops.event_types import check
 from loops.models import Event, Run
 from tether.redaction import redact_each
 
@@ -40,7 +43,7 @@ def append(run_id: int, kind: str, data: dict[str, Any] | None = None) -> int:
 
 def append_many(run_id: int, items: Iterable[tuple[str, dict[str, Any]]]) -> int:
     """Append events in order; return the last seq."""
-    items = list(items)
+    items = _checked(items)
     if not items:
         return 0
     with connection.cursor() as cursor:
@@ -70,7 +73,7 @@ def update_and_append_if(
     Still one `UPDATE … RETURNING`: the condition decides the sequence's bump and comes back
     with it. Returns (the last seq, whether `more` was appended), or None when no run matched.
     """
-    items, more = list(items), list(more)
+    items, more = _checked(items), _checked(more)
     bump: Any = Value(len(items))
     if when is not None and more:
         condition, condition_params = when
@@ -91,6 +94,14 @@ def update_and_append_if(
     appended = bool(flag and flag[0])
     _insert(int(run_id), int(last), items + more if appended else items)
     return int(last), appended
+
+
+def _checked(items: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """Return `items` as a list once each payload is checked against its kind's model (`InvalidEvent` if not)."""
+    items = list(items)
+    for kind, data in items:
+        check(kind, data)
+    return items
 
 
 def _insert(run_id: int, last: int, items: list[tuple[str, dict[str, Any]]]) -> None:
@@ -114,6 +125,8 @@ def append_to_each(kind: str, data: dict[int, dict[str, Any]]) -> dict[int, int]
     """
     if not data:
         return {}
+    for payload in data.values():
+        check(kind, payload)
     ids = list(data)
     with connection.cursor() as cursor:
         cursor.execute(

@@ -62,7 +62,7 @@ def is_busy(exc: BaseException) -> bool:
     if getattr(cause, "sqlstate", None) == "53300":
         return True
     try:
-        from psycopg_pool import PoolTimeout, TooManyRequests
+        from psycopg_pool import PoolTimeout, TooManyRequests  # lazy: PostgreSQL's only
     except ImportError:  # pragma: no cover (installed with psycopg[pool])
         return False
     return isinstance(cause, PoolTimeout | TooManyRequests)

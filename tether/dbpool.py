@@ -67,8 +67,8 @@ _TetherPool: type | None = None
 
 
 def _define_pool() -> type:
-    import psycopg
-    from psycopg_pool import ConnectionPool, PoolTimeout
+    import psycopg  # lazy: PostgreSQL's driver, only loaded when a pool is defined
+    from psycopg_pool import ConnectionPool, PoolTimeout  # lazy: as psycopg
 
     class TetherPool(ConnectionPool):  # type: ignore[type-arg]
         """A psycopg_pool pool whose clients hear of an outage at once (see the module doc)."""

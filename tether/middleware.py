@@ -20,6 +20,7 @@ request, and a 500 that comes back with a transient database error noted becomes
 from __future__ import annotations
 
 import logging
+import sys
 
 from django.core.signals import got_request_exception
 from django.db import connection
@@ -101,8 +102,6 @@ _NOTED = "_tether_transient_error"
 
 def _note_transient(sender: object, request: HttpRequest | None = None, **kwargs: object) -> None:
     """Note on the request a transient database error that Django is about to answer with a 500."""
-    import sys
-
     error = sys.exc_info()[1]
     if request is not None and error is not None and dbfaults.is_transient(error):
         setattr(request, _NOTED, error)

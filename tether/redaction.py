@@ -60,6 +60,7 @@ from itertools import accumulate, compress
 from typing import Any
 from urllib.parse import urlsplit
 
+from django.apps import apps
 from django.conf import settings
 
 REDACTED = "[redacted]"
@@ -292,8 +293,6 @@ class _Stored:
         return self.keys
 
     def _reload(self) -> None:
-        from django.apps import apps
-
         if not apps.ready or self.source is None:
             return
         read, decrypt = self.source

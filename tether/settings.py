@@ -8,8 +8,10 @@ Every `TETHER_*` setting is declared here, once, with its default and what it me
 value stops Tether at start naming it.
 """
 
+import json
 import os
 import secrets
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +47,6 @@ def _env_float(name: str, default: float) -> float:
 
 def _env_json(name: str, default: Any) -> Any:
     """A value given as JSON (a number, true/false, a list, an object); text that is no JSON is kept as text."""
-    import json
-
     raw = os.environ.get(name)
     if raw in (None, ""):
         return default
@@ -333,8 +333,6 @@ TETHER_BUDGET_LEASE_USD = os.environ.get("TETHER_BUDGET_LEASE_USD", "0.25").stri
 
 
 def _check_dollars(name: str, value: str) -> None:
-    from decimal import Decimal, InvalidOperation
-
     try:
         ok = Decimal(value) >= 0 and Decimal(value).is_finite()
     except InvalidOperation:

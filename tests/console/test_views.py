@@ -4,6 +4,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db.models import F
 from django.test import Client
 from django.utils import timezone
 
@@ -323,7 +324,15 @@ def test_run_page_draws_every_part_of_an_iteration(signed_in, instance, start_ru
             ("run.waiting", {"iteration": 1, "question": "which test framework?"}),
             ("run.resumed", {"by": "ada", "via": "console", "reason": "answered"}),
             ("run.reaped", {"iteration": 2}),
-            ("something.new", {"x": 1}),
+        ],
+    )
+    # A kind this Tether does not know (a newer one wrote it): the writer refuses it, the page still draws it.
+    Run.objects.filter(pk=run.pk).update(last_seq=F("last_seq") + 1)
+    Event.objects.create(run=run, seq=Run.objects.get(pk=run.pk).last_seq, kind="something.new", data={"x": 1},
+                         created_at=timezone.now())
+    story(
+        run,
+        [
             ("run.stop_requested", {"by": "ada", "via": "console"}),
             (
                 "run.finished",
