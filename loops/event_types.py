@@ -226,6 +226,20 @@ class WorkspaceRolledBack(Payload):
     not_restored: list[str] | None = None
 
 
+class StallRewound(InIteration):
+    """A stalled run's workspace taken back to its best iteration's state (or why it was not)."""
+
+    to: int | None = None
+    refused: str | None = None
+    label: str | None = None
+    undo: str | None = None
+    exact: bool | None = None
+    added: int | None = None
+    modified: int | None = None
+    deleted: int | None = None
+    not_restored: list[str] | None = None
+
+
 PAYLOADS: dict[str, type[Payload]] = {
     "run.started": RunStarted,
     "run.claimed": RunClaimed,
@@ -253,6 +267,7 @@ PAYLOADS: dict[str, type[Payload]] = {
     "run.released": RunReleased,
     "run.finished": RunFinished,
     "workspace.rolled_back": WorkspaceRolledBack,
+    "stall.rewound": StallRewound,
 }
 
 

@@ -329,26 +329,11 @@ def _judged(turn: Turn, reply: Reply) -> Ended:
         grades = [report.assessment for report in reports]
         step = policy.next_step(state, decision, checks, grades, protected_changed=changed)
     if isinstance(step, policy.Continue) and step.stall == policy.STALL_REWIND:
-        refused, rewound = _rewind(turn, step.rewind_to)
+        refused, rewound = signals.ask_rewind(turn.run, turn.lease.token, step.rewind_to, turn.begun.number)
         extra.append(rewound)
         if refused:  # not rewound: the stall handling goes on to its next stage
             step = policy.next_step(replace(state, rewind_refused=refused), decision, checks, protected_changed=changed)
     return Ended(reply, decision, step, checks, verified.fingerprint, decider_usage, extra, changed)
-
-
-def _rewind(turn: Turn, to: int) -> tuple[str, tuple[str, dict[str, Any]]]:
-    """Have the workspace go back to the state iteration `to` left it in (a stall's rewind): (why not, its event).
-
-    The rollback's owner does it, asked through `signals.rewind_requested` under this driver's lease.
-    """
-    begun = turn.begun
-    data: dict[str, Any] = {"iteration": begun.number, "to": to}
-    sent = signals.rewind_requested.send(sender=Run, run=begun.run, token=turn.lease.token, to=to, iteration=begun.number)
-    answer = next((dict(a) for _, a in sent if a is not None), {"refused": "no snapshots of the workspace are kept"})
-    if "rewound" not in answer:
-        refused = str(answer.get("refused") or "it was refused")[:500]
-        return refused, ("stall.rewound", {**data, "refused": refused})
-    return "", ("stall.rewound", {**data, **dict(answer["rewound"])})
 
 
 def _decide(turn: Turn, verified: Verified) -> tuple[decision_mod.Decision, Usage] | Ended:

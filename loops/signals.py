@@ -22,6 +22,8 @@ Sent by `loops.runner` with `sender=Run`:
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.dispatch import Signal
 
 run_starting = Signal()
@@ -30,3 +32,17 @@ iteration_starting = Signal()
 attempt_lost = Signal()
 rewind_requested = Signal()
 
+
+
+def ask_rewind(run: Any, token: str, to: int, iteration: int) -> tuple[str, tuple[str, dict[str, Any]]]:
+    """Have the workspace go back to the state iteration `to` left it in (a stall's rewind): (why not, its event).
+
+    The rollback's owner does it, as the receiver of `rewind_requested`, under the driver's lease `token`.
+    """
+    data: dict[str, Any] = {"iteration": iteration, "to": to}
+    sent = rewind_requested.send(sender=type(run), run=run, token=token, to=to, iteration=iteration)
+    answer = next((dict(a) for _, a in sent if a is not None), {"refused": "no snapshots of the workspace are kept"})
+    if "rewound" not in answer:
+        refused = str(answer.get("refused") or "it was refused")[:500]
+        return refused, ("stall.rewound", {**data, "refused": refused})
+    return "", ("stall.rewound", {**data, **dict(answer["rewound"])})

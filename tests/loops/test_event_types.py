@@ -170,6 +170,10 @@ SAMPLES = {
         "exact": True, "added": 1, "modified": 2, "deleted": 0, "kept": ["notes.txt"], "kept_more": 0,
         "not_restored": [],
     },
+    "stall.rewound": {
+        "iteration": 6, "to": 3, "label": "after iteration 3", "undo": "rollback-2", "exact": True, "added": 0,
+        "modified": 1, "deleted": 0, "not_restored": [],
+    },
 }
 
 
@@ -254,11 +258,11 @@ def test_the_writer_refuses_a_payload_its_model_does_not_declare_and_writes_noth
 @pytest.mark.django_db
 def test_a_writer_with_a_misspelt_field_is_refused(run, monkeypatch):
     """A writer in the code that spells a field its own way fails at once, not in a reader months later."""
-    from loops import runner
+    from loops import lifecycle
 
-    monkeypatch.setattr(runner, "finished_data", lambda r: {**SAMPLES["run.finished"], "spent": "0.01"})
+    monkeypatch.setattr(lifecycle, "finished_data", lambda r: {**SAMPLES["run.finished"], "spent": "0.01"})
     with pytest.raises(InvalidEvent, match="spent"), transaction.atomic():
-        runner.finish_run(run.pk, None, "done", "all good")
+        lifecycle.finish_run(run.pk, None, "done", "all good")
     assert Run.objects.get(pk=run.pk).status != Run.Status.FINISHED
 
 
