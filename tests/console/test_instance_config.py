@@ -49,6 +49,7 @@ def test_create_from_each_template_without_the_capability(signed_in, user, name)
     assert input_names(page) - {"csrfmiddlewaretoken"} == {
         "name", "model", "credential", "max_iterations", "objective_max_chars", "max_tool_turns",
         "max_output_tokens", "workspace", "judge_rubric", "judge_model", "judge_pass_threshold", "response_schema",
+        "rewind_on_stall",
     }
     text = page.content.decode()
     assert "Fixed by the template" in text

@@ -138,30 +138,11 @@ def test_a_stopped_run_reads_stopped_by_its_person_not_a_failed_decision(signed_
 # --- one registry of event kinds ---------------------------------------------------------------------------
 
 
-SOURCES = ["loops", "reviews", "instances", "budgets", "audit"]
-
-
-def appended_kinds():
-    """Every event kind the code appends: events.append(run, "kind", ...), ("kind", {...}) items, as_event."""
-    from pathlib import Path
-
-    from django.conf import settings
-
-    found = set()
-    for app in SOURCES:
-        for path in (Path(settings.BASE_DIR) / app).rglob("*.py"):
-            text = path.read_text()
-            if "events.append" not in text and "as_event" not in text and "_reschedule" not in text:
-                continue
-            found |= set(re.findall(r'events\.append\(\s*[\w.]+,\s*"([a-z_]+\.[a-z_]+)"', text))
-            found |= set(re.findall(r'_reschedule\(\s*\w+,\s*"([a-z_]+\.[a-z_]+)"', text))
-            found |= set(re.findall(r'\(\s*"([a-z_]+\.[a-z_]+)",\s*\{', text))
-            found |= set(re.findall(r'return "([a-z_]+\.[a-z_]+)", \{', text))
-    return found
-
-
 def test_every_kind_the_code_records_is_in_the_registry():
-    kinds = appended_kinds()
+    """The timeline can title every kind written (the scan of writers is `tests/loops/test_event_types.py`'s)."""
+    from tests.loops.test_event_types import written_kinds
+
+    kinds, _ = written_kinds()
     assert {"run.delegating", "run.delegated", "grade.finished", "protected.changed", "run.resumed"} <= kinds
     assert kinds - set(event_kinds.KINDS) == set()
 

@@ -56,7 +56,8 @@ def act():
     from instances.brains.anthropic.act import AnthropicBrain
     from instances.brains.base import ActRequest
 
-    def run(instance, instruction="do the work", *, snapshot=(), stop=None, timeout=30.0, iteration=1, **extra):
+    # The act's own time limit is far above what a loaded machine needs: a test of the limit gives its own.
+    def run(instance, instruction="do the work", *, snapshot=(), stop=None, timeout=600.0, iteration=1, **extra):
         request = ActRequest(
             run_id=1,
             iteration=iteration,
