@@ -7,6 +7,7 @@ from audit.trail import AuditedAdmin
 from budgets.pricing import UnpricedModel
 from instances import capabilities, prices, validation
 from instances.models import AgentConfig, AgentTemplate, Credential, Instance, McpServer
+from instances.services import fit_to_brain
 
 
 class CredentialForm(forms.ModelForm):
@@ -218,8 +219,6 @@ class InstanceAdmin(AuditedAdmin, admin.ModelAdmin):
         return response
 
     def save_model(self, request, obj, form, change):
-        from instances.services import fit_to_brain
-
         fit_to_brain(obj)  # a program brain keeps no model, prompt or Claude tools, as on every surface
         super().save_model(request, obj, form, change)
 

@@ -11,7 +11,7 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router, Status
 
-from instances import prices, protected, schemas, services, templates_loader
+from instances import credentials, prices, protected, schemas, services, templates_loader
 from instances.models import AgentTemplate, Credential, Instance
 from web.rest import ApiError, Id, errors
 
@@ -26,8 +26,6 @@ SHOWN = tuple(f for f in Instance.setting_fields() if f not in ("credential", "w
 
 
 def instance_json(instance: Instance) -> dict[str, Any]:
-    from instances import credentials
-
     return {
         "id": instance.pk,
         "name": instance.name,

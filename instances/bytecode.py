@@ -33,6 +33,7 @@ from pathlib import Path
 from django.conf import settings
 
 from instances import evidence
+from instances.brains import process
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,6 @@ def warm() -> Path | None:
 
 
 def _build(target: Path) -> None:
-    from instances.brains import process
-
     target.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     try:

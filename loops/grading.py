@@ -7,7 +7,7 @@ wins, the first to fail the run names why, and the evidence of those that vouch 
 The apps register their graders in `AppConfig.ready` (the engine does not import them):
 
 1. `ROLE` — `loops.delegation.role_check`: a composition's done is verified only with its verifying
-   role's pass (registered by `loops.apps`).
+   role's pass (registered by `loops.receivers`).
 2. `CONFIGURED` — `reviews.graders.on_done_proposed`: the instance's configured graders (the
    response check, the changed-nothing check, the tamper scan and the LLM judge), registered by
    `reviews.apps`.

@@ -2,6 +2,7 @@ from django.conf import settings
 from django.db import models
 
 from loops import outcomes
+from loops.event_kinds import describe_origin
 
 
 class Run(models.Model):
@@ -108,8 +109,6 @@ class Run(models.Model):
     @property
     def origin_text(self) -> str:
         """Return how the run started, for a person ("in the console", "by webhook trigger 3 (delivery …)")."""
-        from loops.event_kinds import describe_origin
-
         return describe_origin({"kind": self.origin, **(self.origin_ref or {})})
 
     @property

@@ -8,11 +8,11 @@ from django.conf import settings
 from django.utils import timezone
 from django_q.tasks import async_task
 
+from loops import driver
+
 
 def drive(run_id: int, iteration: int) -> None:
     """Drive run `run_id` from `iteration` (a duplicate or stale task claims nothing)."""
-    from loops import driver
-
     driver.get().submit(run_id, iteration)
 
 

@@ -23,12 +23,14 @@ then they are redacted (`tether.redaction`, with the caller's own secrets: `cont
 
 The callers (the runner, the brains, the gateway) make thin calls: `iteration`, `span`,
 `model_call`, `model_call_started`, `iteration_lost`, `run_finished`. Every one is a no-op, at
-the cost of one check, when tracing is off. OpenTelemetry itself is imported only once tracing is on.
+the cost of one check, when tracing is off. OpenTelemetry itself (`tether.otel`) is imported only
+once tracing is on, by `_otel`.
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
 import hashlib
 import logging
 import os
@@ -37,6 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from types import ModuleType
 from typing import Any
 
 from django.conf import settings
@@ -89,15 +92,21 @@ def dropped() -> int:
         return 0
 
 
+@functools.cache
+def _otel() -> ModuleType:
+    """OpenTelemetry's modules (`tether.otel`), imported on first use: never while tracing is off."""
+    from tether import otel  # lazy: OpenTelemetry (~0.3 s to import) only once tracing is on
+
+    return otel
+
+
 def _build() -> Any:
-    from opentelemetry.exporter.otlp.proto.http import trace_exporter  # lazy: OTel only when tracing is on
-    from opentelemetry.sdk import resources  # lazy: OTel (~0.3 s) only when tracing is on
-    from opentelemetry.sdk import trace as sdk_trace  # lazy: OTel (~0.3 s) only when tracing is on
-    from opentelemetry.sdk.trace import export, id_generator  # lazy: OTel (~0.3 s) only when tracing is on
+    otel = _otel()
+    export = otel.export
 
     SpanExporter, SpanExportResult = export.SpanExporter, export.SpanExportResult
 
-    class Ids(id_generator.RandomIdGenerator):
+    class Ids(otel.id_generator.RandomIdGenerator):
         """Random ids, except where the run decides them (its trace, its run span)."""
 
         def generate_span_id(self) -> int:
@@ -156,9 +165,9 @@ def _build() -> Any:
 
             batch._metrics = Metrics()
 
-    resource = resources.Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE})
-    provider = sdk_trace.TracerProvider(resource=resource, id_generator=Ids())
-    provider.add_span_processor(Queue(Counting(trace_exporter.OTLPSpanExporter())))
+    resource = otel.resources.Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or SERVICE})
+    provider = otel.sdk_trace.TracerProvider(resource=resource, id_generator=Ids())
+    provider.add_span_processor(Queue(Counting(otel.trace_exporter.OTLPSpanExporter())))
     return provider
 
 
@@ -218,8 +227,7 @@ def run_ids(run_key_: str, root_key: str, parent_key: str | None) -> RunIds:
 
 
 def _remote(trace_id: int, span_id: int) -> Any:
-    from opentelemetry import trace  # lazy: OTel (~0.3 s) only when tracing is on
-
+    trace = _otel().trace
     flags = trace.TraceFlags(trace.TraceFlags.SAMPLED)
     context = trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
     return trace.set_span_in_context(trace.NonRecordingSpan(context))
@@ -247,8 +255,7 @@ class Span:
 
     def error(self, description: str) -> None:
         if self.span is not None:
-            from opentelemetry import trace  # lazy: OTel (~0.3 s) only when tracing is on
-
+            trace = _otel().trace
             self.span.set_status(trace.Status(trace.StatusCode.ERROR, description[:300]))
 
     def end(self, when: datetime | None = None) -> None:
@@ -261,9 +268,7 @@ def current() -> Any:
     """The current span's context, for spans another thread opens under it (None when tracing is off)."""
     if tracer() is None:
         return None
-    from opentelemetry import context  # lazy: OTel (~0.3 s) only when tracing is on
-
-    return context.get_current()
+    return _otel().context.get_current()
 
 
 def _iteration(number: int, run_id: int, attempt: int) -> tuple[str, dict[str, Any]]:
@@ -374,8 +379,7 @@ def run_finished(
     found = tracer()
     if found is None:
         return
-    from opentelemetry import context as otel_context  # lazy: OTel (~0.3 s) only when tracing is on
-
+    otel_context = _otel().context
     # Never the current context: a run finishes inside its last iteration's span.
     context = _remote(ids.trace_id, ids.parent_span_id) if ids.parent_span_id else otel_context.Context()
     span_token = _forced_span_id.set(ids.span_id)

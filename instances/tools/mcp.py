@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import json
 import logging
 import re
@@ -39,6 +40,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from django.db import DatabaseError
@@ -60,6 +62,14 @@ MAX_TOOLS_PER_SERVER = 100
 MAX_LIST_PAGES = 10
 POLL = 0.05
 CLOSE_GRACE = 10.0
+
+
+@functools.cache
+def _sdk() -> ModuleType:
+    """The `mcp` SDK's pieces (`instances.tools.mcp_sdk`), imported on first use: for MCP acts only."""
+    from instances.tools import mcp_sdk  # lazy: the mcp SDK takes seconds to import, for MCP acts only
+
+    return mcp_sdk
 
 
 def is_mcp_name(name: str) -> bool:
@@ -181,9 +191,7 @@ class McpTools:
             self._connections[server.name] = _Connection(server=server, secrets=secrets)
         if not self._connections:
             return
-        from anyio.from_thread import start_blocking_portal  # lazy: mcp SDK, for MCP acts only
-
-        self._portal = self._stack.enter_context(start_blocking_portal(name="tether-mcp"))
+        self._portal = self._stack.enter_context(_sdk().start_blocking_portal(name="tether-mcp"))
         for connection in self._connections.values():
             connection.future = self._portal.start_task_soon(self._hold, connection)
         timeout = {c.server.name: float(c.server.timeout_seconds) for c in self._connections.values()}
@@ -381,15 +389,12 @@ class McpTools:
 
     def _target(self, connection: _Connection) -> Any:
         """Return what the SDK's Client connects to: sandboxed stdio parameters, or an HTTP transport."""
-        from mcp.client.stdio import StdioServerParameters, stdio_client  # lazy: mcp SDK, for MCP acts only
-        from mcp.client.streamable_http import streamable_http_client  # lazy: mcp SDK, for MCP acts only
-        from mcp.shared._httpx_utils import create_mcp_http_client  # lazy: mcp SDK, for MCP acts only
-
+        sdk = _sdk()
         server = connection.server
         if server.transport == server.Transport.HTTP:
             capabilities.check_url(server.url, field="url", allow_private=server.allow_private_url)
-            client = create_mcp_http_client(headers=connection.secrets["headers"] or None)
-            return streamable_http_client(server.url, http_client=client), client
+            client = sdk.create_mcp_http_client(headers=connection.secrets["headers"] or None)
+            return sdk.streamable_http_client(server.url, http_client=client), client
         if not server.command:
             raise ValueError("it has no command")
         self.workspace.mkdir(parents=True, exist_ok=True)
@@ -412,24 +417,22 @@ class McpTools:
             **connection.secrets["env"],
         }
         connection.errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
-        params = StdioServerParameters(
+        params = sdk.StdioServerParameters(
             command=launch.argv[0], args=launch.argv[1:], env=env, cwd=str(launch.cwd)
         )
-        return stdio_client(params, errlog=connection.errlog), None
+        return sdk.stdio_client(params, errlog=connection.errlog), None
 
     async def _hold(self, connection: _Connection) -> None:
         """Connect, list the tools, then keep the connection open until the act closes it."""
-        import anyio  # lazy: mcp SDK, for MCP acts only
-        from mcp import Client  # lazy: mcp SDK, for MCP acts only
-
-        connection.closing = anyio.Event()
+        sdk = _sdk()
+        connection.closing = sdk.anyio.Event()
         try:
             target, http_client = self._target(connection)
             async with contextlib.AsyncExitStack() as stack:
                 if http_client is not None:
                     await stack.enter_async_context(http_client)
                 client = await stack.enter_async_context(
-                    Client(target, read_timeout_seconds=float(connection.server.timeout_seconds), cache=None)
+                    sdk.Client(target, read_timeout_seconds=float(connection.server.timeout_seconds), cache=None)
                 )
                 listing: list[Any] = []
                 cursor = None
