@@ -112,8 +112,18 @@ class Judgement:
     summary: str  # one line for the verdict and the run page: "3 of 3 baseline tests ran and passed"
 
 
-def _strings(value: Any) -> list[str]:
+def strings(value: Any) -> list[str]:
+    """A report's list of names (node ids) as strings; [] when what it holds is no list."""
     return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def deselected_count(report: dict[str, Any]) -> int | None:
+    """A report's count of deselected tests (0 when it has none), or None when what it says is no count.
+
+    The check's process writes its reports, and it runs the workspace's code: a report may say anything.
+    """
+    value = report.get("deselected") or 0
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def judge(
@@ -136,17 +146,19 @@ def judge(
             return Judgement(REPORT, False, "the test report is incomplete")
         if report.get("collect_only"):
             return Judgement(REPORT, False, "the tests were only collected, none ran (--collect-only)")
-        collected += _strings(report.get("collected"))
+        collected += strings(report.get("collected"))
         raw = report.get("outcomes")
         outcomes.update({str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {})
-        deselected += int(report.get("deselected") or 0)
+        if (count := deselected_count(report)) is None:
+            return Judgement(REPORT, False, "the test report is malformed: its count of deselected tests is no count")
+        deselected += count
     ran = [nodeid for nodeid in collected if nodeid in outcomes]
     summary = f"{len(ran)} of {len(collected)} collected tests ran"
     if len(ran) < len(collected):
         return Judgement(REPORT, False, f"{summary}: {len(collected) - len(ran)} collected tests never ran")
     if baseline is None:
         return Judgement(REPORT, True, summary + " (no baseline)")
-    base = _strings(baseline.get("collected"))
+    base = strings(baseline.get("collected"))
     base_deselected = int(baseline.get("deselected") or 0)
     if deselected > base_deselected:
         return Judgement(

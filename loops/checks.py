@@ -90,8 +90,8 @@ def collect_baseline(
             continue
         timeout = float(spec.get("timeout", settings.TETHER_CHECK_TIMEOUT_SECONDS))
         _, found = _run([*argv, "--collect-only", "-q"], workspace, stop, instance, timeout)
-        collected = [nodeid for report in found for nodeid in report.get("collected") or []]
-        deselected = sum(int(report.get("deselected") or 0) for report in found)
+        collected = [nodeid for report in found for nodeid in evidence.strings(report.get("collected"))]
+        deselected = sum(evidence.deselected_count(report) or 0 for report in found)  # no count: none
         baseline[str(spec["name"])] = {"collected": collected[:MAX_BASELINE_TESTS], "deselected": deselected}
     return baseline
 
