@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from budgets import ledger, money
 from budgets.models import Reservation
-from loops import delegation, events, journal, signals
+from loops import delegation, events, journal, selectors, signals
 from loops.event_kinds import changed_names
 from loops.models import Event, Run
 from tether import tracing
@@ -220,10 +220,8 @@ def after_finish(run_id: int) -> None:
 
 
 def finished_data(run: Run) -> dict[str, Any]:
+    """`run.finished`'s payload: the outcome as the event has always named it, then a projection of `run_json`."""
     return {
-        "outcome": run.outcome,
-        "detail": run.outcome_detail,
-        "verified": run.verified,
-        "iterations": run.iterations_done,
-        "spent_usd": money.usd_string(run.spent_micros),
+        "outcome": run.outcome, "detail": run.outcome_detail,
+        **selectors.run_json(run, ("verified", "iterations", "spent_usd")),
     }
