@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from instances import sandbox
+from instances.brains.text import storable
 from tether import dbfaults
 
 # What a program may see of the platform's own environment: nothing but a search
@@ -163,8 +164,8 @@ def run(
                 stream.close()
     return Finished(
         exit_code=proc.returncode,
-        stdout=out.decode(errors="replace"),
-        stderr=err.decode(errors="replace"),
+        stdout=storable(out.decode(errors="replace")),  # a program may print a NUL: the run's records cannot hold one
+        stderr=storable(err.decode(errors="replace")),
         duration=time.monotonic() - started,
         timed_out=timed_out,
         stopped=stopped,

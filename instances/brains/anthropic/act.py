@@ -15,7 +15,6 @@ from instances.brains.anthropic.config import CACHE, model_for
 from instances.brains.anthropic.messages import (
     brief_input,
     call_signature,
-    storable,
     texts,
     with_cache_marker,
 )
@@ -29,7 +28,7 @@ from instances.brains.base import (
     Reply,
     check_delegate,
 )
-from instances.brains.text import clip, render_checks
+from instances.brains.text import clip, render_checks, storable
 from instances.pinned import Pinned
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
 from instances.tools.mcp import McpTools, is_mcp_name
@@ -423,7 +422,7 @@ class _Act:
             calls.extend(self.delegations)  # accepted: the loop starts them now that the act ends
         return Reply(
             ok=ok,
-            text=scrub("\n\n".join(self.texts)),
+            text=storable(scrub("\n\n".join(self.texts))),
             usage=self.session.usage,
             detail=scrub(detail),
             tool_calls=calls,

@@ -40,17 +40,6 @@ def brief_input(value: Any, limit: int = 300) -> Any:
     return value
 
 
-def storable(value: Any) -> Any:
-    """Return `value` with every NUL in its text replaced: a model's input may hold one; PostgreSQL's JSON cannot."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [storable(v) for v in value]
-    if isinstance(value, dict):
-        return {storable(k): storable(v) for k, v in value.items()}
-    return value
-
-
 def call_signature(name: str, arguments: Any) -> str:
     """Return a stable text naming one tool call, to match an approval to a call."""
     return f"{name} {json.dumps(arguments, sort_keys=True, separators=(',', ':'))}"
