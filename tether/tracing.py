@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import json
 import logging
 import os
 import threading
@@ -326,14 +327,16 @@ def span(name: str, **attributes: Any) -> Iterator[Span]:
         yield wrapped
 
 
-def content(text: str, secrets: Sequence[str] = ()) -> str | None:
-    """Prompt or completion text as a span may carry it: None unless allowed, then redacted and bounded.
+def content(value: object, secrets: Sequence[str] = ()) -> str | None:
+    """Prompt or completion as a span may carry it: None unless allowed, then as JSON, redacted and bounded.
 
-    Redacted of the server's keys and of `secrets`: what the call's own session keeps out of its
-    texts (its key, its MCP servers' secrets, which no global list holds).
+    Serialised only when content capture is on (a call's messages can be large). Redacted of the
+    server's keys and of `secrets`: what the call's own session keeps out of its texts (its key, its
+    MCP servers' secrets, which no global list holds).
     """
     if not capture_content():
         return None
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
     return redact(text, tuple(secrets))[:CONTENT_MAX_CHARS]
 
 

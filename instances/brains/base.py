@@ -8,7 +8,6 @@ so far. Provider words never leave a brain module: errors are translated into th
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -254,10 +253,8 @@ def trace_call(
         gen_ai__response__id=body.get("id"),
         gen_ai__response__model=body.get("model"),
         gen_ai__response__finish_reasons=[str(body["stop_reason"])] if body.get("stop_reason") else None,
-        gen_ai__input__messages=tracing.content(json.dumps(params.get("messages"), default=str), secrets),
-        gen_ai__output__messages=(
-            tracing.content(json.dumps(body.get("content"), default=str), secrets) if body else None
-        ),
+        gen_ai__input__messages=tracing.content(params.get("messages"), secrets),
+        gen_ai__output__messages=tracing.content(body.get("content"), secrets) if body else None,
     )
     if failed:
         traced.error(failed)

@@ -21,6 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from instances.brains.base import Usage, trace_call
 from instances.models import Credential
 from instances.templates_loader import create_instance
 from loops import leases, lifecycle, runner, services
@@ -425,3 +426,23 @@ def test_spans_a_full_queue_turns_away_are_counted(receiver, monkeypatch, settin
     assert tracing.flush(30)
     assert tracing.dropped() - before == 4  # the queued spans then went through: nothing more lost
     assert len(receiver.spans) == 1 + queue
+
+
+def test_a_call_s_messages_are_serialised_only_when_content_is_captured(receiver, settings):
+    """With content capture off (the default), a model call's messages are never turned into text."""
+
+    class Unprintable:
+        def __str__(self):
+            raise AssertionError("serialised although content capture is off")
+
+    messages = {"messages": [{"role": "user", "content": [Unprintable()]}], "max_tokens": 5}
+    answer = {"id": "msg_1", "content": [Unprintable()], "stop_reason": "end_turn"}
+    with tracing.model_call("anthropic", MODEL) as traced:
+        trace_call(traced, messages, Usage(input_tokens=3, output_tokens=2), 10, answer)
+    assert tracing.flush()
+    call = next(attrs(s) for s in receiver.spans if s.name == f"chat {MODEL}")
+    assert call["gen_ai.usage.input_tokens"] == 3 and "gen_ai.input.messages" not in call
+
+    settings.TETHER_OTEL_CAPTURE_CONTENT = True  # captured: serialised (str() of what JSON cannot hold)
+    with pytest.raises(AssertionError, match="serialised"), tracing.model_call("anthropic", MODEL) as traced:
+        trace_call(traced, messages, Usage(), 0, answer)
