@@ -14,7 +14,7 @@ TEST_WORKERS ?= 4
 # every process compiled its modules again, and each pytest process rewrote its plugins' modules.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test check lint unit bench chaos chaos-ci chaos-cuts load install clean
+.PHONY: run test check lint unit bench chaos chaos-ci chaos-cuts load house install clean
 
 $(STAMP): pyproject.toml scripts/requirements.py scripts/system-packages.sh
 	@scripts/system-packages.sh
@@ -72,6 +72,10 @@ chaos-cuts: $(STAMP)
 # `make load LOAD_ARGS=--burst`: every start and every viewer at the same instant (see bench/load.py).
 load: $(STAMP)
 	$(PY) -m bench.load $(LOAD_ARGS)
+
+# The house's figures: module and function sizes, complexity, imports, the import contract (scripts/house.py).
+house: $(STAMP)
+	$(PY) scripts/house.py
 
 clean:
 	rm -rf $(VENV) var

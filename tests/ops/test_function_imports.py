@@ -13,20 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-APPS = ["tether", "audit", "budgets", "instances", "loops", "reviews", "triggers", "web"]
-COVERED = sorted(p for app in APPS for p in (ROOT / app).rglob("*.py") if "migrations" not in p.parts)
+from scripts.house import ROOT, app_files, function_imports
+
+COVERED = app_files()
 MAX_FUNCTION_IMPORTS = 40  # 56 before issue #28
-
-
-def function_imports(path: Path, root: Path = ROOT) -> list[str]:
-    """Each function-level import of `path` (once per line, however deep the functions nest)."""
-    lines = path.read_text().splitlines()
-    found = set()
-    for function in ast.walk(ast.parse("\n".join(lines))):
-        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
-            found |= {n.lineno for n in ast.walk(function) if isinstance(n, ast.Import | ast.ImportFrom)}
-    return [f"{path.relative_to(root)}:{n}: {lines[n - 1].strip()}" for n in sorted(found)]
 
 
 def untagged(path: Path, root: Path = ROOT) -> list[str]:
