@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from instances.brains.text import storable
+
 if TYPE_CHECKING:
     from loops.policy import Check
 
@@ -425,7 +427,9 @@ def parse(text: str, *, recent_instructions: Sequence[str] = ()) -> Decision:
         if is_degenerate(text):
             return Decision("failed", "the decider's answer is degenerate repetition")
         decision = _from_prose(text)
-    return _repetition(decision, recent_instructions)
+    decision = _repetition(decision, recent_instructions)
+    # A JSON answer may spell a NUL as `\u0000`: the run's records cannot hold one.
+    return Decision(decision.verdict, storable(decision.reason), storable(decision.next_instruction))
 
 
 # -- an agent asking a person -----------------------------------------------------------------

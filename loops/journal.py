@@ -32,9 +32,10 @@ from django.utils import timezone
 
 from instances import credentials
 from instances.brains.base import JournaledCall, JournaledTurn, JournalError
+from instances.brains.text import storable
 from loops.models import ToolCall
 from tether import dbfaults
-from tether.redaction import redact, redact_data
+from tether.redaction import redact_data
 
 
 def key_of(run_id: int, iteration: int, turn: int, index: int) -> str:
@@ -96,8 +97,8 @@ class ToolJournal:
                     turn=turn,
                     index=index,
                     attempt=self.attempt,
-                    name=redact(str(call.get("name", "")))[:200],
-                    call=redact_data(call),
+                    name=stored(str(call.get("name", "")))[:200],
+                    call=stored(call),
                     turn_content=None if content is None else sealed(content),
                     started_at=timezone.now(),
                 ).pk
@@ -119,7 +120,7 @@ class ToolJournal:
             raise JournalError(f"tool call {key} was never journaled as started")
 
         def once() -> None:
-            ToolCall.objects.filter(pk=row).update(result=redact(result), is_error=is_error, finished_at=timezone.now())
+            ToolCall.objects.filter(pk=row).update(result=stored(result), is_error=is_error, finished_at=timezone.now())
 
         try:
             dbfaults.retry(once, what=f"run {self.run_id}: journal {key}'s result")
@@ -127,12 +128,21 @@ class ToolJournal:
             raise JournalError(f"the tool journal could not record the result of {key} ({type(exc).__name__})") from None
 
 
+def stored(value: Any) -> Any:
+    """Return what the journal stores of a call's name, input or result: redacted, and with no NUL.
+
+    A model may write a NUL into a call (PostgreSQL's text and JSON cannot hold one): U+FFFD stands
+    in for it, as in the run's other records.
+    """
+    return storable(redact_data(value))
+
+
 def sealed(content: list[dict[str, Any]]) -> Any:
-    """Return a model's answer as it is stored: redacted, with the exact answer encrypted if they differ."""
-    redacted = redact_data(content)
-    if redacted == content:
+    """Return a model's answer as it is stored: `stored`, with the exact answer encrypted if they differ."""
+    kept = stored(content)
+    if kept == content:
         return content
-    return {"redacted": redacted, "encrypted": credentials.encrypt(json.dumps(content))}
+    return {"redacted": kept, "encrypted": credentials.encrypt(json.dumps(content))}
 
 
 def opened(stored: Any) -> list[dict[str, Any]]:

@@ -180,3 +180,23 @@ def test_a_run_without_a_key_is_refused_up_front(user, tmp_path, price):
     with pytest.raises(services.Refused, match="no Anthropic API key"):
         services.run_start(instance=inst, user=user, objective="anything")
     assert not Run.objects.filter(instance=inst).exists()
+
+
+def test_a_nul_in_what_the_model_writes_is_kept_as_a_replacement_character(coder, server):
+    """PostgreSQL's text and JSON cannot hold a NUL: the model's reply, tool call and decision keep U+FFFD."""
+    inst = coder()
+    server.enqueue(
+        tool_use("write_file", {"path": "answer.py", "content": "ANSWER = 42\n", "note": "a\x00b"}, usage=usage(10, 5)),
+        text("Wrote answer.py \x00 there.", usage=usage(10, 5)),
+        tool_use("record_decision", {"verdict": "done", "reason": "it passes \x00 now"}, usage=usage(10, 5)),
+    )
+    run = drive(inst)
+
+    assert (run.status, run.outcome) == ("finished", "done"), run.outcome_detail  # the journal took the call
+    act = Event.objects.get(run=run, kind="act.finished").data
+    assert act["response"] == "Wrote answer.py \ufffd there."
+    assert "\x00" not in str(act["tool_calls"])
+    decided = Event.objects.get(run=run, kind="decision.made").data
+    assert decided["reason"] == "it passes \ufffd now"
+    assert Iteration.objects.get(run=run, number=1).response == "Wrote answer.py \ufffd there."
+    assert (inst.workspace_path() / "answer.py").read_text() == "ANSWER = 42\n"

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from instances.brains.text import storable
 from loops import decision
 from loops.decision import (
     CHECK_OUTPUT_CHARS,
@@ -408,8 +409,8 @@ def test_json_with_a_valid_verdict_round_trips(verdict_and_spelling, key, reason
     payload = json.dumps({key: spelling, "reason": reason, "next_instruction": instruction})
     result = parse(wrapper.replace("{}", payload))
     assert result.verdict == verdict
-    assert result.reason == (reason.strip() or result.reason)
-    assert result.next_instruction == (instruction.strip() if verdict in ("continue", "escalate") else "")
+    assert result.reason == (storable(reason.strip()) or result.reason)  # a NUL is kept as U+FFFD
+    assert result.next_instruction == (storable(instruction.strip()) if verdict in ("continue", "escalate") else "")
 
 
 # -- the `checks` decider ----------------------------------------------------------------------
