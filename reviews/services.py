@@ -148,6 +148,22 @@ def can_review(user: Any, run: Run) -> bool:
     return bool(getattr(user, "is_authenticated", False)) and (run.owner_id == user.pk or user.is_staff)
 
 
+def _kept_note(note: str) -> str:
+    """Return a reviewer's note stripped; Refused when it is longer than what is kept."""
+    note = (note or "").strip()
+    if len(note) > NOTE_MAX_CHARS:
+        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
+    return note
+
+
+def _locked_for(user: Any, item: ReviewItem) -> ReviewItem:
+    """Return `item` read again and locked (inside the caller's transaction); Refused (404) unless `user` may review it."""
+    item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
+    if not can_review(user, item.run):
+        raise Refused("no such review item", 404)
+    return item
+
+
 def review_decide(
     *,
     item: ReviewItem,
@@ -165,13 +181,9 @@ def review_decide(
     status = VERDICTS.get(verdict)
     if status is None:
         raise Refused(f"a verdict is 'accept' or 'reject', not {verdict!r}")
-    note = (note or "").strip()
-    if len(note) > NOTE_MAX_CHARS:
-        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
+    note = _kept_note(note)
     with transaction.atomic():
-        item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
-        if not can_review(user, item.run):
-            raise Refused("no such review item", 404)
+        item = _locked_for(user, item)
         if item.status != ReviewItem.Status.PENDING:
             raise Refused(f"this item was already {item.get_status_display()}; reload the queue", 409)
         if item.reason == ReviewItem.Reason.ESCALATED and item.run.status == Run.Status.WAITING:
@@ -212,15 +224,11 @@ def review_decide(
 
 def review_reopen(*, item: ReviewItem, user: Any, note: str, request: Any = None, via: str = "console") -> ReviewItem:
     """Reopen an accepted item a person found wrong after all: it was missed in review, and waits again."""
-    note = (note or "").strip()
+    note = _kept_note(note)
     if not note:
         raise Refused("say what was wrong in the note: a reopened review is counted as missed")
-    if len(note) > NOTE_MAX_CHARS:
-        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
     with transaction.atomic():
-        item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
-        if not can_review(user, item.run):
-            raise Refused("no such review item", 404)
+        item = _locked_for(user, item)
         if item.status != ReviewItem.Status.ACCEPTED:
             raise Refused(f"only an accepted item can be reopened; this one is {item.get_status_display()}", 409)
         was = {"status": item.status, "decided_by": item.decided_by_id, "note": item.note[:2000]}
