@@ -8,6 +8,7 @@ and `reviews.notify`, never by the loop itself. The audit trail is the `audit` a
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -117,6 +118,11 @@ class GradeRecord(models.Model):
 
     def __str__(self) -> str:
         return f"grade of run {self.run_id} iteration {self.iteration}"
+
+    @classmethod
+    def latest_for(cls, run: Any) -> GradeRecord | None:
+        """Return the grade of the run's last graded iteration (None when no done was graded)."""
+        return cls.objects.filter(run=run).order_by("-iteration").first()
 
     def as_json(self) -> dict[str, Any]:
         """Return the recorded grade as JSON: its iteration and what `reviews.graders.Grade.as_json` wrote."""
@@ -248,6 +254,11 @@ class NotificationTarget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.address}"
+
+    @classmethod
+    def unknown_events(cls, events: Iterable[str]) -> list[str]:
+        """Return the names among `events` that are no event a target can be told about, sorted."""
+        return sorted(set(events) - set(cls.Event.values))
 
     def event_labels(self) -> list[str]:
         """Return the events this target wants as a person reads them (unknown keys as they are)."""

@@ -65,7 +65,7 @@ def reasons_for(run: Run) -> list[tuple[str, str]]:
             paths = ", ".join(run.protected_changed[:20])
             more = f" and {len(run.protected_changed) - 20} more" if len(run.protected_changed) > 20 else ""
             return [(ReviewItem.Reason.EVIDENCE, f"changed what grades it: {paths}{more}. {run.outcome_detail}")]
-        grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+        grade = GradeRecord.latest_for(run)
         judged = (grade.judge or {}) if grade else {}
         if judged.get("verdict") == "needs-human":
             said = "; ".join(judged.get("reasons") or []) or judged.get("error") or "no reasons given"
@@ -286,8 +286,7 @@ def notification_target_add(
     """Add an e-mail or webhook target for `user`; return it and, for a webhook, its new secret (shown once)."""
     address = (address or "").strip()
     events = [e for e in (events or []) if e]
-    unknown = sorted(set(events) - set(NotificationTarget.Event.values))
-    if unknown:
+    if unknown := NotificationTarget.unknown_events(events):
         raise Refused(f"unknown events: {', '.join(unknown)}")
     try:
         if kind == NotificationTarget.Kind.EMAIL:
