@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 REVIEW_FAILED_OUTCOMES = outcomes.GAVE_UP
 VERDICTS = {"accept": ReviewItem.Status.ACCEPTED, "reject": ReviewItem.Status.REJECTED}
 NOTE_MAX_CHARS = 4000
+# An item back in the queue, as it was before any verdict (reopened, or raised again by a new finish).
+UNDECIDED: dict[str, Any] = {
+    "status": ReviewItem.Status.PENDING, "note": "", "decided_by": None, "decided_at": None,
+}
 
 
 def sample_seed() -> bytes:
@@ -93,13 +97,7 @@ def _open(run: Run, reason: str, detail: str, occasion: str) -> ReviewItem:
         item, made = ReviewItem.objects.get(run=run, reason=reason), False
     if not made and item.occasion != occasion:
         ReviewItem.objects.filter(pk=item.pk).update(
-            status=ReviewItem.Status.PENDING,
-            detail=detail[:8000],
-            occasion=occasion,
-            note="",
-            decided_by=None,
-            decided_at=None,
-            created_at=timezone.now(),
+            **UNDECIDED, detail=detail[:8000], occasion=occasion, created_at=timezone.now()
         )
         item.refresh_from_db()
     return item
@@ -233,12 +231,9 @@ def review_reopen(*, item: ReviewItem, user: Any, note: str, request: Any = None
             raise Refused(f"only an accepted item can be reopened; this one is {item.get_status_display()}", 409)
         was = {"status": item.status, "decided_by": item.decided_by_id, "note": item.note[:2000]}
         ReviewItem.objects.filter(pk=item.pk).update(
-            status=ReviewItem.Status.PENDING,
+            **UNDECIDED,
             missed_in_review=True,
             missed_detail=f"reopened by {user.get_username()}: {note}"[:500],
-            note="",
-            decided_by=None,
-            decided_at=None,
             diff_opened_at=None,
         )
         item.refresh_from_db()
