@@ -119,17 +119,17 @@ class GradeRecord(models.Model):
     def __str__(self) -> str:
         return f"grade of run {self.run_id} iteration {self.iteration}"
 
-    @classmethod
-    def latest_for(cls, run: Any) -> GradeRecord | None:
-        """Return the grade of the run's last graded iteration (None when no done was graded)."""
-        return cls.objects.filter(run=run).order_by("-iteration").first()
-
     def as_json(self) -> dict[str, Any]:
         """Return the recorded grade as JSON: its iteration and what `reviews.graders.Grade.as_json` wrote."""
         return {"iteration": self.iteration, **{name: getattr(self, name) for name in self.JSON_FIELDS}}
 
     # The columns `reviews.graders.Grade.as_json` fills, by the same names (the grade's JSON, stored).
     JSON_FIELDS = ("verified", "outcome", "review", "reasons", "response_check", "judge", "unchanged_workspace")
+
+    @classmethod
+    def latest_for(cls, run: Any) -> GradeRecord | None:
+        """Return the grade of the run's last graded iteration (None when no done was graded)."""
+        return cls.objects.filter(run=run).order_by("-iteration").first()
 
 
 

@@ -26,14 +26,6 @@ QUEUE_LIMIT = 200
 AUDIT_CSV_LIMIT = 100_000
 
 
-def _item_or_404(request: HttpRequest, item_id: int) -> ReviewItem:
-    """Return the review item the signed-in user may see; 404 for any other."""
-    item = selectors.item_for(request.user, item_id)
-    if item is None:
-        raise Http404("no such review item")
-    return item
-
-
 @login_required
 @require_GET
 def queue(request: HttpRequest) -> HttpResponse:
@@ -50,6 +42,14 @@ def queue(request: HttpRequest) -> HttpResponse:
         "reviewers": watch.reviewers_signals(mine) if request.user.is_staff else [],
     }
     return render(request, "reviews/queue.html", context)
+
+
+def _item_or_404(request: HttpRequest, item_id: int) -> ReviewItem:
+    """Return the review item the signed-in user may see; 404 for any other."""
+    item = selectors.item_for(request.user, item_id)
+    if item is None:
+        raise Http404("no such review item")
+    return item
 
 
 @login_required
