@@ -80,7 +80,7 @@ class NotificationTargetForm(forms.ModelForm):
             except forms.ValidationError:
                 self.add_error("address", "Enter an e-mail address.")
         events = cleaned.get("events") or []
-        unknown = sorted(set(events) - set(NotificationTarget.Event.values)) if isinstance(events, list) else ["?"]
+        unknown = NotificationTarget.unknown_events(events) if isinstance(events, list) else ["?"]
         if unknown:
             self.add_error("events", f"Unknown events: {', '.join(unknown)}; use {', '.join(NotificationTarget.Event.values)}.")
         return cleaned

@@ -7,7 +7,6 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Router, Schema
 
-from loops import selectors
 from loops.models import Run
 from reviews import changecard, receipts
 from web.rest import ApiError, Id, errors
@@ -22,6 +21,25 @@ class Receipt(Schema):
     signature: Any
 
 
+def _run_or_404(request: HttpRequest, instance_id: int, run_id: int) -> Run:
+    """Return the caller's run `run_id` of instance `instance_id`; 404 for any other."""
+    run = (
+        Run.objects.select_related("instance", "instance__template", "owner")
+        .filter(owner=request.user, instance_id=instance_id, pk=run_id)
+        .first()
+    )
+    if run is None:
+        raise ApiError(f"run {run_id} of instance {instance_id} not found", 404)
+    return run
+
+
+def _made_or_409(found: dict[str, Any] | None, why: str) -> dict[str, Any]:
+    """Return what a run's end made; 409 saying `why` while it has none (the run is live)."""
+    if found is None:
+        raise ApiError(why, 409)
+    return found
+
+
 @router.get(
     "/instances/{id:instance_id}/loop/{id:run_id}/receipt",
     url_name="run-receipt",
@@ -30,19 +48,9 @@ class Receipt(Schema):
 )
 def receipt(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
     """The run's signed receipt (409 while it is live)."""
-    run = (
-        Run.objects.select_related("instance", "instance__template", "owner")
-        .filter(owner=request.user, instance_id=instance_id, pk=run_id)
-        .first()
-    )
-    if run is None:
-        raise ApiError(f"run {run_id} of instance {instance_id} not found", 404)
-    envelope = receipts.for_run(run)
-    if envelope is None:
-        raise ApiError(
-            f"run {run_id} has not finished ({run.status}); its receipt is written when it does", 409
-        )
-    return envelope
+    run = _run_or_404(request, instance_id, run_id)
+    why = f"run {run_id} has not finished ({run.status}); its receipt is written when it does"
+    return _made_or_409(receipts.for_run(run), why)
 
 
 @router.get(
@@ -53,12 +61,6 @@ def receipt(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
 )
 def card(request: HttpRequest, instance_id: Id, run_id: Id) -> Any:
     """The run's change card (409 while it is live: it is computed from its end)."""
-    run = selectors.run_for(request.user, run_id)
-    if run is None or run.instance_id != instance_id:
-        raise ApiError(f"run {run_id} of instance {instance_id} not found", 404)
-    found = changecard.for_run(run)
-    if found is None:
-        raise ApiError(
-            f"run {run_id} is {run.status}; its change card is made when it finishes or waits", 409
-        )
-    return found
+    run = _run_or_404(request, instance_id, run_id)
+    why = f"run {run_id} is {run.status}; its change card is made when it finishes or waits"
+    return _made_or_409(changecard.for_run(run), why)

@@ -145,6 +145,11 @@ def _finished(user: Any, start: datetime, end: datetime) -> Any:
     )
 
 
+def _about(run: Run, said: str) -> str:
+    """Return a digest's line about one run: which run of which instance, then what is said of it."""
+    return f"run {run.pk} · {run.instance.name}: {said}"
+
+
 def _line(run: Run, snapshot: WorkspaceSnapshot | None) -> str:
     outcome = run.outcome or "?"
     if run.outcome == Run.Outcome.DONE:
@@ -153,7 +158,7 @@ def _line(run: Run, snapshot: WorkspaceSnapshot | None) -> str:
     files = (
         "files changed unknown" if changed is None else f"{changed} file{'s' if changed != 1 else ''} changed"
     )
-    return f"run {run.pk} · {run.instance.name}: {outcome} · {money.format_usd(run.spent_micros)} · {files}"
+    return _about(run, f"{outcome} · {money.format_usd(run.spent_micros)} · {files}")
 
 
 def build(user: Any, start: datetime, end: datetime) -> Digest:
@@ -172,7 +177,7 @@ def build(user: Any, start: datetime, end: datetime) -> Digest:
         .select_related("instance")
         .order_by("pk")[:50]
     ):
-        said = f"run {run.pk} · {run.instance.name}: {(run.outcome_detail or run.objective)[:160]}"
+        said = _about(run, (run.outcome_detail or run.objective)[:160])
         (digest.approvals if Memory.of(run.history).pending_approval else digest.escalations).append(said)
     waiting = ReviewItem.objects.filter(run__owner=user, status=ReviewItem.Status.PENDING).exclude(
         reason=ReviewItem.Reason.ESCALATED
@@ -184,7 +189,7 @@ def build(user: Any, start: datetime, end: datetime) -> Digest:
     for run in listed:
         digest.lines.append(_line(run, shots.get(run.pk)))
         if run.outcome in BOUND_OUTCOMES:
-            digest.stopped_by_bound.append(f"run {run.pk} · {run.instance.name}: {run.outcome}")
+            digest.stopped_by_bound.append(_about(run, run.outcome))
     spenders = (
         finished.values("instance__name")
         .annotate(spent=Sum("spent_micros"))

@@ -8,6 +8,7 @@ and `reviews.notify`, never by the loop itself. The audit trail is the `audit` a
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -124,6 +125,11 @@ class GradeRecord(models.Model):
 
     # The columns `reviews.graders.Grade.as_json` fills, by the same names (the grade's JSON, stored).
     JSON_FIELDS = ("verified", "outcome", "review", "reasons", "response_check", "judge", "unchanged_workspace")
+
+    @classmethod
+    def latest_for(cls, run: Any) -> GradeRecord | None:
+        """Return the grade of the run's last graded iteration (None when no done was graded)."""
+        return cls.objects.filter(run=run).order_by("-iteration").first()
 
 
 
@@ -248,6 +254,11 @@ class NotificationTarget(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} {self.address}"
+
+    @classmethod
+    def unknown_events(cls, events: Iterable[str]) -> list[str]:
+        """Return the names among `events` that are no event a target can be told about, sorted."""
+        return sorted(set(events) - set(cls.Event.values))
 
     def event_labels(self) -> list[str]:
         """Return the events this target wants as a person reads them (unknown keys as they are)."""

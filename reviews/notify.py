@@ -139,9 +139,14 @@ def notify_run(run: Any) -> list[Delivery]:
     if event == Event.ESCALATED:
         key = f"{event}:run:{run.pk}:iteration:{run.next_iteration - 1}"
     else:
-        finished = run.finished_at.isoformat() if run.finished_at else ""
-        key = f"{event}:run:{run.pk}:{finished}"
+        key = _finish_key(event, run)
     return made + create(NotificationTarget.objects.filter(owner=run.owner_id), event, key, run_payload(run, event), run)
+
+
+def _finish_key(event: str, run: Any) -> str:
+    """Return the idempotency key of `event` about one finish of `run` (a resumed run that finishes again is told anew)."""
+    finished = run.finished_at.isoformat() if run.finished_at else ""
+    return f"{event}:run:{run.pk}:{finished}"
 
 
 def _child_result(run: Any) -> list[Delivery]:
@@ -156,8 +161,7 @@ def _child_result(run: Any) -> list[Delivery]:
     payload["parent"] = {"id": parent.pk, "status": parent.status, "outcome": parent.outcome or None,
                          "url": public_url(_run_path(parent.pk))}
     payload["continued_from"] = run.continued_from_id
-    finished = run.finished_at.isoformat() if run.finished_at else ""
-    key = f"{Event.CHILD_RESULT}:run:{run.pk}:{finished}"
+    key = _finish_key(Event.CHILD_RESULT, run)
     return create(NotificationTarget.objects.filter(owner=run.owner_id), Event.CHILD_RESULT, key, payload, run)
 
 

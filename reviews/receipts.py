@@ -208,7 +208,7 @@ def document(run: Any) -> dict[str, Any]:
     """Return the receipt document of a run, from the database."""
     instance = run.instance
     shown = selectors.run_json(run, RUN_FIELDS)
-    grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+    grade = GradeRecord.latest_for(run)
     return {
         "version": VERSION,
         "run": run.pk,

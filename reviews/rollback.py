@@ -424,9 +424,14 @@ def _current(run: Run) -> str:
     return tree
 
 
-def _compare(point: Point, current_tree: str, run: Run) -> tuple[Entries, Entries, Outcome]:
+def _repositories(point: Point, run: Run) -> tuple[pygit2.Repository, pygit2.Repository]:
+    """The run's shadow directory, and the one that holds `point`'s tree (the same, or an earlier run's)."""
     ours = _stored(run.pk)
-    theirs = ours if point.run_id == run.pk else _stored(point.run_id)
+    return ours, ours if point.run_id == run.pk else _stored(point.run_id)
+
+
+def _compare(point: Point, current_tree: str, run: Run) -> tuple[Entries, Entries, Outcome]:
+    ours, theirs = _repositories(point, run)
     current, target = _flatten(ours, current_tree), _flatten(theirs, point.tree)
     outcome = Outcome(point)
     for path, entry in target.items():
@@ -481,11 +486,10 @@ def _restore(
         _refuse_if_live(run, token)
         current_tree = _current(run)
         current, target, outcome = _compare(point, current_tree, run)
-        ours = _stored(run.pk)
+        ours, theirs = _repositories(point, run)
         number = max(_numbered(ours, "rollback"), default=0) + 1
         outcome.undo = f"rollback-{number}"
         ours.references.create(f"refs/tether/{outcome.undo}", pygit2.Oid(hex=current_tree), force=True)
-        theirs = ours if point.run_id == run.pk else _stored(point.run_id)
         left_out = snapshots.left_out_paths(run.pk, current_tree)
         with _pin(run) as ws:
             outcome.kept = _kept(ws, current, left_out)

@@ -18,8 +18,8 @@ from loops import event_kinds
 from loops.models import Iteration, Run
 from reviews import changecard, snapshots
 from reviews.models import GradeRecord, ReviewItem, WorkspaceSnapshot
+from reviews.watch import NO_TEMPLATE
 
-NO_TEMPLATE = "(no template)"
 DIFF_LINES = 5000
 
 
@@ -120,7 +120,7 @@ def diff_lines(diff: str) -> list[tuple[str, str]]:
 def item_view(item: ReviewItem) -> ItemView:
     run = item.run
     final = Iteration.objects.filter(run=run).order_by("-number").first()
-    grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+    grade = GradeRecord.latest_for(run)
     judged = (grade.judge or {}) if grade else {}
     judge_reasons = list(judged.get("reasons") or [])
     if judged.get("error"):

@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 REVIEW_FAILED_OUTCOMES = outcomes.GAVE_UP
 VERDICTS = {"accept": ReviewItem.Status.ACCEPTED, "reject": ReviewItem.Status.REJECTED}
 NOTE_MAX_CHARS = 4000
+# An item back in the queue, as it was before any verdict (reopened, or raised again by a new finish).
+UNDECIDED: dict[str, Any] = {
+    "status": ReviewItem.Status.PENDING, "note": "", "decided_by": None, "decided_at": None,
+}
 
 
 def sample_seed() -> bytes:
@@ -65,7 +69,7 @@ def reasons_for(run: Run) -> list[tuple[str, str]]:
             paths = ", ".join(run.protected_changed[:20])
             more = f" and {len(run.protected_changed) - 20} more" if len(run.protected_changed) > 20 else ""
             return [(ReviewItem.Reason.EVIDENCE, f"changed what grades it: {paths}{more}. {run.outcome_detail}")]
-        grade = GradeRecord.objects.filter(run=run).order_by("-iteration").first()
+        grade = GradeRecord.latest_for(run)
         judged = (grade.judge or {}) if grade else {}
         if judged.get("verdict") == "needs-human":
             said = "; ".join(judged.get("reasons") or []) or judged.get("error") or "no reasons given"
@@ -93,13 +97,7 @@ def _open(run: Run, reason: str, detail: str, occasion: str) -> ReviewItem:
         item, made = ReviewItem.objects.get(run=run, reason=reason), False
     if not made and item.occasion != occasion:
         ReviewItem.objects.filter(pk=item.pk).update(
-            status=ReviewItem.Status.PENDING,
-            detail=detail[:8000],
-            occasion=occasion,
-            note="",
-            decided_by=None,
-            decided_at=None,
-            created_at=timezone.now(),
+            **UNDECIDED, detail=detail[:8000], occasion=occasion, created_at=timezone.now()
         )
         item.refresh_from_db()
     return item
@@ -148,6 +146,22 @@ def can_review(user: Any, run: Run) -> bool:
     return bool(getattr(user, "is_authenticated", False)) and (run.owner_id == user.pk or user.is_staff)
 
 
+def _kept_note(note: str) -> str:
+    """Return a reviewer's note stripped; Refused when it is longer than what is kept."""
+    note = (note or "").strip()
+    if len(note) > NOTE_MAX_CHARS:
+        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
+    return note
+
+
+def _locked_for(user: Any, item: ReviewItem) -> ReviewItem:
+    """Return `item` read again and locked (inside the caller's transaction); Refused (404) unless `user` may review it."""
+    item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
+    if not can_review(user, item.run):
+        raise Refused("no such review item", 404)
+    return item
+
+
 def review_decide(
     *,
     item: ReviewItem,
@@ -165,13 +179,9 @@ def review_decide(
     status = VERDICTS.get(verdict)
     if status is None:
         raise Refused(f"a verdict is 'accept' or 'reject', not {verdict!r}")
-    note = (note or "").strip()
-    if len(note) > NOTE_MAX_CHARS:
-        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
+    note = _kept_note(note)
     with transaction.atomic():
-        item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
-        if not can_review(user, item.run):
-            raise Refused("no such review item", 404)
+        item = _locked_for(user, item)
         if item.status != ReviewItem.Status.PENDING:
             raise Refused(f"this item was already {item.get_status_display()}; reload the queue", 409)
         if item.reason == ReviewItem.Reason.ESCALATED and item.run.status == Run.Status.WAITING:
@@ -212,25 +222,18 @@ def review_decide(
 
 def review_reopen(*, item: ReviewItem, user: Any, note: str, request: Any = None, via: str = "console") -> ReviewItem:
     """Reopen an accepted item a person found wrong after all: it was missed in review, and waits again."""
-    note = (note or "").strip()
+    note = _kept_note(note)
     if not note:
         raise Refused("say what was wrong in the note: a reopened review is counted as missed")
-    if len(note) > NOTE_MAX_CHARS:
-        raise Refused(f"the note is {len(note):,} characters; at most {NOTE_MAX_CHARS:,} are kept")
     with transaction.atomic():
-        item = ReviewItem.objects.select_for_update().select_related("run").get(pk=item.pk)
-        if not can_review(user, item.run):
-            raise Refused("no such review item", 404)
+        item = _locked_for(user, item)
         if item.status != ReviewItem.Status.ACCEPTED:
             raise Refused(f"only an accepted item can be reopened; this one is {item.get_status_display()}", 409)
         was = {"status": item.status, "decided_by": item.decided_by_id, "note": item.note[:2000]}
         ReviewItem.objects.filter(pk=item.pk).update(
-            status=ReviewItem.Status.PENDING,
+            **UNDECIDED,
             missed_in_review=True,
             missed_detail=f"reopened by {user.get_username()}: {note}"[:500],
-            note="",
-            decided_by=None,
-            decided_at=None,
             diff_opened_at=None,
         )
         item.refresh_from_db()
@@ -278,8 +281,7 @@ def notification_target_add(
     """Add an e-mail or webhook target for `user`; return it and, for a webhook, its new secret (shown once)."""
     address = (address or "").strip()
     events = [e for e in (events or []) if e]
-    unknown = sorted(set(events) - set(NotificationTarget.Event.values))
-    if unknown:
+    if unknown := NotificationTarget.unknown_events(events):
         raise Refused(f"unknown events: {', '.join(unknown)}")
     try:
         if kind == NotificationTarget.Kind.EMAIL:

@@ -25,7 +25,7 @@ import pygit2
 from django.conf import settings
 from pygit2.enums import ConfigLevel, FileMode
 
-from instances.pinned import Pinned, open_file_at
+from instances.pinned import Entry, Pinned, open_file_at
 from loops import checks as checks_mod
 
 IGNORE_FILE_MAX_BYTES = 256 * 1024  # of each `.gitignore` read
@@ -159,6 +159,15 @@ class _Hidden:
         return sorted(dropped, key=lambda g: g.path)
 
 
+def _never_kept(entry: Entry) -> bool:
+    """Whether no tree keeps `entry`: a `.git`, a FIFO, socket or device, or a directory the fingerprint skips."""
+    return (
+        entry.name.lower() == ".git"
+        or entry.kind == "other"
+        or (entry.kind == "dir" and entry.name in checks_mod.SKIP_DIRS)
+    )
+
+
 def list_tree(
     ws: Pinned, rel: str, rules: list[tuple[str, pathspec.GitIgnoreSpec]], count: _Count, hidden: _Hidden
 ) -> Listing:
@@ -179,11 +188,9 @@ def list_tree(
         rules = [*rules, (rel, ignore_spec(ignore))]
     listing: Listing = {}
     for entry in entries:
-        if entry.name.lower() == ".git" or entry.kind == "other":
+        if _never_kept(entry):
             continue
         if entry.kind == "dir":
-            if entry.name in checks_mod.SKIP_DIRS:
-                continue
             if ignored(rules, entry.path, True):
                 group = hidden.start(entry.path, is_dir=True)
                 inner = _list_hidden(ws, entry.path, group, hidden) if group else {}
@@ -215,11 +222,9 @@ def _list_hidden(ws: Pinned, rel: str, group: _Group, hidden: _Hidden) -> Listin
     for entry in entries:
         if not group.whole:
             break
-        if entry.name.lower() == ".git" or entry.kind == "other":
+        if _never_kept(entry):
             continue
         if entry.kind == "dir":
-            if entry.name in checks_mod.SKIP_DIRS:
-                continue
             if inner := _list_hidden(ws, entry.path, group, hidden):
                 listing[entry.name] = inner
         else:

@@ -366,6 +366,16 @@ def _cut(text: str, max_chars: int) -> str:
     return text
 
 
+def _stored_start(run: Any) -> tuple[WorkspaceSnapshot | None, str]:
+    """Return the run's snapshot, and "" when its start is a stored tree, else why there is no diff."""
+    snapshot = WorkspaceSnapshot.objects.filter(run_id=run.pk).first()
+    if snapshot is None:
+        return None, "no snapshot of the workspace was taken at the start of this run"
+    if snapshot.method != WorkspaceSnapshot.Method.GIT or not snapshot.start_tree:
+        return snapshot, f"no diff: {snapshot.note or 'no snapshot'}"
+    return snapshot, ""
+
+
 def diff_sections(
     run: Any, *, max_chars: int = DIFF_MAX_CHARS, paths: Sequence[str] | None = None
 ) -> tuple[str, str]:
@@ -379,13 +389,13 @@ def diff_sections(
     """
     if paths is not None and not paths:
         return "", ""
-    snapshot = WorkspaceSnapshot.objects.filter(run_id=run.pk).first()
+    snapshot, why = _stored_start(run)
     if snapshot is None:
-        return "(no snapshot of the workspace was taken at the start of this run)", ""
-    if snapshot.method != WorkspaceSnapshot.Method.GIT or not snapshot.start_tree:
+        return f"({why})", ""
+    if why:
         same = snapshot.end_fingerprint and snapshot.end_fingerprint == snapshot.start_fingerprint
         said = "the workspace did not change" if same else "files may have changed"
-        return f"(no diff: {snapshot.note or 'no snapshot'}; {said})", ""
+        return f"({why}; {said})", ""
     gitdir, start, end = git_dir(run.pk), snapshot.start_tree, snapshot.end_tree
     if not end:
         end, note = _capture(run.pk, Path(snapshot.workspace))
@@ -455,8 +465,7 @@ def mark_iteration(run: Any, number: int) -> None:
     gitdir = git_dir(run.pk)
     if not (gitdir / "HEAD").exists():
         return
-    workspace = Path(run.instance.workspace_path())
-    tree, _ = _capture(run.pk, workspace)
+    tree, _ = capture(run)
     if not tree:
         return
     # A loose ref is a file holding the object's id (git's repository layout): written here, it
@@ -484,12 +493,11 @@ def changed_since_iteration(run: Any, number: int) -> dict[str, Any]:
     if not (gitdir / "HEAD").exists():
         note = WorkspaceSnapshot.objects.filter(run_id=run.pk).values_list("note", flat=True).first()
         return {"unknown": note or "no snapshot of the workspace was taken"}
-    workspace = Path(run.instance.workspace_path())
     try:
         base = _git(gitdir, "rev-parse", "--verify", "-q", _iteration_ref(number), check=False).strip()
         if not base:
             return {"unknown": f"the workspace was not kept when iteration {number} began"}
-        tree, note = _capture(run.pk, workspace)
+        tree, note = capture(run)
         if not tree:
             return {"unknown": redact(note)}
         listed = _git(gitdir, "diff", "--name-status", "--no-renames", "-z", base, tree)
@@ -509,6 +517,12 @@ TAMPER_SCAN_BYTES = 1_000_000  # of each
 NO_OBJECT = pygit2.Oid(hex="0" * 40)  # a side of a delta where the file is absent
 
 
+def _contents(repo: pygit2.Repository, side: pygit2.DiffFile) -> bytes | None:
+    """Return one side of a delta's contents, up to TAMPER_SCAN_BYTES (None: the file is absent on that side)."""
+    obj = repo.get(side.id) if side.id != NO_OBJECT else None
+    return obj.data[:TAMPER_SCAN_BYTES] if isinstance(obj, pygit2.Blob) else None
+
+
 def changed_sources(run: Any, suffixes: tuple[str, ...] = (".py", ".pyw")) -> tuple[dict[str, bytes | None], ...]:
     """Return `(before, after)`: the contents of the files with `suffixes` the run changed since its start.
 
@@ -520,7 +534,7 @@ def changed_sources(run: Any, suffixes: tuple[str, ...] = (".py", ".pyw")) -> tu
     start = WorkspaceSnapshot.objects.filter(run_id=run.pk).values_list("start_tree", flat=True).first()
     if not start or not (gitdir / "HEAD").exists():
         return {}, {}
-    tree, _ = _capture(run.pk, Path(run.instance.workspace_path()))
+    tree, _ = capture(run)
     if not tree:
         return {}, {}
     repo = open_repository(gitdir)
@@ -535,9 +549,7 @@ def changed_sources(run: Any, suffixes: tuple[str, ...] = (".py", ".pyw")) -> tu
             continue
         if len(after) >= TAMPER_SCAN_FILES:
             break
-        for side, blob in ((before, patch.old_file), (after, patch.new_file)):
-            obj = repo.get(blob.id) if blob.id != NO_OBJECT else None
-            side[path] = obj.data[:TAMPER_SCAN_BYTES] if isinstance(obj, pygit2.Blob) else None
+        before[path], after[path] = _contents(repo, patch.old_file), _contents(repo, patch.new_file)
     return before, after
 
 
@@ -566,11 +578,9 @@ def file_deltas(run: Any, read: Any = None) -> tuple[list[FileDelta], int, str]:
     TAMPER_SCAN_BYTES each) come with the delta. Without a start and an end tree, no deltas and
     `note` says why.
     """
-    snapshot = WorkspaceSnapshot.objects.filter(run_id=run.pk).first()
-    if snapshot is None:
-        return [], 0, "no snapshot of the workspace was taken at the start of this run"
-    if snapshot.method != WorkspaceSnapshot.Method.GIT or not snapshot.start_tree:
-        return [], 0, f"no diff: {snapshot.note or 'no snapshot'}"
+    snapshot, why = _stored_start(run)
+    if snapshot is None or why:
+        return [], 0, why
     if not snapshot.end_tree:
         return [], 0, "the workspace is snapshot again when the run finishes or waits"
     repo = repository(run.pk)
@@ -587,13 +597,11 @@ def file_deltas(run: Any, read: Any = None) -> tuple[list[FileDelta], int, str]:
             delta = patch.delta
             path = delta.new_file.path or delta.old_file.path
             _, added, removed = patch.line_stats
-            sides: list[bytes | None] = [None, None]
+            sides: tuple[bytes | None, bytes | None] = (None, None)
             if read is not None and read(path):
-                for n, side in enumerate((delta.old_file, delta.new_file)):
-                    obj = repo.get(side.id) if side.id != NO_OBJECT else None
-                    sides[n] = obj.data[:TAMPER_SCAN_BYTES] if isinstance(obj, pygit2.Blob) else None
+                sides = _contents(repo, delta.old_file), _contents(repo, delta.new_file)
             status = _DELTA_STATUS.get(delta.status_char(), "changed")
-            deltas.append(FileDelta(path, status, added, removed, delta.is_binary, sides[0], sides[1]))
+            deltas.append(FileDelta(path, status, added, removed, delta.is_binary, *sides))
     except (pygit2.GitError, KeyError, ValueError, OSError) as exc:
         return [], 0, f"no diff: {exc}"
     return deltas, max(total - DELTAS_MAX, 0), snapshot.note

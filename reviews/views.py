@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET, require_POST
 from audit import trail
 from loops.services import Refused
 from reviews import digest, selectors, services, watch
-from reviews.models import NotificationTarget
+from reviews.models import NotificationTarget, ReviewItem
 
 QUEUE_LIMIT = 200
 AUDIT_CSV_LIMIT = 100_000
@@ -44,12 +44,18 @@ def queue(request: HttpRequest) -> HttpResponse:
     return render(request, "reviews/queue.html", context)
 
 
-@login_required
-@require_GET
-def item_detail(request: HttpRequest, item_id: int) -> HttpResponse:
+def _item_or_404(request: HttpRequest, item_id: int) -> ReviewItem:
+    """Return the review item the signed-in user may see; 404 for any other."""
     item = selectors.item_for(request.user, item_id)
     if item is None:
         raise Http404("no such review item")
+    return item
+
+
+@login_required
+@require_GET
+def item_detail(request: HttpRequest, item_id: int) -> HttpResponse:
+    item = _item_or_404(request, item_id)
     view = selectors.item_view(item)
     watch.record_opened(item, request.user)  # the page shows the diff and the change card first
     return render(request, "reviews/item.html", {"view": view})
@@ -59,9 +65,7 @@ def item_detail(request: HttpRequest, item_id: int) -> HttpResponse:
 @require_POST
 def item_reopen(request: HttpRequest, item_id: int) -> HttpResponse:
     """Reopen an accepted item found wrong after all: it counts as missed in review."""
-    item = selectors.item_for(request.user, item_id)
-    if item is None:
-        raise Http404("no such review item")
+    item = _item_or_404(request, item_id)
     try:
         services.review_reopen(item=item, user=request.user, note=request.POST.get("note", ""), request=request)
     except Refused as exc:
@@ -74,9 +78,7 @@ def item_reopen(request: HttpRequest, item_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def item_decide(request: HttpRequest, item_id: int) -> HttpResponse:
-    item = selectors.item_for(request.user, item_id)
-    if item is None:
-        raise Http404("no such review item")
+    item = _item_or_404(request, item_id)
     verdict = request.POST.get("verdict", "")
     note = request.POST.get("note", "")
     try:

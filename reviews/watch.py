@@ -34,7 +34,7 @@ from django.utils import timezone
 from reviews import notify
 from reviews.models import ReviewItem
 
-NO_TEMPLATE = "(no template)"
+NO_TEMPLATE = "(no template)"  # the group of runs made from no template (also `reviews.selectors`)
 DECIDED = (ReviewItem.Status.ACCEPTED, ReviewItem.Status.REJECTED)
 BACKLOG_SCAN = 5_000  # the oldest waiting items one watch reads; a backlog past it is already an alert
 
@@ -271,17 +271,18 @@ def sample_percent(instance: Any, owner: Any, base: Decimal) -> Decimal:
 # --- missed in review --------------------------------------------------------------------------
 
 
+def _mark_missed(items: QuerySet[ReviewItem], why: str) -> int:
+    """Mark the accepted ones of `items` not marked yet as missed in review, saying `why`; return how many."""
+    return items.filter(status=ReviewItem.Status.ACCEPTED, missed_in_review=False).update(
+        missed_in_review=True, missed_detail=why[:500]
+    )
+
+
 def mark_missed(item: ReviewItem, why: str) -> bool:
     """Mark an accepted item as missed in review; return whether it was newly marked."""
-    return bool(
-        ReviewItem.objects.filter(
-            pk=item.pk, status=ReviewItem.Status.ACCEPTED, missed_in_review=False
-        ).update(missed_in_review=True, missed_detail=why[:500])
-    )
+    return bool(_mark_missed(ReviewItem.objects.filter(pk=item.pk), why))
 
 
 def mark_run_missed(run_id: int, why: str) -> int:
     """Mark every accepted item of a run as missed in review (its work was found wrong); return how many."""
-    return ReviewItem.objects.filter(
-        run_id=run_id, status=ReviewItem.Status.ACCEPTED, missed_in_review=False
-    ).update(missed_in_review=True, missed_detail=why[:500])
+    return _mark_missed(ReviewItem.objects.filter(run_id=run_id), why)
