@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.apps import apps
 from django.conf import settings
 from django.db import connections, transaction
+
+from tether import keys
 
 if TYPE_CHECKING:
     from instances.models import Credential, Instance
@@ -47,14 +47,13 @@ class CredentialUnreadable(ValueError):
 
 
 def _fernet_for(secret: str) -> Fernet:
-    derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=_INFO).derive(secret.encode())
-    return Fernet(base64.urlsafe_b64encode(derived))
+    return Fernet(base64.urlsafe_b64encode(keys.derive(_SALT, _INFO, secret)))
 
 
 def _fernet(secret: str | None = None, fallbacks: Sequence[str] | None = None) -> MultiFernet:
     secret = settings.SECRET_KEY if secret is None else secret
     if fallbacks is None:
-        fallbacks = getattr(settings, "SECRET_KEY_FALLBACKS", [])
+        fallbacks = settings.SECRET_KEY_FALLBACKS
     return MultiFernet([_fernet_for(s) for s in [secret, *fallbacks]])
 
 

@@ -27,15 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from django.conf import settings
 from django.utils import timezone
 
 from budgets import money, spending
 from loops import selectors
 from reviews import changecard
 from reviews.models import GradeRecord, Receipt, ReviewItem
+from tether import keys
 from tether.redaction import redact_data
 
 VERSION = 1
@@ -46,16 +44,12 @@ _INFO = b"tether receipt signing v1"
 _DEPTH = 2
 
 
-def _key(secret: str) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=_SALT, info=_INFO).derive(secret.encode())
-
-
 def signing_key() -> bytes:
-    return _key(settings.SECRET_KEY)
+    return keys.derive(_SALT, _INFO)
 
 
 def _verification_keys() -> list[bytes]:
-    return [_key(s) for s in [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]]
+    return [keys.derive(_SALT, _INFO, secret) for secret in keys.secrets()]
 
 
 def key_id(key: bytes) -> str:

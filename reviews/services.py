@@ -28,8 +28,6 @@ import unicodedata
 import zoneinfo
 from typing import Any
 
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import EmailValidator, URLValidator
@@ -42,6 +40,7 @@ from loops.models import Run
 from loops.services import Refused
 from reviews import graders, notify, receipts, sampling, snapshots, watch
 from reviews.models import DigestPreference, GradeRecord, NotificationTarget, ReviewItem
+from tether import keys
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +57,7 @@ def sample_seed() -> bytes:
     """Return the review-sampling seed: `TETHER_REVIEW_SAMPLE_SEED`, else derived from the secret key."""
     if seed := settings.TETHER_REVIEW_SAMPLE_SEED:
         return str(seed).encode()
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=b"tether.reviews", info=b"tether review sampling v1")
-    return hkdf.derive(settings.SECRET_KEY.encode())
+    return keys.derive(b"tether.reviews", b"tether review sampling v1")
 
 
 def reasons_for(run: Run) -> list[tuple[str, str]]:
