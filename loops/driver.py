@@ -38,6 +38,7 @@ from django.utils import timezone
 from loops import delegation, events, leases, lifecycle, liveness, runner, tasks
 from loops.models import Run
 from tether import dbfaults, dbpool, jsonlog
+from tether.perprocess import PerProcess
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +49,10 @@ BEAT_SECONDS = 1.0
 # (what, run id) of the runs a pass failed to handle: each is logged in full once, not on every pass.
 _failing: set[tuple[str, int]] = set()
 
-_driver: Driver | None = None
-_driver_lock = threading.Lock()
-
 
 def get() -> Driver:
     """Return this process's driver, starting it on first use."""
-    global _driver
-    with _driver_lock:
-        if _driver is None or _driver.pid != os.getpid():
-            _driver = Driver()
-        return _driver
+    return _driver.get()
 
 
 def on_worker_spawn(sender=None, proc_name=None, **kwargs) -> None:
@@ -261,6 +255,9 @@ class Driver:
         for run_id, lease in held.items():
             if run_id not in renewed:
                 lease.stop.set()  # lost or finished: an act still in flight must end
+
+
+_driver = PerProcess(Driver)
 
 
 def failed(what: str, run_id: int, exc: Exception) -> None:

@@ -31,6 +31,25 @@ class InIteration(Payload):
     iteration: int
 
 
+class ByWhom(Payload):
+    """Who asked for it, and through which surface (`via`: the console, the API, MCP...)."""
+
+    by: str | None = None
+    via: str | None = None
+
+
+class RolledBack(Payload):
+    """What taking the workspace back did: `reviews.rollback`'s outcome, for a person or a stall's rewind."""
+
+    label: str | None = None
+    undo: str | None = None
+    exact: bool | None = None
+    added: int | None = None
+    modified: int | None = None
+    deleted: int | None = None
+    not_restored: list[str] | None = None
+
+
 class Origin(Payload):
     """How the run started: `Run.Origin`'s value, and which schedule, trigger or parent."""
 
@@ -42,13 +61,11 @@ class Origin(Payload):
     parent: int | None = None
 
 
-class RunStarted(Payload):
+class RunStarted(ByWhom):
     objective: str | None = None
     instance: int | None = None
     max_iterations: int | None = None
     max_cost_usd: str | None = None
-    by: str | None = None
-    via: str | None = None
     origin: Origin | None = None
     continued_from: int | None = None  # a continuation of that run
     parent: int | None = None  # delegated by that run
@@ -159,26 +176,21 @@ class ChildContinued(Payload):
     by: str | None = None
 
 
-class InterjectionQueued(Payload):
+class InterjectionQueued(ByWhom):
     id: int | None = None
     text: str | None = None
-    by: str | None = None
-    via: str | None = None
 
 
-class StopRequested(Payload):
-    by: str | None = None
-    via: str | None = None
+class StopRequested(ByWhom):
+    pass
 
 
 class RunWaiting(InIteration):
     question: str | None = None
 
 
-class RunResumed(Payload):
+class RunResumed(ByWhom):
     reason: str | None = None  # "answered", "budget" (by a person), "children finished"
-    by: str | None = None
-    via: str | None = None
     children: list[int] | None = None
 
 
@@ -211,33 +223,17 @@ class RunFinished(Payload):
     spent_usd: str | None = None
 
 
-class WorkspaceRolledBack(Payload):
-    to: str | None = None
-    label: str | None = None
-    by: str | None = None
-    via: str | None = None
-    undo: str | None = None
-    exact: bool | None = None
-    added: int | None = None
-    modified: int | None = None
-    deleted: int | None = None
+class WorkspaceRolledBack(RolledBack, ByWhom):
+    to: str | None = None  # the rollback point's kind
     kept: list[str] | None = None
     kept_more: int | None = None
-    not_restored: list[str] | None = None
 
 
-class StallRewound(InIteration):
+class StallRewound(RolledBack, InIteration):
     """A stalled run's workspace taken back to its best iteration's state (or why it was not)."""
 
-    to: int | None = None
+    to: int | None = None  # the iteration
     refused: str | None = None
-    label: str | None = None
-    undo: str | None = None
-    exact: bool | None = None
-    added: int | None = None
-    modified: int | None = None
-    deleted: int | None = None
-    not_restored: list[str] | None = None
 
 
 PAYLOADS: dict[str, type[Payload]] = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from django.utils import timezone
 
 from loops.event_types import check
 from loops.models import Event, Run
+from tether.perprocess import PerProcess
 from tether.redaction import redact_each
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ def ring(run_id: int, seq: int) -> None:
     happens on this process's doorbell thread, off the caller's path.
     """
     if settings.REDIS_URL:
-        _doorbell().ring(run_id, seq, _owner_of(run_id))
+        _doorbell.get().ring(run_id, seq, _owner_of(run_id))
 
 
 class Doorbell:
@@ -182,7 +182,6 @@ class Doorbell:
     """
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="tether-doorbell", daemon=True).start()
 
@@ -202,16 +201,7 @@ class Doorbell:
             log.warning("doorbell for run %s failed", run_id, exc_info=True)
 
 
-_bell: Doorbell | None = None
-_bell_lock = threading.Lock()
-
-
-def _doorbell() -> Doorbell:
-    global _bell
-    with _bell_lock:
-        if _bell is None or _bell.pid != os.getpid():
-            _bell = Doorbell()
-        return _bell
+_doorbell = PerProcess(Doorbell)
 
 
 def after(run: Run, seq: int, limit: int = 1000) -> list[Event]:

@@ -280,11 +280,13 @@ def _with_act_failure(state: State, instruction: str) -> str:
     return f"{act_failure(state.act_detail)}\n\n{instruction}"
 
 
-def _go_on(state: State, instruction: str, why: str = "") -> Continue | Stop:
-    """Return the Continue a run may take, or the bound that stops it first."""
+def _bound(state: State, why: str) -> Stop | None:
+    """Return the bound that ends the run before another iteration, or None: the deadline, then the limit.
+
+    `why` ends the stop's detail (with its leading "; "), the act's failures after it.
+    """
     if failures := _act_failures(state):
         why += f"; {failures}"
-    instruction = _with_act_failure(state, instruction)
     if state.deadline_passed:
         return Stop("timed_out", f"the wall-clock deadline passed after iteration {state.iteration}{why}")
     if state.iteration >= state.max_iterations:
@@ -292,7 +294,18 @@ def _go_on(state: State, instruction: str, why: str = "") -> Continue | Stop:
             "max_iterations",
             f"reached the iteration limit ({state.iteration} of {state.max_iterations}){why}",
         )
-    return _no_progress(state, instruction) or _stall_step(state, instruction) or Continue(instruction)
+    return None
+
+
+def _go_on(state: State, instruction: str, why: str = "") -> Continue | Stop:
+    """Return the Continue a run may take, or the bound that stops it first."""
+    instruction = _with_act_failure(state, instruction)
+    return (
+        _bound(state, why)
+        or _no_progress(state, instruction)
+        or _stall_step(state, instruction)
+        or Continue(instruction)
+    )
 
 
 def _low(track: Sequence[tuple[int, int | None, str]]) -> tuple[int, int] | None:
@@ -538,16 +551,7 @@ def _bounded_wait[W: (Stop, Park)](state: State, waiting: W, undone: str) -> W |
     A wait leads to another iteration, so it is bounded as a continue is: the deadline, then the
     iteration limit — on the last allowed iteration what would need another one is left undone.
     """
-    if failures := _act_failures(state):
-        undone += f"; {failures}"
-    if state.deadline_passed:
-        return Stop("timed_out", f"the wall-clock deadline passed after iteration {state.iteration}; {undone}")
-    if state.iteration >= state.max_iterations:
-        return Stop(
-            "max_iterations",
-            f"reached the iteration limit ({state.iteration} of {state.max_iterations}); {undone}",
-        )
-    return waiting
+    return _bound(state, f"; {undone}") or waiting
 
 
 def after(state: State, proposed: Step) -> Step:

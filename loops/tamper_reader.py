@@ -10,7 +10,7 @@ runner's modules. Aliases are resolved first (`import os as o`, `from os import 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 # Hits kept per version of a file before old and new are compared: generous, so that many old
 # findings cannot crowd a new one out.
@@ -438,16 +438,15 @@ class _Visitor(ast.NodeVisitor):
             self._reference(node)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if isinstance(node.ctx, ast.Store | ast.Del):
-            self._store_attribute(node, isinstance(node.ctx, ast.Del))
-        elif id(node) not in self.handled:
-            self._reference(node)
-        self.handled.add(id(node.value))
-        self.generic_visit(node)
+        self._visit_part(node, self._store_attribute)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
+        self._visit_part(node, self._store_subscript)
+
+    def _visit_part[N: (ast.Attribute, ast.Subscript)](self, node: N, store: Callable[[N, bool], None]) -> None:
+        """Judge `x.y` or `x[k]`: a write by `store`, a read as a reference; its `x` is judged as part of it."""
         if isinstance(node.ctx, ast.Store | ast.Del):
-            self._store_subscript(node, isinstance(node.ctx, ast.Del))
+            store(node, isinstance(node.ctx, ast.Del))
         elif id(node) not in self.handled:
             self._reference(node)
         self.handled.add(id(node.value))

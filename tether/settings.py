@@ -11,6 +11,7 @@ value stops Tether at start naming it.
 import json
 import os
 import secrets
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -25,35 +26,38 @@ TETHER_HOME = Path(os.environ.get("TETHER_HOME", BASE_DIR / "var")).resolve()
 private_directory(TETHER_HOME)
 
 
-def _env_int(name: str, default: int) -> int:
+def _env[T](name: str, default: T, parse: Callable[[str], T], must_be: str) -> T:
+    """Return the environment's `name` read by `parse`, or `default` when it is unset or empty.
+
+    What `parse` refuses (a ValueError) stops Tether at start, naming the setting and what it must be.
+    """
     raw = os.environ.get(name)
     if raw in (None, ""):
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a whole number, got {raw!r}") from None
+        raise ImproperlyConfigured(f"{name} must be {must_be}, got {raw!r}") from None
+
+
+def _env_int(name: str, default: int) -> int:
+    return _env(name, default, int, "a whole number")
 
 
 def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from None
+    return _env(name, default, float, "a number")
 
 
-def _env_json(name: str, default: Any) -> Any:
-    """A value given as JSON (a number, true/false, a list, an object); text that is no JSON is kept as text."""
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
+def _json_or_text(raw: str) -> Any:
     try:
         return json.loads(raw)
     except ValueError:
         return raw
+
+
+def _env_json(name: str, default: Any) -> Any:
+    """A value given as JSON (a number, true/false, a list, an object); text that is no JSON is kept as text."""
+    return _env(name, default, _json_or_text, "JSON or text")  # never refused: text is kept
 
 
 def _secret_key() -> str:

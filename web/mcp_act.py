@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 from typing import Annotated, Any, Literal
 
@@ -39,6 +38,7 @@ from budgets import money
 from instances import gateway
 from loops import delegation, delegation_results, schemas
 from loops.models import Run
+from tether.perprocess import PerProcess
 from web.mcp_server import ID_MAX, TetherMCPServer
 
 PATH = "/mcp"
@@ -256,16 +256,7 @@ async def _exchange(app: Any, scope: dict[str, Any], body: bytes) -> gateway.Ans
     return gateway.Answer(status, headers, b"".join(chunks))
 
 
-_bridge: tuple[int, _Bridge] | None = None
-_bridge_lock = threading.Lock()
-
-
-def _current() -> _Bridge:
-    global _bridge
-    with _bridge_lock:
-        if _bridge is None or _bridge[0] != os.getpid():
-            _bridge = (os.getpid(), _Bridge())
-        return _bridge[1]
+_bridge = PerProcess(_Bridge)
 
 
 def _refuse(status: int, message: str) -> gateway.Answer:
@@ -308,4 +299,4 @@ def handle(
         "server": ("tether-act", 80),
         "tether.act": act,
     }
-    return _current().exchange(scope, raw)
+    return _bridge.get().exchange(scope, raw)

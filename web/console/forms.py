@@ -98,12 +98,18 @@ def _cost_cap_field():
     )
 
 
+# The limits a new run is given, as `Checked.FIELDS` names them (`_max_iterations_field`, `_cost_cap_field`).
+_RUN_LIMITS = {
+    "max_iterations": ("max_iterations", "Max iterations"),
+    "max_cost_usd": ("max_cost_usd", "The cost cap"),
+}
+
+
 class StartRunForm(Checked):
     SCHEMA = schemas.RunIn
     FIELDS = {
         "objective": ("objective", "The objective"),
-        "max_iterations": ("max_iterations", "Max iterations"),
-        "max_cost_usd": ("max_cost_usd", "The cost cap"),
+        **_RUN_LIMITS,
         "max_minutes": ("max_minutes", "The time limit"),
     }
 
@@ -163,11 +169,7 @@ class ContinueRunForm(Checked):
     """Continue a finished run as a new one: a message for its first iteration, and its limits."""
 
     SCHEMA = schemas.RunContinueIn
-    FIELDS = {
-        "message": ("message", "The message"),
-        "max_iterations": ("max_iterations", "Max iterations"),
-        "max_cost_usd": ("max_cost_usd", "The cost cap"),
-    }
+    FIELDS = {"message": ("message", "The message"), **_RUN_LIMITS}
 
     message = forms.CharField(
         required=False,
