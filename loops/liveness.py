@@ -75,28 +75,17 @@ def _process_alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
-def _standing(holder: str) -> dict[str, Any] | bool:
-    """Return `holder`'s last beat when it is alive and beating, else whether it is known dead.
-
-    False: its liveness cannot be judged here. A silent beat is a death. Raises when the beats
-    cannot be read.
-    """
+def holder_gone(holder: str) -> bool:
+    """Return True when the driver `holder` is known to be dead (never guesses: unknown is alive)."""
     judged, dead = _in_sight(holder)
     if dead or not judged:
         return dead
-    last = _last_beat(holder)
-    if last is None or time.time() - last["at"] > settings.TETHER_HOLDER_SILENT_SECONDS:
-        return True
-    return last
-
-
-def holder_gone(holder: str) -> bool:
-    """Return True when the driver `holder` is known to be dead (never guesses: unknown is alive)."""
     try:
-        return _standing(holder) is True
+        last = _last_beat(holder)
     except Exception:
         log.warning("driver beats unreadable; treating %s as alive", holder, exc_info=True)
         return False
+    return last is None or time.time() - last["at"] > settings.TETHER_HOLDER_SILENT_SECONDS
 
 
 def still_driving(holder: str, run_id: int) -> bool:
@@ -105,8 +94,13 @@ def still_driving(holder: str, run_id: int) -> bool:
     A lease can expire while its driver lives: its connection was cut and the renewals
     failed. The reaper leaves such a run alone; the driver renews when it reconnects.
     """
+    judged, dead = _in_sight(holder)
+    if dead or not judged:
+        return False
     try:
-        last = _standing(holder)
+        last = _last_beat(holder)
     except Exception:
         return False  # unknown: the reaper does what it always did
-    return isinstance(last, dict) and run_id in last.get("runs", ())
+    if last is None or time.time() - last["at"] > settings.TETHER_HOLDER_SILENT_SECONDS:
+        return False
+    return run_id in last.get("runs", ())
