@@ -291,35 +291,21 @@ class MeteredFilter(ReservationChoiceFilter):
     }
 
 
+# What a reservation is, in the order both its list and its page show it.
+RESERVATION_SHOWN = [
+    "run_id", "iteration", "call", "model", "tokens", "status", "amount_usd", "actual_usd", "overdraft_usd",
+]
+
+
 @admin.register(Reservation)
 class ReservationAdmin(ReadOnlyAdmin):
     """Every reservation: one metered model call (call 1, 2, ...) or an iteration's reported spend (call 0)."""
 
-    list_display = [
-        "id",
-        "run_id",
-        "iteration",
-        "call",
-        "model",
-        "tokens",
-        "status",
-        "amount_usd",
-        "actual_usd",
-        "overdraft_usd",
-        "created_at",
-    ]
+    list_display = ["id", *RESERVATION_SHOWN, "created_at"]
     list_filter = [OverdrawnFilter, MeteredFilter, "status"]
     search_fields = ["=run_id", "model"]
     fields = [
-        "run_id",
-        "iteration",
-        "call",
-        "model",
-        "tokens",
-        "status",
-        "amount_usd",
-        "actual_usd",
-        "overdraft_usd",
+        *RESERVATION_SHOWN,
         "overdraft_cause",
         "paid_by",
         "created_at",
