@@ -259,65 +259,53 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
         return format_usd(entry.amount)
 
 
-class OverdrawnFilter(admin.SimpleListFilter):
+class ReservationChoiceFilter(admin.SimpleListFilter):
+    """Filter reservations by a table of choices: value -> (label, lookup)."""
+
+    # Not `choices`: SimpleListFilter.choices yields the links of the sidebar.
+    by_value: dict[str, tuple[str, dict[str, int]]]
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, label) for value, (label, _) in self.by_value.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
+        choice = self.by_value.get(self.value() or "")
+        return queryset if choice is None else queryset.filter(**choice[1])
+
+
+class OverdrawnFilter(ReservationChoiceFilter):
     title = "overdraft"
     parameter_name = "overdrawn"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("yes", "overdrawn (settled beyond its reservation)"), ("no", "within its reservation")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
-        if self.value() == "yes":
-            return queryset.filter(overdraft__gt=0)
-        if self.value() == "no":
-            return queryset.filter(overdraft=0)
-        return queryset
+    by_value = {
+        "yes": ("overdrawn (settled beyond its reservation)", {"overdraft__gt": 0}),
+        "no": ("within its reservation", {"overdraft": 0}),
+    }
 
 
-class MeteredFilter(admin.SimpleListFilter):
+class MeteredFilter(ReservationChoiceFilter):
     title = "kind"
     parameter_name = "kind"
+    by_value = {
+        "metered": ("metered model calls", {"call__gt": 0}),
+        "reported": ("an iteration's reported spend (call 0)", {"call": 0}),
+    }
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("metered", "metered model calls"), ("reported", "an iteration's reported spend (call 0)")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Reservation]) -> QuerySet[Reservation]:
-        if self.value() == "metered":
-            return queryset.filter(call__gt=0)
-        if self.value() == "reported":
-            return queryset.filter(call=0)
-        return queryset
+# What a reservation is, in the order both its list and its page show it.
+RESERVATION_SHOWN = [
+    "run_id", "iteration", "call", "model", "tokens", "status", "amount_usd", "actual_usd", "overdraft_usd",
+]
 
 
 @admin.register(Reservation)
 class ReservationAdmin(ReadOnlyAdmin):
     """Every reservation: one metered model call (call 1, 2, ...) or an iteration's reported spend (call 0)."""
 
-    list_display = [
-        "id",
-        "run_id",
-        "iteration",
-        "call",
-        "model",
-        "tokens",
-        "status",
-        "amount_usd",
-        "actual_usd",
-        "overdraft_usd",
-        "created_at",
-    ]
+    list_display = ["id", *RESERVATION_SHOWN, "created_at"]
     list_filter = [OverdrawnFilter, MeteredFilter, "status"]
     search_fields = ["=run_id", "model"]
     fields = [
-        "run_id",
-        "iteration",
-        "call",
-        "model",
-        "tokens",
-        "status",
-        "amount_usd",
-        "actual_usd",
-        "overdraft_usd",
+        *RESERVATION_SHOWN,
         "overdraft_cause",
         "paid_by",
         "created_at",

@@ -229,17 +229,7 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
         cap = None if run.max_cost_micros is None and not child else _check_cap(run.max_cost_micros)
         if cap is not None and not child:
             _check_fits(parent, cap, f"run {run.pk}", now=now)
-        pool = pool_create(
-            kind=Pool.Kind.RUN,
-            name=f"run {run.pk}",
-            parent=parent,
-            owner=run.owner,
-            run=run,
-            limit=cap,
-            threshold_percent=None,
-            own_chain=child,
-            leased=not child and leases.leasing(),
-        )
+        pool = _run_pool_create(run, parent, cap, own_chain=child, leased=not child and leases.leasing())
         if child:
             assert cap is not None
             try:
@@ -249,6 +239,24 @@ def open_run_pools(run: Any, now: datetime | None = None) -> Pool:
             except booking.BudgetRefused as refused:
                 raise InvalidBudget(f"a budget of {format_usd(cap)} does not fit: {refused.detail}") from None
         return pool
+
+
+def _run_pool_create(
+    run: Any, parent: Pool, cap: int | None, *, leased: bool, own_chain: bool = False, actor: booking.Actor = None
+) -> Pool:
+    """Create `run`'s pool under `parent`, limited to `cap`: a run pool warns at no threshold of its own."""
+    return pool_create(
+        kind=Pool.Kind.RUN,
+        name=f"run {run.pk}",
+        parent=parent,
+        owner=run.owner,
+        run=run,
+        limit=cap,
+        threshold_percent=None,
+        actor=actor,
+        own_chain=own_chain,
+        leased=leased,
+    )
 
 
 def run_set_cap(
@@ -278,17 +286,7 @@ def _set_cap(run: Any, cap: int | None, actor: booking.Actor) -> Pool:
             parent = instance_pool(run.instance)
             cap = _check_cap(cap)
             _check_fits(parent, cap, f"run {run.pk}")
-            return pool_create(
-                kind=Pool.Kind.RUN,
-                name=f"run {run.pk}",
-                parent=parent,
-                owner=run.owner,
-                run=run,
-                limit=cap,
-                threshold_percent=None,
-                actor=actor,
-                leased=leases.leasing(),
-            )
+            return _run_pool_create(run, parent, cap, actor=actor, leased=leases.leasing())
         if cap is not None:
             cap = _check_cap(cap)
             assert pool.parent is not None

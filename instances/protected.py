@@ -27,7 +27,7 @@ from typing import Any
 
 # Directories never walked: the same ones the workspace fingerprint and the snapshots skip.
 from instances import sandbox
-from instances.pinned import SKIP_DIRS, Entry, Pinned, open_file_at
+from instances.pinned import Entry, open_file_at
 
 MAX_WALKED = 20_000  # entries looked at per fingerprint
 MAX_PROTECTED = 2_000  # protected files digested per fingerprint
@@ -138,16 +138,8 @@ def digests(workspace: Path, globs: Iterable[str]) -> dict[str, str]:
     found: dict[str, str] = {}
     if not globs:
         return found
-    try:
-        ws = Pinned(sandbox.checked_workspace(workspace))
-    except (sandbox.WorkspaceRefused, OSError):
-        return found
-    walked = 0
-    with ws:
-        for entry in ws.walk(skip=SKIP_DIRS):
-            if entry.kind == "dir":
-                continue
-            walked += 1
+    with sandbox.workspace_files(workspace) as files:
+        for walked, entry in enumerate(files or (), start=1):
             if walked > MAX_WALKED or len(found) >= MAX_PROTECTED:
                 found[TRUNCATED] = TRUNCATED
                 return found

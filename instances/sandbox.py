@@ -32,6 +32,7 @@ No database access; reads settings; may `chown` a workspace tree to its sandbox 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
 import json
@@ -43,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,6 +276,23 @@ def checked_workspace(path: Path, *, instance_id: int | None = None) -> Path:
         if why := validation.workspace_conflict(path, instance_id=instance_id):
             raise WorkspaceRefused(f"{why}; refused")
     return current
+
+
+@contextlib.contextmanager
+def workspace_files(workspace: Path) -> Iterator[Iterator[pinned.Entry] | None]:
+    """Hold `workspace` open, checked and pinned, and give its walk's entries but directories; None if it cannot be.
+
+    The walk skips `pinned.SKIP_DIRS`; a link is an entry of its own, never followed.
+    """
+    try:
+        ws: Pinned | None = Pinned(checked_workspace(workspace))
+    except (WorkspaceRefused, OSError):
+        ws = None
+    if ws is None:
+        yield None
+        return
+    with ws:
+        yield (entry for entry in ws.walk(skip=pinned.SKIP_DIRS) if entry.kind != "dir")
 
 
 def prepare(

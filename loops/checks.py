@@ -17,7 +17,8 @@ from django.conf import settings
 
 from instances import evidence, protected, sandbox
 from instances.brains import process
-from instances.pinned import SKIP_DIRS, Pinned, open_file_at
+from instances.pinned import SKIP_DIRS as SKIP_DIRS  # re-exported: reviews.snapshot_trees skips them too
+from instances.pinned import open_file_at
 from loops import progress
 from loops.models import Run
 from loops.policy import Check
@@ -177,16 +178,10 @@ def fingerprint(workspace: Path) -> str:
     MAX_FINGERPRINT_BYTES, and its size.
     """
     digest = hashlib.sha256()
-    try:
-        ws = Pinned(sandbox.checked_workspace(workspace))
-    except (sandbox.WorkspaceRefused, OSError):
-        return ""
-    count = 0
-    with ws:
-        for entry in ws.walk(skip=SKIP_DIRS):
-            if entry.kind == "dir":
-                continue
-            count += 1
+    with sandbox.workspace_files(workspace) as files:
+        if files is None:
+            return ""
+        for count, entry in enumerate(files, start=1):
             if count > MAX_FINGERPRINT_FILES:
                 digest.update(b"...truncated")
                 break

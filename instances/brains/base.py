@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,16 +50,8 @@ class Usage:
         )
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cache_write_tokens": self.cache_write_tokens,
-            "cache_read_tokens": self.cache_read_tokens,
-            "cost_micros": self.cost_micros,
-            "calls": self.calls,
-            "metered_micros": self.metered_micros,
-        }
+        """Return every field, in declared order (they are all JSON already)."""
+        return asdict(self)
 
 
 @dataclass

@@ -81,24 +81,62 @@ def run(
     """
     dbfaults.give_back()  # a run that holds no connection between its writes holds none while its program runs
     started = time.monotonic()
+    spawned = _spawn(argv, cwd=cwd, env=env, spec=spec)
+    if isinstance(spawned, Finished):
+        return spawned
+    proc, sandboxed = spawned
+    out, err = bytearray(), bytearray()
+    timed_out, stopped = _pump(
+        proc, stdin.encode(), out, err, cap=cap, poll=poll, stop=stop, deadline=started + timeout
+    )
+    return Finished(
+        exit_code=proc.returncode,
+        stdout=storable(out.decode(errors="replace")),  # a program may print a NUL: the run's records cannot hold one
+        stderr=storable(err.decode(errors="replace")),
+        duration=time.monotonic() - started,
+        timed_out=timed_out,
+        stopped=stopped,
+        sandboxed=sandboxed,
+    )
+
+
+def _spawn(
+    argv: list[str], *, cwd: Path, env: dict[str, str], spec: sandbox.Spec
+) -> tuple[subprocess.Popen[bytes], bool] | Finished:
+    """Start `argv` with piped stdin, stdout and stderr; return (the process, sandboxed), or a spawn error."""
     program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=env.get("PATH", ""))
     if program is None or not os.access(cwd / program if not os.path.isabs(program) else program, os.X_OK):
         return Finished(None, "", "", 0.0, spawn_error=f"could not start {argv[0]!r}: not found or not executable")
     if SETPRIV and not sandbox.enabled():
         argv = [SETPRIV, "--pdeathsig", "KILL", "--", program, *argv[1:]]
     try:
-        proc, sandboxed = sandbox.spawn(
+        return sandbox.spawn(
             argv, spec, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
     except sandbox.SandboxUnavailable as exc:
         return Finished(None, "", "", 0.0, spawn_error=f"refused to run {argv[0]!r}: {exc}")
     except OSError as exc:
         return Finished(None, "", "", 0.0, spawn_error=f"could not start {argv[0]!r}: {exc.strerror or exc}")
+
+
+def _pump(
+    proc: subprocess.Popen[bytes],
+    pending: bytes,
+    out: bytearray,
+    err: bytearray,
+    *,
+    cap: int,
+    poll: float,
+    stop: threading.Event | None,
+    deadline: float,
+) -> tuple[bool, bool]:
+    """Feed `pending` to the program and keep up to `cap` bytes of each output until it ends; return (timed_out, stopped).
+
+    A stop or the deadline kills it; either way the program's whole group is ended and reaped.
+    """
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     pipes = (proc.stdin, proc.stdout, proc.stderr)
-    out, err = bytearray(), bytearray()
     sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-    pending = stdin.encode()
     selector = selectors.DefaultSelector()
     for stream in (proc.stdout, proc.stderr):
         os.set_blocking(stream.fileno(), False)
@@ -112,35 +150,17 @@ def run(
     selector.register(exit_fd, selectors.EVENT_READ)
     timed_out = stopped = exited = False
     exited_at = 0.0
-    deadline = started + timeout
     try:
         # One thread multiplexes the program's pipes and its exit, waking at least
         # every `poll` seconds to look at the stop signal and the deadline.
         while True:
             for key, _ in selector.select(timeout=poll):
-                fd = key.fd
-                if fd == exit_fd:
+                if key.fd == exit_fd:
                     exited = True
                     exited_at = time.monotonic()
                     selector.unregister(exit_fd)
-                elif fd in sinks:
-                    chunk = os.read(fd, 65536)
-                    if chunk:
-                        room = cap - len(sinks[fd])
-                        if room > 0:
-                            sinks[fd].extend(chunk[:room])
-                    else:
-                        selector.unregister(fd)
-                        del sinks[fd]
                 else:
-                    try:
-                        written = os.write(fd, pending[:65536])
-                        pending = pending[written:]
-                    except (BrokenPipeError, OSError):
-                        pending = b""
-                    if not pending:
-                        selector.unregister(fd)
-                        proc.stdin.close()
+                    pending = _transfer(proc, selector, sinks, key.fd, pending, cap)
             if exited and not sinks:
                 break
             if exited and time.monotonic() - exited_at > 0.5:
@@ -162,12 +182,35 @@ def run(
         for stream in pipes:
             if not stream.closed:
                 stream.close()
-    return Finished(
-        exit_code=proc.returncode,
-        stdout=storable(out.decode(errors="replace")),  # a program may print a NUL: the run's records cannot hold one
-        stderr=storable(err.decode(errors="replace")),
-        duration=time.monotonic() - started,
-        timed_out=timed_out,
-        stopped=stopped,
-        sandboxed=sandboxed,
-    )
+    return timed_out, stopped
+
+
+def _transfer(
+    proc: subprocess.Popen[bytes],
+    selector: selectors.BaseSelector,
+    sinks: dict[int, bytearray],
+    fd: int,
+    pending: bytes,
+    cap: int,
+) -> bytes:
+    """Move what `fd` is ready for: read an output into its sink (to `cap`), or write stdin; return what is left to write."""
+    if fd in sinks:
+        chunk = os.read(fd, 65536)
+        if chunk:
+            room = cap - len(sinks[fd])
+            if room > 0:
+                sinks[fd].extend(chunk[:room])
+        else:
+            selector.unregister(fd)
+            del sinks[fd]
+        return pending
+    assert proc.stdin is not None
+    try:
+        written = os.write(fd, pending[:65536])
+        pending = pending[written:]
+    except (BrokenPipeError, OSError):
+        pending = b""
+    if not pending:
+        selector.unregister(fd)
+        proc.stdin.close()
+    return pending
