@@ -47,8 +47,7 @@ Around it: `budgets.booking` (the locks, entries, refusals and periods every cha
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -108,6 +107,30 @@ class Held(NamedTuple):
         )
 
 
+def reserve(
+    *,
+    run: Any,
+    iteration: int,
+    amount: int,
+    call: int = 0,
+    model: str = "",
+    actor: Actor = None,
+    now: datetime | None = None,
+    pool: Pool | None = None,
+) -> int:
+    """Hold `amount` micro-dollars for (run, iteration, call) in every pool of its chain; return the reservation id.
+
+    `call` 0 is the iteration's own reservation; 1, 2, ... are metered model calls.
+    Idempotent: while a reservation for (run, iteration, call) is held, its id is returned again.
+    Opens the run's pools if they do not exist yet. Raises `BudgetRefused` naming the pool.
+    A run pool with a lease holds it in itself alone, drawing a slice from its ancestors first
+    when the lease cannot cover it. With `run=None`, holds it in `pool`'s chain instead (a model
+    call made for no run, such as a one-off decision asked through the API); such a reservation
+    has no run and no key.
+    """
+    return hold(run=run, iteration=iteration, amount=amount, call=call, model=model, actor=actor, now=now, pool=pool).pk
+
+
 def hold(
     *,
     run: Any,
@@ -119,16 +142,7 @@ def hold(
     now: datetime | None = None,
     pool: Pool | None = None,
 ) -> Held:
-    """Hold `amount` micro-dollars for (run, iteration, call) in every pool of its chain; return the reservation.
-
-    `call` 0 is the iteration's own reservation; 1, 2, ... are metered model calls.
-    Idempotent: while a reservation for (run, iteration, call) is held, it is returned again.
-    Opens the run's pools if they do not exist yet. Raises `BudgetRefused` naming the pool.
-    A run pool with a lease holds it in itself alone, drawing a slice from its ancestors first
-    when the lease cannot cover it. With `run=None`, holds it in `pool`'s chain instead (a model
-    call made for no run, such as a one-off decision asked through the API); such a reservation
-    has no run and no key. A `settle` given the `Held` writes without reading it first.
-    """
+    """`reserve`, returning the reservation as `Held`: a `settle` given it writes without reading it first."""
     amount = check_amount("amount", amount)
     now = now or timezone.now()
     who = actor_of(actor, "runner")
@@ -139,19 +153,6 @@ def hold(
         if not isinstance(refused, BudgetRefused):
             return refused
     raise refused  # out here: a caller catching it inside its own atomic() can carry on
-
-
-def _by_id[**P](held: Callable[P, Held]) -> Callable[P, int]:
-    """Return `held` answering the reservation's id, for the callers that keep only that."""
-
-    @functools.wraps(held, assigned=("__module__", "__doc__"))
-    def reserve(*args: P.args, **kwargs: P.kwargs) -> int:
-        return held(*args, **kwargs).pk
-
-    return reserve
-
-
-reserve = _by_id(hold)  # `hold`, returning the reservation's id
 
 
 def _reserve(
