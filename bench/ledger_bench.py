@@ -115,7 +115,7 @@ def hammer(job: Job, barrier: Any, results: Any) -> None:
             amount = rng.randint(1, job.max_amount)
 
             def reserve(number: int = number, amount: int = amount) -> int | None:
-                reservation = ledger.reserve(run=run, iteration=number, amount=amount)
+                reservation = ledger.hold(run=run, iteration=number, amount=amount).pk
                 if job.check_pool_ids:
                     check_books()
                 return reservation

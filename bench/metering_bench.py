@@ -2,7 +2,7 @@
 
 Not a test. In a throwaway SQLite database (and a throwaway PostgreSQL database when
 127.0.0.1:5432 answers), for one capped run, interleaved round by round:
-- bare pair: `ledger.reserve` + `ledger.settle` of a fixed amount (what the ledger costs);
+- bare pair: `ledger.hold` + `ledger.settle` of a fixed amount (what the ledger costs);
 - metered call: `RunMeter.before` (price lookup, the chain's headroom, clamping, reserve) +
   `RunMeter.after` (pricing the usage, settle, the call's tokens) — what every model call
   now pays before it goes out and after it answers.
@@ -55,7 +55,7 @@ def _measure(calls: int) -> tuple[list[float], list[float]]:
     metered: list[float] = []
     for i in range(calls):
         started = time.perf_counter()
-        held = ledger.reserve(run=run, iteration=2 + i, amount=5000)
+        held = ledger.hold(run=run, iteration=2 + i, amount=5000).pk
         ledger.settle(held, actual=4000)
         bare.append(time.perf_counter() - started)
         started = time.perf_counter()

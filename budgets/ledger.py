@@ -107,30 +107,6 @@ class Held(NamedTuple):
         )
 
 
-def reserve(
-    *,
-    run: Any,
-    iteration: int,
-    amount: int,
-    call: int = 0,
-    model: str = "",
-    actor: Actor = None,
-    now: datetime | None = None,
-    pool: Pool | None = None,
-) -> int:
-    """Hold `amount` micro-dollars for (run, iteration, call) in every pool of its chain; return the reservation id.
-
-    `call` 0 is the iteration's own reservation; 1, 2, ... are metered model calls.
-    Idempotent: while a reservation for (run, iteration, call) is held, its id is returned again.
-    Opens the run's pools if they do not exist yet. Raises `BudgetRefused` naming the pool.
-    A run pool with a lease holds it in itself alone, drawing a slice from its ancestors first
-    when the lease cannot cover it. With `run=None`, holds it in `pool`'s chain instead (a model
-    call made for no run, such as a one-off decision asked through the API); such a reservation
-    has no run and no key.
-    """
-    return hold(run=run, iteration=iteration, amount=amount, call=call, model=model, actor=actor, now=now, pool=pool).pk
-
-
 def hold(
     *,
     run: Any,
@@ -142,7 +118,17 @@ def hold(
     now: datetime | None = None,
     pool: Pool | None = None,
 ) -> Held:
-    """`reserve`, returning the reservation as `Held`: a `settle` given it writes without reading it first."""
+    """Hold `amount` micro-dollars for (run, iteration, call) in every pool of its chain; return the reservation.
+
+    `call` 0 is the iteration's own reservation; 1, 2, ... are metered model calls.
+    Idempotent: while a reservation for (run, iteration, call) is held, it is returned again.
+    Opens the run's pools if they do not exist yet. Raises `BudgetRefused` naming the pool.
+    A run pool with a lease holds it in itself alone, drawing a slice from its ancestors first
+    when the lease cannot cover it. With `run=None`, holds it in `pool`'s chain instead (a model
+    call made for no run, such as a one-off decision asked through the API); such a reservation
+    has no run and no key. The answer is a `Held` (its `pk` the reservation's id): a `settle`
+    given it writes without reading it first.
+    """
     amount = check_amount("amount", amount)
     now = now or timezone.now()
     who = actor_of(actor, "runner")

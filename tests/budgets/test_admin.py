@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 def instance_pool(make_run):
     run = make_run()
     services.open_run_pools(run)
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=500_000), actual=400_000)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=500_000).pk, actual=400_000)
     ledger.return_run_lease(run.pk)  # the run finished: its lease books what it spent up the chain
     return services.instance_pool(run.instance)
 

@@ -34,13 +34,13 @@ def test_every_run_has_a_leased_pool_of_its_own(make_run):
 
 def test_after_the_first_slice_a_runs_calls_never_touch_the_shared_pools(make_run):
     run, pool = opened(make_run, max_cost_micros=1_000_000)
-    first = ledger.reserve(run=run, iteration=1, call=1, amount=2 * CENT)
+    first = ledger.hold(run=run, iteration=1, call=1, amount=2 * CENT).pk
     ledger.settle(first, actual=CENT)
     shared = [p.pk for p in ancestors_of(pool)]
     entries = LedgerEntry.objects.filter(pool__in=shared).count()
     assert entries == 3  # one slice, drawn once: a reserve entry on root, user and instance
     for call in range(2, 22):
-        held = ledger.reserve(run=run, iteration=1, call=call, amount=CENT)
+        held = ledger.hold(run=run, iteration=1, call=call, amount=CENT).pk
         assert Reservation.objects.get(pk=held).chain == [pool.pk]  # held in the run pool alone
         ledger.settle(held, actual=CENT // 2)
     assert LedgerEntry.objects.filter(pool__in=shared).count() == entries
@@ -52,11 +52,11 @@ def test_after_the_first_slice_a_runs_calls_never_touch_the_shared_pools(make_ru
 def test_a_slice_is_at_most_a_quarter_of_what_the_tightest_ancestor_has_left(make_run):
     run, pool = opened(make_run)
     limits.set_limit(services.user_pool(run.owner), 40 * CENT, "admin")
-    ledger.reserve(run=run, iteration=1, call=1, amount=CENT)
+    ledger.hold(run=run, iteration=1, call=1, amount=CENT)
     pool.refresh_from_db()
     assert pool.quota == 10 * CENT  # a quarter of $0.40, not the $0.25 default
     # a call bigger than that draws just what the lease is short of
-    ledger.reserve(run=run, iteration=1, call=2, amount=20 * CENT)
+    ledger.hold(run=run, iteration=1, call=2, amount=20 * CENT)
     pool.refresh_from_db()
     assert (pool.quota, pool.quota_used) == (10 * CENT + 11 * CENT, 21 * CENT)
 
@@ -71,7 +71,7 @@ def test_a_lease_never_lets_two_runs_spend_past_the_pool_they_share(make_run, ma
     for n in range(200):
         run = runs[n % 2]
         try:
-            held = ledger.reserve(run=run, iteration=n + 1, call=1, amount=CENT)
+            held = ledger.hold(run=run, iteration=n + 1, call=1, amount=CENT).pk
         except BudgetRefused:
             refused += 1
             continue
@@ -94,7 +94,7 @@ def test_alone_on_a_small_budget_a_run_spends_all_of_it(make_run):
     total = 0
     for n in range(1, 100):
         try:
-            held = ledger.reserve(run=run, iteration=n, amount=CENT)
+            held = ledger.hold(run=run, iteration=n, amount=CENT).pk
         except BudgetRefused as refused:
             assert refused.pool_name.startswith("user ")
             break
@@ -106,7 +106,7 @@ def test_alone_on_a_small_budget_a_run_spends_all_of_it(make_run):
 def test_the_runs_headroom_counts_its_unused_lease(make_run):
     run, pool = opened(make_run)
     limits.set_limit(services.user_pool(run.owner), 30 * CENT, "admin")
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=CENT), actual=CENT)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=CENT).pk, actual=CENT)
     headroom = selectors.headroom_for_run(run)
     assert headroom.remaining == 29 * CENT  # what an exact chain would say: $0.30 less the $0.01 spent
     assert headroom.limiting.kind == "user"
@@ -114,8 +114,8 @@ def test_the_runs_headroom_counts_its_unused_lease(make_run):
 
 def test_a_finished_run_returns_its_lease_and_the_chain_books_what_it_spent(make_run):
     run, pool = opened(make_run, max_cost_micros=1_000_000)
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=5 * CENT), actual=3 * CENT)
-    held = ledger.reserve(run=run, iteration=2, amount=2 * CENT)  # still out when the lease returns
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=5 * CENT).pk, actual=3 * CENT)
+    held = ledger.hold(run=run, iteration=2, amount=2 * CENT).pk  # still out when the lease returns
     assert ledger.return_run_lease(run.pk) == 3 * CENT  # what it spent; what is held stays leased
     assert ledger.return_run_lease(run.pk) == 0
     for shared in ancestors_of(pool):
@@ -139,7 +139,7 @@ def test_a_parent_stopped_before_its_child_is_charged_only_what_the_child_spent(
         parent=parent, depth=1, max_cost_micros=50 * CENT,
     )
     child_pool = services.open_run_pools(child)
-    ledger.settle(ledger.reserve(run=child, iteration=1, amount=5 * CENT), actual=CENT)
+    ledger.settle(ledger.hold(run=child, iteration=1, amount=5 * CENT).pk, actual=CENT)
     assert ledger.return_run_lease(parent.pk) == 0  # the parent finishes first: its child's carve is still out
     ledger.refund_carve(child_pool)  # then the child: the rest of the parent's lease goes back
     for shared in ancestors_of(parent_pool):
@@ -153,14 +153,14 @@ def test_a_reported_overdraft_reaches_every_ancestor_at_once_and_blocks_them(mak
     sibling, _ = opened(make_run, instance=make_instance(user, name="sibling"))
     user_pool = services.user_pool(user)
     limits.set_limit(user_pool, 100 * CENT, "admin")
-    held = ledger.reserve(run=run, iteration=1, amount=5 * CENT)
+    held = ledger.hold(run=run, iteration=1, amount=5 * CENT).pk
     ledger.settle(held, actual=50_000_000)  # an agent reported $50 against $0.05
     user_pool.refresh_from_db()
     # booked up the chain now: the excess over the lease as spent, the lease itself still held
     assert user_pool.spent + user_pool.reserved == 50_000_000 and user_pool.spent > user_pool.limit
     assert LedgerEntry.objects.filter(pool=user_pool, kind="overdraft").exists()
     with pytest.raises(BudgetRefused, match="overdrawn"):
-        ledger.reserve(run=sibling, iteration=1, amount=1)
+        ledger.hold(run=sibling, iteration=1, amount=1)
     assert selectors.audit_pools() == []
 
 
@@ -170,8 +170,8 @@ def test_an_overdraft_with_another_call_still_held_is_booked_once_and_never_look
     run, pool = opened(make_run)
     user_pool = services.user_pool(run.owner)
     limits.set_limit(user_pool, 100 * CENT, "admin")
-    first = ledger.reserve(run=run, iteration=1, call=1, amount=CENT)
-    second = ledger.reserve(run=run, iteration=1, call=2, amount=CENT)
+    first = ledger.hold(run=run, iteration=1, call=1, amount=CENT).pk
+    second = ledger.hold(run=run, iteration=1, call=2, amount=CENT).pk
     ledger.settle(first, actual=5_000_000)
     ledger.settle(second, actual=1)
     past_a_limit = LedgerEntry.objects.filter(
@@ -186,7 +186,7 @@ def test_an_overdraft_with_another_call_still_held_is_booked_once_and_never_look
 
 def test_a_deleted_run_gives_its_lease_back(make_run):
     run, pool = opened(make_run)
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=2 * CENT), actual=CENT)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=2 * CENT).pk, actual=CENT)
     ancestors = ancestors_of(pool)
     run.delete()
     for shared in ancestors:
@@ -206,7 +206,7 @@ def test_a_childs_carve_draws_on_its_parents_lease(make_run):
     carve = Reservation.objects.get(carved=child_pool)
     assert carve.chain == [parent_pool.pk] and carve.on_lease_id == parent_pool.pk
     assert child_pool.quota is None  # set aside already: the child needs no lease
-    ledger.settle(ledger.reserve(run=child, iteration=1, amount=5 * CENT), actual=4 * CENT)
+    ledger.settle(ledger.hold(run=child, iteration=1, amount=5 * CENT).pk, actual=4 * CENT)
     assert ledger.refund_carve(child_pool) == 4 * CENT
     assert ledger.return_run_lease(parent.pk) == 4 * CENT
     for shared in ancestors_of(parent_pool):
@@ -217,7 +217,7 @@ def test_with_leases_off_every_reservation_holds_money_in_the_whole_chain(make_r
     settings.TETHER_BUDGET_LEASE_USD = "0"
     run, pool = opened(make_run)
     assert pool.quota is None
-    held = ledger.reserve(run=run, iteration=1, amount=CENT)
+    held = ledger.hold(run=run, iteration=1, amount=CENT).pk
     assert Reservation.objects.get(pk=held).chain == pool.chain_ids()
     assert all(p.reserved == CENT for p in selectors.run_chain(run))
 
@@ -262,9 +262,9 @@ def test_a_lease_returned_past_an_overdraft_keeps_what_is_held_on_its_slice_and_
     run, pool = opened(make_run)
     user_pool = services.user_pool(run.owner)
     limits.set_limit(user_pool, 100 * CENT, "admin")
-    still_out = ledger.reserve(run=run, iteration=1, call=1, amount=2 * CENT)
+    still_out = ledger.hold(run=run, iteration=1, call=1, amount=2 * CENT).pk
     (slice_,) = Reservation.objects.filter(lease_for=pool, status="held")
-    ledger.settle(ledger.reserve(run=run, iteration=1, call=2, amount=CENT), actual=5_000_000)
+    ledger.settle(ledger.hold(run=run, iteration=1, call=2, amount=CENT).pk, actual=5_000_000)
     last = LedgerEntry.objects.order_by("-pk").values_list("pk", flat=True).first()
     assert ledger.return_run_lease(run.pk) == 25 * CENT - 2 * CENT  # the rest of the slice, spent
     assert not LedgerEntry.objects.filter(pk__gt=last, kind="reserve").exists()  # nothing granted anew

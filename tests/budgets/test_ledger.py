@@ -92,7 +92,7 @@ def test_a_bad_run_cap_is_refused(make_run, cap):
 
 def test_reserve_opens_missing_pools(make_run):
     run = make_run(max_cost_micros=1_000_000)
-    assert ledger.reserve(run=run, iteration=1, amount=10) is not None
+    assert ledger.hold(run=run, iteration=1, amount=10).pk is not None
     assert [p.kind for p in chain(run)] == ["root", "user", "instance", "run"]
 
 
@@ -112,7 +112,7 @@ def test_a_pool_cannot_become_its_own_ancestor(make_run):
 
 def test_reserve_holds_the_amount_in_every_pool_of_the_chain(make_run):
     run = make_run(max_cost_micros=1_000_000)
-    reservation = ledger.reserve(run=run, iteration=1, amount=250_000)
+    reservation = ledger.hold(run=run, iteration=1, amount=250_000).pk
     held = Reservation.objects.get(pk=reservation)
     assert held.status == "held" and held.amount == 250_000 and held.run_id == run.pk
     pools = chain(run)
@@ -124,8 +124,8 @@ def test_reserve_holds_the_amount_in_every_pool_of_the_chain(make_run):
 
 def test_reserve_is_idempotent_per_run_and_iteration(make_run):
     run = make_run()
-    first = ledger.reserve(run=run, iteration=3, amount=100)
-    assert ledger.reserve(run=run, iteration=3, amount=999) == first
+    first = ledger.hold(run=run, iteration=3, amount=100).pk
+    assert ledger.hold(run=run, iteration=3, amount=999).pk == first
     assert Reservation.objects.count() == 1
     assert chain(run)[0].reserved == 100
 
@@ -134,10 +134,10 @@ def test_reserve_refuses_naming_the_pool_and_the_numbers_and_changes_nothing(mak
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
     limits.set_limit(instance_pool, 100_000, "admin")
-    ledger.reserve(run=run, iteration=1, amount=60_000)
+    ledger.hold(run=run, iteration=1, amount=60_000)
     entries = LedgerEntry.objects.count()
     with pytest.raises(BudgetRefused) as refused:
-        ledger.reserve(run=run, iteration=2, amount=50_000)
+        ledger.hold(run=run, iteration=2, amount=50_000)
     assert refused.value.pool_name == instance_pool.name
     assert refused.value.pool_id == instance_pool.pk
     detail = refused.value.detail
@@ -155,7 +155,7 @@ def test_a_refusal_names_the_innermost_pool_that_refuses(make_run):
     services.open_run_pools(run)
     limits.set_limit(services.root_pool(), 50, "admin")
     with pytest.raises(BudgetRefused) as refused:
-        ledger.reserve(run=run, iteration=1, amount=200)
+        ledger.hold(run=run, iteration=1, amount=200)
     assert refused.value.pool_name == f"run {run.pk}"
 
 
@@ -163,7 +163,7 @@ def test_a_refusal_inside_the_callers_transaction_leaves_it_usable(make_run):
     run = make_run(max_cost_micros=10)
     with transaction.atomic():
         with pytest.raises(BudgetRefused):
-            ledger.reserve(run=run, iteration=1, amount=11)
+            ledger.hold(run=run, iteration=1, amount=11)
         run.outcome_detail = "budget exhausted"
         run.save(update_fields=["outcome_detail"])
     run.refresh_from_db()
@@ -172,15 +172,15 @@ def test_a_refusal_inside_the_callers_transaction_leaves_it_usable(make_run):
 
 def test_a_limit_of_exactly_the_amount_grants(make_run):
     run = make_run(max_cost_micros=500)
-    assert ledger.reserve(run=run, iteration=1, amount=500)
+    assert ledger.hold(run=run, iteration=1, amount=500).pk
     with pytest.raises(BudgetRefused):
-        ledger.reserve(run=run, iteration=2, amount=1)
+        ledger.hold(run=run, iteration=2, amount=1)
 
 
 @pytest.mark.parametrize("amount", [-1, 1.5, "10", None, True])
 def test_reserve_refuses_a_bad_amount(make_run, amount):
     with pytest.raises(ValueError):
-        ledger.reserve(run=make_run(), iteration=1, amount=amount)
+        ledger.hold(run=make_run(), iteration=1, amount=amount)
 
 
 # --- settle, release, overdraft, abandoned -----------------------------------------------------
@@ -188,7 +188,7 @@ def test_reserve_refuses_a_bad_amount(make_run, amount):
 
 def test_settle_moves_the_actual_cost_to_spent_and_refunds_the_rest(make_run):
     run = make_run(max_cost_micros=1_000_000)
-    reservation = ledger.reserve(run=run, iteration=1, amount=300_000)
+    reservation = ledger.hold(run=run, iteration=1, amount=300_000).pk
     assert ledger.settle(reservation, actual=120_000) == []
     pools = chain(run)
     assert [(p.spent, p.reserved) for p in pools] == [(120_000, 0)] * 4
@@ -199,7 +199,7 @@ def test_settle_moves_the_actual_cost_to_spent_and_refunds_the_rest(make_run):
 
 def test_settle_is_idempotent(make_run):
     run = make_run()
-    reservation = ledger.reserve(run=run, iteration=1, amount=300)
+    reservation = ledger.hold(run=run, iteration=1, amount=300).pk
     ledger.settle(reservation, actual=100)
     ledger.settle(reservation, actual=250)
     ledger.settle(None, actual=5)
@@ -209,7 +209,7 @@ def test_settle_is_idempotent(make_run):
 
 def test_release_gives_everything_back(make_run):
     run = make_run()
-    reservation = ledger.reserve(run=run, iteration=1, amount=300)
+    reservation = ledger.hold(run=run, iteration=1, amount=300).pk
     ledger.release(reservation)
     ledger.release(reservation)
     assert [(p.spent, p.reserved) for p in chain(run)] == [(0, 0)] * 4
@@ -221,7 +221,7 @@ def test_an_overdraft_is_recorded_and_blocks_the_chain_until_covered(make_run):
     run = make_run()
     instance_pool = services.instance_pool(run.instance)
     limits.set_limit(instance_pool, 100, "admin")
-    reservation = ledger.reserve(run=run, iteration=1, amount=60)
+    reservation = ledger.hold(run=run, iteration=1, amount=60).pk
     ledger.settle(reservation, actual=150)
     instance_pool.refresh_from_db()
     assert instance_pool.spent == 150 > instance_pool.limit
@@ -229,19 +229,19 @@ def test_an_overdraft_is_recorded_and_blocks_the_chain_until_covered(make_run):
     overdraft = LedgerEntry.objects.get(pool=instance_pool, kind="overdraft")
     assert overdraft.amount == 50
     with pytest.raises(BudgetRefused, match="overdrawn"):
-        ledger.reserve(run=run, iteration=2, amount=0)
+        ledger.hold(run=run, iteration=2, amount=0)
     limits.top_up(instance_pool, 100, "admin")  # limit 200, spent 150
-    assert ledger.reserve(run=run, iteration=2, amount=50)
+    assert ledger.hold(run=run, iteration=2, amount=50).pk
     with pytest.raises(BudgetRefused, match=r"\$0\.00 left"):
-        ledger.reserve(run=run, iteration=3, amount=1)
+        ledger.hold(run=run, iteration=3, amount=1)
     books_are_sound(*chain(run))
 
 
 def test_close_abandoned_settles_held_reservations_at_their_full_amount(make_run):
     run = make_run(max_cost_micros=10_000)
-    first = ledger.reserve(run=run, iteration=1, amount=1_000)
+    first = ledger.hold(run=run, iteration=1, amount=1_000).pk
     ledger.settle(first, actual=200)
-    second = ledger.reserve(run=run, iteration=2, amount=3_000)
+    second = ledger.hold(run=run, iteration=2, amount=3_000).pk
     assert ledger.close_abandoned(run) == 3_000
     assert ledger.close_abandoned(run) == 0
     closed = Reservation.objects.get(pk=second)
@@ -250,7 +250,7 @@ def test_close_abandoned_settles_held_reservations_at_their_full_amount(make_run
     assert entry.actor_label == "reaper" and "conservative" in entry.note
     assert [(p.spent, p.reserved) for p in chain(run)] == [(3_200, 0)] * 4
     # the re-driven iteration reserves afresh
-    assert ledger.reserve(run=run, iteration=2, amount=1_000) != second
+    assert ledger.hold(run=run, iteration=2, amount=1_000).pk != second
     ledger.settle(second, actual=1)  # the dead driver's late settle is a no-op
     assert chain(run)[0].spent == 3_200
     books_are_sound(*chain(run))
@@ -258,7 +258,7 @@ def test_close_abandoned_settles_held_reservations_at_their_full_amount(make_run
 
 def test_deleting_a_run_closes_its_held_reservations(make_run):
     run = make_run()
-    reservation = ledger.reserve(run=run, iteration=1, amount=700)
+    reservation = ledger.hold(run=run, iteration=1, amount=700).pk
     pools = chain(run)
     run.delete()
     assert Reservation.objects.get(pk=reservation).status == "abandoned"
@@ -277,14 +277,14 @@ def test_a_daily_pool_starts_again_from_zero_lazily_with_a_ledger_entry(make_run
     Pool.objects.filter(pk=instance_pool.pk).update(
         period="daily", period_start=booking.period_floor("daily", DAY1)
     )
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=80, now=DAY1), actual=80, now=DAY1)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=80, now=DAY1).pk, actual=80, now=DAY1)
     with pytest.raises(BudgetRefused):
-        ledger.reserve(run=run, iteration=2, amount=30, now=DAY1 + timedelta(hours=11))
+        ledger.hold(run=run, iteration=2, amount=30, now=DAY1 + timedelta(hours=11))
     instance_pool.refresh_from_db()
     next_day = DAY1 + timedelta(hours=12, minutes=1)
     assert booking.effective_spent(instance_pool, next_day) == 0
     assert selectors.headroom_for_run(run, next_day).remaining == 100
-    assert ledger.reserve(run=run, iteration=2, amount=30, now=next_day)
+    assert ledger.hold(run=run, iteration=2, amount=30, now=next_day).pk
     reset = LedgerEntry.objects.get(pool=instance_pool, kind="period_reset")
     assert (reset.amount, reset.spent_delta, reset.spent_after) == (80, -80, 0)
     instance_pool.refresh_from_db()
@@ -322,16 +322,16 @@ def test_the_soft_threshold_is_flagged_once_per_period(make_run, django_capture_
         with django_capture_on_commit_callbacks(execute=True):
             assert (
                 ledger.settle(
-                    ledger.reserve(run=run, iteration=1, amount=500, now=DAY1), actual=500, now=DAY1
+                    ledger.hold(run=run, iteration=1, amount=500, now=DAY1).pk, actual=500, now=DAY1
                 )
                 == []
             )
             crossed = ledger.settle(
-                ledger.reserve(run=run, iteration=2, amount=300, now=DAY1), actual=300, now=DAY1
+                ledger.hold(run=run, iteration=2, amount=300, now=DAY1).pk, actual=300, now=DAY1
             )
             assert (
                 ledger.settle(
-                    ledger.reserve(run=run, iteration=3, amount=100, now=DAY1), actual=100, now=DAY1
+                    ledger.hold(run=run, iteration=3, amount=100, now=DAY1).pk, actual=100, now=DAY1
                 )
                 == []
             )
@@ -342,7 +342,7 @@ def test_the_soft_threshold_is_flagged_once_per_period(make_run, django_capture_
         assert LedgerEntry.objects.filter(pool=instance_pool, kind="threshold").count() == 1
         april = datetime(2026, 4, 2, tzinfo=UTC)
         assert selectors.pools_over_threshold(run, april) == []
-        ledger.settle(ledger.reserve(run=run, iteration=4, amount=900, now=april), actual=850, now=april)
+        ledger.settle(ledger.hold(run=run, iteration=4, amount=900, now=april).pk, actual=850, now=april)
         assert LedgerEntry.objects.filter(pool=instance_pool, kind="threshold").count() == 2
     finally:
         threshold_crossed.disconnect(listener)
@@ -350,7 +350,7 @@ def test_the_soft_threshold_is_flagged_once_per_period(make_run, django_capture_
 
 def test_an_unlimited_pool_never_crosses_a_threshold(make_run):
     run = make_run()
-    assert ledger.settle(ledger.reserve(run=run, iteration=1, amount=10**9), actual=10**9) == []
+    assert ledger.settle(ledger.hold(run=run, iteration=1, amount=10**9).pk, actual=10**9) == []
 
 
 # --- limits, top-ups, resets ---------------------------------------------------------------------
@@ -381,7 +381,7 @@ def test_a_bad_limit_is_refused_and_nothing_changes(make_run, limit):
 def test_a_limit_below_what_is_spent_is_refused(make_run):
     run = make_run()
     pool = services.instance_pool(run.instance)
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=500), actual=400)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=500).pk, actual=400)
     with pytest.raises(InvalidBudget, match=r"already spent \$0\.0004"):
         limits.set_limit(pool, 399, "admin")
     limits.set_limit(pool, 400, "admin")
@@ -403,7 +403,7 @@ def test_top_up_raises_the_limit_and_refuses_nonsense(make_run, user):
 def test_reset_period_by_hand(make_run):
     run = make_run()
     pool = services.instance_pool(run.instance)
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=500), actual=400)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=500).pk, actual=400)
     with pytest.raises(InvalidBudget, match="no period"):
         limits.reset_period(pool, "admin")
     Pool.objects.filter(pk=pool.pk).update(period="monthly")
@@ -413,14 +413,14 @@ def test_reset_period_by_hand(make_run):
 
 def test_run_set_cap_raises_a_cap_for_a_resume(make_run, user):
     run = make_run(max_cost_micros=100)
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=100), actual=100)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=100).pk, actual=100)
     with pytest.raises(BudgetRefused):
-        ledger.reserve(run=run, iteration=2, amount=1)
+        ledger.hold(run=run, iteration=2, amount=1)
     limits.set_limit(services.instance_pool(run.instance), 1_000, user)
     with pytest.raises(InvalidBudget):
         services.run_set_cap(run, 2_000, user)  # 1,900 more than the instance pool has left
     assert services.run_set_cap(run, 600, user).limit == 600
-    assert ledger.reserve(run=run, iteration=2, amount=500)
+    assert ledger.hold(run=run, iteration=2, amount=500).pk
 
 
 # --- reads ------------------------------------------------------------------------------------
@@ -430,7 +430,7 @@ def test_headroom_for_run_lists_the_chain_root_first_with_the_tightest_pool(make
     run = make_run(max_cost_micros=900)
     services.open_run_pools(run)
     limits.set_limit(services.instance_pool(run.instance), 700, "admin")
-    ledger.reserve(run=run, iteration=1, amount=200)
+    ledger.hold(run=run, iteration=1, amount=200)
     headroom = selectors.headroom_for_run(run)
     assert [p.kind for p in headroom.pools] == ["root", "user", "instance", "run"]
     assert [p.remaining for p in headroom.pools] == [None, None, 500, 700]
@@ -451,7 +451,7 @@ def test_pools_visible_to_owners_and_staff(make_run, user, other_user):
 
 def test_ledger_entries_are_append_only(make_run):
     run = make_run()
-    ledger.reserve(run=run, iteration=1, amount=1)
+    ledger.hold(run=run, iteration=1, amount=1)
     entry = LedgerEntry.objects.first()
     with pytest.raises(ValueError):
         entry.save()
@@ -527,7 +527,7 @@ def test_a_cap_that_cannot_be_opened_at_reserve_time_is_a_refusal(make_run):
     run.max_cost_micros = 500  # a cap that no longer fits, and no run pool yet
     with transaction.atomic():
         with pytest.raises(BudgetRefused, match="cost cap") as refused:
-            ledger.reserve(run=run, iteration=1, amount=10)
+            ledger.hold(run=run, iteration=1, amount=10)
         assert refused.value.pool_name == f"run {run.pk}"
         run.save()  # the caller's transaction is still usable
     assert not Pool.objects.filter(kind="run").exists()
@@ -537,7 +537,7 @@ def test_headroom_for_an_instance(make_run, make_instance, user):
     instance = make_instance(user)
     assert selectors.headroom_for_instance(instance).pools == []
     run = make_run(instance)
-    ledger.reserve(run=run, iteration=1, amount=25)
+    ledger.hold(run=run, iteration=1, amount=25)
     assert [p.reserved for p in selectors.headroom_for_instance(instance).pools] == [25, 25, 25]
 
 
@@ -549,8 +549,8 @@ def test_a_periodic_pool_starts_at_its_period_boundary():
 
 def test_the_audit_finds_books_that_do_not_balance(make_run):
     run = make_run()
-    ledger.settle(ledger.reserve(run=run, iteration=1, amount=100), actual=60)
-    ledger.reserve(run=run, iteration=2, amount=30)
+    ledger.settle(ledger.hold(run=run, iteration=1, amount=100).pk, actual=60)
+    ledger.hold(run=run, iteration=2, amount=30)
     pools = chain(run)
     assert selectors.audit_pools() == []
     Pool.objects.filter(pk=pools[2].pk).update(spent=61)

@@ -284,7 +284,7 @@ class LedgerMachine(RuleBasedStateMachine):
         pools = self.shadows(self.chains[which])
         limited = {p.name for p in pools if p.limit is not None}
         try:
-            pk = ledger.reserve(run=run, iteration=iteration, amount=amount, now=self.now)
+            pk = ledger.hold(run=run, iteration=iteration, amount=amount, now=self.now).pk
         except BudgetRefused as refused:
             event("reserve refused")
             assert self.admit(self.chains[which], amount) is None, f"refused although the rules grant it: {refused.detail}"
@@ -310,9 +310,9 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def reserve_the_same_iteration_again(self, data):
         held = self.held[data.draw(st.sampled_from(sorted(self.held)))]
-        again = ledger.reserve(
+        again = ledger.hold(
             run=self.runs[held.run], iteration=held.iteration, amount=data.draw(AMOUNTS), now=self.now
-        )
+        ).pk
         assert again == held.pk
         self.shadows(held.chain)
 

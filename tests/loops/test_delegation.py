@@ -116,7 +116,7 @@ def test_carves_are_held_until_the_children_finish_and_what_they_leave_goes_back
     parent_pool = Pool.objects.get(kind="run", run=parent)
     assert (parent_pool.reserved, selectors.headroom_for_run(parent).remaining) == (1_000_000, 0)
     with pytest.raises(booking.BudgetRefused, match="has \\$0.00 left"):
-        ledger.reserve(run=parent, iteration=1, amount=1)
+        ledger.hold(run=parent, iteration=1, amount=1)
     # Each child spends in its own pool only: its carve.
     for kid, cap in ((a, 400_000), (b, 600_000)):
         (own,) = selectors.run_chain(kid)
@@ -129,7 +129,7 @@ def test_carves_are_held_until_the_children_finish_and_what_they_leave_goes_back
     spent = a.spent_micros + b.spent_micros
     assert (parent_pool.spent, parent_pool.reserved) == (spent, 0)
     assert selectors.headroom_for_run(parent).remaining == 1_000_000 - spent
-    ledger.reserve(run=parent, iteration=1, amount=1_000_000 - spent)  # the unspent part is the parent's again
+    ledger.hold(run=parent, iteration=1, amount=1_000_000 - spent)  # the unspent part is the parent's again
     assert Run.objects.get(pk=parent.pk).spent_micros == 0  # a run's own spend; the tree's adds its children's
     assert selectors.audit_pools() == []
     # The metrics count the children's spend once (their calls), not again as the settled carves.

@@ -98,7 +98,7 @@ def test_a_held_reservation_and_unbalanced_books_fail(fleet):
     from budgets.models import Pool
 
     runs, *_ = fleet
-    ledger.reserve(run=runs[0], iteration=99, amount=1234)
+    ledger.hold(run=runs[0], iteration=99, amount=1234)
     Pool.objects.filter(kind="root").update(spent=1)
     failures = audit(fleet)["failures"]
     assert any("is still held" in f for f in failures)

@@ -100,10 +100,10 @@ def test_metrics_count_runs_iterations_spend_queue_and_reaper(
             started_at=now - timedelta(seconds=seconds),
             finished_at=now,
         )
-    settled = ledger.reserve(run=finished[0], iteration=1, amount=50_000)
+    settled = ledger.hold(run=finished[0], iteration=1, amount=50_000).pk
     ledger.settle(settled, actual=12_345)
     ledger.return_run_lease(finished[0].pk)  # it finished: the root books what it spent
-    ledger.reserve(run=running, iteration=1, amount=40_000)
+    ledger.hold(run=running, iteration=1, amount=40_000)
     from django.db import transaction
 
     with transaction.atomic():
