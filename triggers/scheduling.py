@@ -44,12 +44,14 @@ from triggers.models import Firing, Schedule
 from triggers.services import (
     TriggerRefused,
     cap,
-    change_action,
     changed_cap,
     check_instance,
     check_owner,
     checked_template,
     delete_owned,
+    detail,
+    save_changed,
+    save_created,
     start_run,
     stored,
 )
@@ -110,17 +112,6 @@ def next_firings(
         return []
     first = schedule.next_fire_at
     return [first, *schedule_timing(schedule).times_after(first, limit=count - 1)]
-
-
-def _detail(schedule: Schedule, **more: Any) -> dict[str, Any]:
-    return {"schedule": schedule.pk, "instance": schedule.instance_id, "name": schedule.name, **more}
-
-
-def _shown(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v[:500] if isinstance(v, str) else v.isoformat() if isinstance(v, datetime) else v)
-        for k, v in values.items()
-    }
 
 
 TIMING = ("cron", "interval_minutes", "timezone", "starts_at", "ends_at")
@@ -193,18 +184,9 @@ def schedule_create(
         active=active,
         created_at=now,
     )
-    with transaction.atomic():
-        schedule.next_fire_at = schedule_timing(schedule).next_after(now) if active else None
-        schedule.save()
-        trail.record(
-            user=user,
-            action="schedule.create",
-            request=request,
-            via=via,
-            detail=_detail(
-                schedule, when=schedule.when(), objective_template=schedule.objective_template[:500]
-            ),
-        )
+    schedule.next_fire_at = schedule_timing(schedule).next_after(now) if active else None
+    audited = detail(schedule, when=schedule.when(), objective_template=schedule.objective_template[:500])
+    save_created(user, schedule, audited, via, request)
     return schedule
 
 
@@ -247,17 +229,7 @@ def schedule_change(
             anchor=schedule.created_at,
         )
         changed["cron"], changed["interval_minutes"] = timing.cron, timing.interval_minutes
-    with transaction.atomic():
-        Schedule.objects.filter(pk=schedule.pk).update(**changed)
-        schedule.refresh_from_db()
-        reschedule(schedule, now)
-        trail.record(
-            user=user,
-            action=change_action(schedule, changed),
-            request=request,
-            via=via,
-            detail=_detail(schedule, changed=_shown(changed)),
-        )
+    save_changed(user, schedule, changed, via, request, then=lambda changed_schedule: reschedule(changed_schedule, now))
     return schedule
 
 
@@ -269,7 +241,7 @@ def reschedule(schedule: Schedule, now: datetime) -> None:
 
 def schedule_delete(*, user: Any, schedule: Schedule, via: str = "api", request: Any = None) -> None:
     """Delete `user`'s schedule and its firings (the runs it started stay)."""
-    delete_owned(user, schedule, _detail(schedule), via, request)
+    delete_owned(user, schedule, via, request)
 
 
 def run_now(
@@ -287,7 +259,7 @@ def run_now(
             action="schedule.run_now",
             request=request,
             via=via,
-            detail=_detail(locked, firing=firing.pk, outcome=firing.outcome, run=firing.run_id),
+            detail=detail(locked, firing=firing.pk, outcome=firing.outcome, run=firing.run_id),
         )
     return firing
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -74,9 +74,16 @@ def of_instance[Item: (Trigger, Schedule)](model: type[Item], user: Any, instanc
     return model.objects.filter(instance=instance, owner=user)
 
 
+def change_with(
+    change: Callable[..., Any], user: Any, item: Trigger | Schedule, changes: Mapping[str, Any], **how: Any
+) -> Any:
+    """Change `user`'s trigger or schedule through its service's `change` (`how`: via, request); return it."""
+    return change(user=user, changes=changes, **{item._meta.model_name: item}, **how)
+
+
 def set_active(change: Callable[..., Any], user: Any, item: Trigger | Schedule, active: bool, **how: Any) -> Any:
     """Pause (or resume) `user`'s trigger or schedule through its service's `change` (`how`: via, request)."""
-    return change(user=user, changes={"active": active}, **{item._meta.model_name: item}, **how)
+    return change_with(change, user, item, {"active": active}, **how)
 
 
 def delete_with(delete: Callable[..., Any], user: Any, item: Trigger | Schedule, **how: Any) -> dict[str, int]:
@@ -92,12 +99,57 @@ def check_owner(user: Any, item: Trigger | Schedule) -> None:
         raise TriggerRefused(f"{item._meta.model_name} {item.pk} not found", 404)
 
 
-def delete_owned(user: Any, item: Trigger | Schedule, detail: dict[str, Any], via: str, request: Any) -> None:
+def detail(item: Trigger | Schedule, **more: Any) -> dict[str, Any]:
+    """The audit detail of a trigger or schedule: which one, its instance and its name, then `more`."""
+    return {item._meta.model_name: item.pk, "instance": item.instance_id, "name": item.name, **more}
+
+
+def shown(changed: Mapping[str, Any]) -> dict[str, Any]:
+    """A change as the audit trail keeps it: text cut to 500 characters, times in ISO 8601."""
+    return {
+        k: (v[:500] if isinstance(v, str) else v.isoformat() if isinstance(v, datetime) else v)
+        for k, v in changed.items()
+    }
+
+
+def save_created(user: Any, item: Trigger | Schedule, audited: dict[str, Any], via: str, request: Any) -> None:
+    """Save a new trigger or schedule and record its creation (`audited`: the detail), in one transaction."""
+    with transaction.atomic():
+        item.save()
+        trail.record(user=user, action=f"{item._meta.model_name}.create", request=request, via=via, detail=audited)
+
+
+def save_changed[Item: (Trigger, Schedule)](
+    user: Any,
+    item: Item,
+    changed: dict[str, Any],
+    via: str,
+    request: Any,
+    then: Callable[[Item], None] | None = None,
+) -> None:
+    """Store `changed` on `user`'s trigger or schedule, reload it, run `then` on it, and audit the change: one
+    transaction."""
+    with transaction.atomic():
+        type(item).objects.filter(pk=item.pk).update(**changed)
+        item.refresh_from_db()
+        if then is not None:
+            then(item)
+        trail.record(
+            user=user,
+            action=change_action(item, changed),
+            request=request,
+            via=via,
+            detail=detail(item, changed=shown(changed)),
+        )
+
+
+def delete_owned(user: Any, item: Trigger | Schedule, via: str, request: Any) -> None:
     """Delete `user`'s trigger or schedule (its deliveries or firings go with it; its runs stay), audited."""
     check_owner(user, item)
+    audited = detail(item)
     with transaction.atomic():
         item.delete()
-        trail.record(user=user, action=f"{item._meta.model_name}.delete", request=request, via=via, detail=detail)
+        trail.record(user=user, action=f"{item._meta.model_name}.delete", request=request, via=via, detail=audited)
 
 
 def checked_template(template: str) -> str:
@@ -138,10 +190,6 @@ def change_action(item: Trigger | Schedule, changed: Mapping[str, Any]) -> str:
     return f"{noun}.change"
 
 
-def _detail(trigger: Trigger, **more: Any) -> dict[str, Any]:
-    return {"trigger": trigger.pk, "instance": trigger.instance_id, "name": trigger.name, **more}
-
-
 def trigger_create(
     *,
     user: Any,
@@ -170,15 +218,7 @@ def trigger_create(
         max_per_minute=max_per_minute or HOOK_RATE_DEFAULT,
     )
     secret = trigger.new_secret()
-    with transaction.atomic():
-        trigger.save()
-        trail.record(
-            user=user,
-            action="trigger.create",
-            request=request,
-            via=via,
-            detail=_detail(trigger, objective_template=trigger.objective_template[:500]),
-        )
+    save_created(user, trigger, detail(trigger, objective_template=trigger.objective_template[:500]), via, request)
     return trigger, secret
 
 
@@ -199,19 +239,8 @@ def trigger_change(
         if getattr(trigger, name) != value:
             changed[name] = value
     changed_cap(trigger, changes, changed)
-    if not changed:
-        return trigger
-    with transaction.atomic():
-        Trigger.objects.filter(pk=trigger.pk).update(**changed)
-        trigger.refresh_from_db()
-        shown = {k: (v[:500] if isinstance(v, str) else v) for k, v in changed.items()}
-        trail.record(
-            user=user,
-            action=change_action(trigger, changed),
-            request=request,
-            via=via,
-            detail=_detail(trigger, changed=shown),
-        )
+    if changed:
+        save_changed(user, trigger, changed, via, request)
     return trigger
 
 
@@ -221,13 +250,13 @@ def trigger_rotate(*, user: Any, trigger: Trigger, via: str = "api", request: An
     secret = trigger.new_secret()
     with transaction.atomic():
         trigger.save(update_fields=["secret_encrypted", "secret_set_at"])
-        trail.record(user=user, action="trigger.rotate", request=request, via=via, detail=_detail(trigger))
+        trail.record(user=user, action="trigger.rotate", request=request, via=via, detail=detail(trigger))
     return secret
 
 
 def trigger_delete(*, user: Any, trigger: Trigger, via: str = "api", request: Any = None) -> None:
     """Delete `user`'s trigger and its deliveries (the runs it started stay)."""
-    delete_owned(user, trigger, _detail(trigger), via, request)
+    delete_owned(user, trigger, via, request)
 
 
 def start_run(source: Trigger | Schedule, objective: str, origin: services.Origin) -> Run:
