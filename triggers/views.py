@@ -45,6 +45,14 @@ def paused(request: HttpRequest, change: Any, item: Trigger | Schedule, back: st
     return see_other(back, item.instance_id)
 
 
+def deleted(request: HttpRequest, delete: Any, item: Trigger | Schedule, back: str, after: str) -> HttpResponse:
+    """Delete a trigger or a schedule through its service's delete, say so (`after` ends the sentence); then back
+    to the instance's page named `back`."""
+    services.delete_with(delete, request.user, item, via="console", request=request)
+    messages.success(request, f"Deleted {item._meta.model_name} “{item.name}”{after}")
+    return see_other(back, item.instance_id)
+
+
 def _own_trigger(request: HttpRequest, trigger_id: int) -> Trigger:
     return owned(request, Trigger, trigger_id)
 
@@ -100,7 +108,4 @@ def trigger_pause(request: HttpRequest, trigger_id: int) -> HttpResponse:
 @require_POST
 def trigger_delete(request: HttpRequest, trigger_id: int) -> HttpResponse:
     trigger = _own_trigger(request, trigger_id)
-    instance = trigger.instance
-    services.trigger_delete(user=request.user, trigger=trigger, via="console", request=request)
-    messages.success(request, f"Deleted trigger “{trigger.name}”: its URL answers 404 from now on.")
-    return _see_other(instance)
+    return deleted(request, services.trigger_delete, trigger, "triggers:list", ": its URL answers 404 from now on.")
