@@ -31,6 +31,8 @@ def _template_field(rows: int, help_text: str) -> forms.CharField:
 class _Named(Checked):
     """What a trigger's and a schedule's forms share: a name, and an objective template (its newlines as one)."""
 
+    FIELDS = _labelled(name="The name", objective_template="The objective template")
+
     name = forms.CharField(max_length=limits.NAME_MAX_CHARS, strip=True)
 
     def clean_objective_template(self) -> str:
@@ -39,13 +41,10 @@ class _Named(Checked):
 
 class TriggerForm(_Named):
     SCHEMA = schemas.TriggerIn
-    FIELDS = _labelled(
-        name="The name",
-        objective_template="The objective template",
-        events="The events",
-        actions="The actions",
-        max_per_minute="Runs a minute",
-    )
+    FIELDS = {
+        **_Named.FIELDS,
+        **_labelled(events="The events", actions="The actions", max_per_minute="Runs a minute"),
+    }
 
     objective_template = _template_field(
         4, "Fields in braces are paths into the delivery's JSON, e.g. Triage issue #{issue.number}: {issue.title}"
@@ -78,17 +77,18 @@ class ScheduleForm(_Named):
     """A schedule, made or changed: checked by the API's schema; the timing and the budget by the service."""
 
     SCHEMA = schemas.ScheduleIn
-    FIELDS = _labelled(
-        name="The name",
-        objective_template="The objective template",
-        cron="The cron expression",
-        interval_minutes="The interval",
-        timezone="The time zone",
-        max_iterations="Max iterations",
-        max_cost_usd="The cost cap",
-        overlap="The overlap policy",
-        catch_up_minutes="The catch-up window",
-    )
+    FIELDS = {
+        **_Named.FIELDS,
+        **_labelled(
+            cron="The cron expression",
+            interval_minutes="The interval",
+            timezone="The time zone",
+            max_iterations="Max iterations",
+            max_cost_usd="The cost cap",
+            overlap="The overlap policy",
+            catch_up_minutes="The catch-up window",
+        ),
+    }
 
     objective_template = _template_field(
         3, "Fields in braces: {date}, {time}, {schedule.name}, {last_run.id}, {last_run.outcome}"
