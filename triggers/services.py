@@ -74,16 +74,9 @@ def of_instance[Item: (Trigger, Schedule)](model: type[Item], user: Any, instanc
     return model.objects.filter(instance=instance, owner=user)
 
 
-def change_with(
-    change: Callable[..., Any], user: Any, item: Trigger | Schedule, changes: Mapping[str, Any], **how: Any
-) -> Any:
-    """Change `user`'s trigger or schedule through its service's `change` (`how`: via, request); return it."""
-    return change(user=user, changes=changes, **{item._meta.model_name: item}, **how)
-
-
 def set_active(change: Callable[..., Any], user: Any, item: Trigger | Schedule, active: bool, **how: Any) -> Any:
     """Pause (or resume) `user`'s trigger or schedule through its service's `change` (`how`: via, request)."""
-    return change_with(change, user, item, {"active": active}, **how)
+    return change(user=user, changes={"active": active}, **{item._meta.model_name: item}, **how)
 
 
 def delete_with(delete: Callable[..., Any], user: Any, item: Trigger | Schedule, **how: Any) -> dict[str, int]:
