@@ -43,15 +43,14 @@ from tether.limits import FIRINGS_KEPT, OBJECTIVE_MAX_CHARS, SCHEDULE_MISSED_REC
 from triggers.models import Firing, Schedule
 from triggers.services import (
     TriggerRefused,
-    cap,
     changed_cap,
     check_instance,
     check_owner,
-    checked_template,
     delete_owned,
     detail,
     save_changed,
     save_created,
+    source_fields,
     start_run,
     stored,
 )
@@ -168,17 +167,12 @@ def schedule_create(
         anchor=now,
     )
     schedule = Schedule(
-        instance=instance,
-        owner=user,
-        name=name.strip(),
-        objective_template=checked_template(objective_template),
+        **source_fields(user, instance, name, objective_template, max_iterations, max_cost_usd),
         cron=timing.cron,
         interval_minutes=timing.interval_minutes,
         timezone=timing.time_zone,
         starts_at=starts_at,
         ends_at=ends_at,
-        max_iterations=max_iterations,
-        max_cost_micros=cap(max_cost_usd),
         overlap=_overlap(overlap),
         catch_up_minutes=catch_up_minutes or 0,
         active=active,

@@ -167,6 +167,21 @@ def stored(name: str, value: Any) -> Any:
     return value
 
 
+def source_fields(
+    user: Any, instance: Any, name: str, objective_template: str, max_iterations: int | None, max_cost_usd: Any
+) -> dict[str, Any]:
+    """What a new trigger or schedule stores of what both start runs with: the caller's instance, the name
+    stripped, the objective template checked, the run's caps (the cost in micros)."""
+    return {
+        "instance": instance,
+        "owner": user,
+        "name": name.strip(),
+        "objective_template": checked_template(objective_template),
+        "max_iterations": max_iterations,
+        "max_cost_micros": cap(max_cost_usd),
+    }
+
+
 def changed_cap(item: Trigger | Schedule, changes: Mapping[str, Any], changed: dict[str, Any]) -> None:
     """Add the cost cap to `changed` when `changes` gives one other than `item`'s."""
     if changes.get("max_cost_usd") is not None:
@@ -200,14 +215,9 @@ def trigger_create(
     """Create a trigger on `user`'s `instance`; return it and its secret (shown this once)."""
     check_instance(user, instance)
     trigger = Trigger(
-        instance=instance,
-        owner=user,
-        name=name.strip(),
-        objective_template=checked_template(objective_template),
+        **source_fields(user, instance, name, objective_template, max_iterations, max_cost_usd),
         events=list(dict.fromkeys(events or [])),
         actions=list(dict.fromkeys(actions or [])),
-        max_iterations=max_iterations,
-        max_cost_micros=cap(max_cost_usd),
         max_per_minute=max_per_minute or HOOK_RATE_DEFAULT,
     )
     secret = trigger.new_secret()
