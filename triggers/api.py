@@ -13,7 +13,6 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import Body, Router, Status
 
-from budgets import money
 from loops.schemas import Empty
 from triggers import schemas, services
 from triggers.models import Delivery, Schedule, Trigger
@@ -44,9 +43,7 @@ def trigger_json(request: HttpRequest | None, trigger: Trigger) -> dict[str, Any
         "events": list(trigger.events or []),
         "actions": list(trigger.actions or []),
         "max_iterations": trigger.max_iterations,
-        "max_cost_usd": None
-        if trigger.max_cost_micros is None
-        else money.usd_string(trigger.max_cost_micros),
+        "max_cost_usd": services.cap_usd(trigger),
         "max_per_minute": trigger.max_per_minute,
         "active": trigger.active,
         "secret_set_at": trigger.secret_set_at.isoformat(),

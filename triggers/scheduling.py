@@ -39,7 +39,7 @@ from loops import objective_template, services
 from loops.models import Run
 from reviews import notify
 from tether import redaction
-from tether.limits import FIRINGS_KEPT, OBJECTIVE_MAX_CHARS, SCHEDULE_MISSED_RECORDED
+from tether.limits import FIRINGS_KEPT, SCHEDULE_MISSED_RECORDED
 from triggers.models import Firing, Schedule
 from triggers.services import (
     TriggerRefused,
@@ -48,6 +48,8 @@ from triggers.services import (
     check_owner,
     delete_owned,
     detail,
+    keep_newest,
+    render_objective,
     save_changed,
     save_created,
     source_fields,
@@ -499,11 +501,8 @@ def _start(schedule: Schedule, firing: Firing, now: datetime, problem: str, note
             reason=why,
         )
         return firing
-    limit = min(schedule.instance.objective_max_chars, OBJECTIVE_MAX_CHARS)
     try:
-        objective = objective_template.render(
-            schedule.objective_template, _template_data(schedule, firing.scheduled_for), max_chars=limit
-        )
+        objective = render_objective(schedule, _template_data(schedule, firing.scheduled_for))
     except objective_template.TemplateError as exc:
         return _record(
             firing, Firing.Outcome.SKIPPED, f"the objective template cannot be filled: {exc.message}"
@@ -519,5 +518,4 @@ def _start(schedule: Schedule, firing: Firing, now: datetime, problem: str, note
 
 
 def _forget_old(schedule: Schedule) -> None:
-    stale = Firing.objects.filter(schedule=schedule).values_list("pk", flat=True)[FIRINGS_KEPT:]
-    Firing.objects.filter(pk__in=list(stale)).delete()
+    keep_newest(Firing.objects.filter(schedule=schedule), FIRINGS_KEPT)

@@ -158,6 +158,11 @@ def cap(value: Any) -> int | None:
     return None if value in (None, "") else money.usd_to_micros(value, exact=True)
 
 
+def cap_usd(source: Trigger | Schedule) -> str | None:
+    """A trigger's or schedule's cap on each run's cost, in dollars as the API writes them (None: no cap)."""
+    return None if source.max_cost_micros is None else money.usd_string(source.max_cost_micros)
+
+
 def stored(name: str, value: Any) -> Any:
     """A trigger's or schedule's changed field as it is kept: the objective template checked, the name stripped."""
     if name == "objective_template":
@@ -271,10 +276,23 @@ def start_run(source: Trigger | Schedule, objective: str, origin: services.Origi
             user=source.owner,
             objective=objective,
             max_iterations=source.max_iterations,
-            max_cost_usd=None if source.max_cost_micros is None else money.usd_string(source.max_cost_micros),
+            max_cost_usd=cap_usd(source),
             via="system",
             origin=origin,
         )
+
+
+def render_objective(source: Trigger | Schedule, data: Any) -> str:
+    """Fill the trigger's or schedule's objective template from `data`, within its instance's objective bound
+    (`objective_template.TemplateError` when it cannot be filled)."""
+    limit = min(source.instance.objective_max_chars, OBJECTIVE_MAX_CHARS)
+    return objective_template.render(source.objective_template, data, max_chars=limit)
+
+
+def keep_newest(rows: QuerySet[Any], kept: int) -> None:
+    """Forget all but the first `kept` of `rows` (a trigger's deliveries or a schedule's firings, newest first)."""
+    stale = rows.values_list("pk", flat=True)[kept:]
+    rows.model.objects.filter(pk__in=list(stale)).delete()
 
 
 # --- a delivery ---------------------------------------------------------------------------------------
@@ -339,14 +357,18 @@ def _keep(asked: _Request, outcome: str, status: int, reason: str = "", run: Run
         body_bytes=asked.body_bytes,
         run=run,
     )
-    stale = Delivery.objects.filter(trigger=asked.trigger).values_list("pk", flat=True)[DELIVERIES_KEPT:]
-    Delivery.objects.filter(pk__in=list(stale)).delete()
+    keep_newest(Delivery.objects.filter(trigger=asked.trigger), DELIVERIES_KEPT)
     return delivery
 
 
 def _refuse(asked: _Request, status: int, reason: str) -> Answer:
     delivery = _keep(asked, Delivery.Outcome.REFUSED, status, reason)
     return Answer(status, {"error": reason, "delivery": delivery.pk})
+
+
+def _refuse_start(asked: _Request, exc: services.Refused) -> Answer:
+    """Refuse a delivery whose run `loops.services` will not start (its server-side refusals read as 409)."""
+    return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
 
 
 def _run_answer(run: Run) -> dict[str, Any]:
@@ -409,9 +431,8 @@ def receive(
     if ignored := _not_answered(trigger, asked.event, payload):
         delivery = _keep(asked, Delivery.Outcome.IGNORED, 202, ignored)
         return Answer(202, {"delivery": delivery.pk, "outcome": "ignored", "reason": ignored})
-    cap = min(trigger.instance.objective_max_chars, OBJECTIVE_MAX_CHARS)
     try:
-        objective = objective_template.render(trigger.objective_template, payload, max_chars=cap)
+        objective = render_objective(trigger, payload)
     except objective_template.TemplateError as exc:
         return _refuse(
             asked, 400, f"the objective template cannot be filled from this payload: {exc.message}"
@@ -456,7 +477,7 @@ def _start(asked: _Request, objective: str) -> Answer:
     try:
         services.ensure_startable(trigger.instance)  # outside the transaction: it may probe the sandbox
     except services.Refused as exc:
-        return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
+        return _refuse_start(asked, exc)
     origin = services.Origin(Run.Origin.TRIGGER, {"trigger": trigger.pk, "delivery": asked.delivery_id})
     try:
         with transaction.atomic():
@@ -479,7 +500,7 @@ def _start(asked: _Request, objective: str) -> Answer:
             try:
                 run = start_run(trigger, objective, origin)
             except services.Refused as exc:
-                return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
+                return _refuse_start(asked, exc)
             delivery = _keep(asked, Delivery.Outcome.STARTED, 201, f"started run {run.pk}", run=run)
     except IntegrityError:  # the same delivery raced this one to the unique key: that one started the run
         first = _started(trigger, asked.delivery_id)
