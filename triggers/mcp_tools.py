@@ -120,7 +120,7 @@ def _register_triggers(server: MCPServer, run: Call, instance_of: FindInstance) 
         ctx: Context,
         instance: InstanceRef,
         name: schemas.Name,  # type: ignore[valid-type]
-        objective_template: schemas.Template,
+        objective_template: schemas.Template,  # type: ignore[valid-type]
         events: schemas.Events | None = None,
         actions: schemas.Actions | None = None,
         max_iterations: Iterations = None,
@@ -173,7 +173,7 @@ def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance)
         ctx: Context,
         instance: InstanceRef,
         name: schemas.Name,  # type: ignore[valid-type]
-        objective_template: schemas.ScheduleTemplate,
+        objective_template: schemas.ScheduleTemplate,  # type: ignore[valid-type]
         cron: schemas.Cron | None = None,  # type: ignore[valid-type]
         interval_minutes: schemas.Interval | None = None,  # type: ignore[valid-type]
         timezone: schemas.TimeZone | None = None,  # type: ignore[valid-type]

@@ -46,15 +46,20 @@ def _template(value: Any) -> str:
     return value
 
 
-Template = Annotated[
-    str,
-    BeforeValidator(_template),
-    Field(
-        json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
-        description="the objective, with {dotted.paths} into the delivery's JSON payload (e.g. {issue.title}); "
-        "{{ and }} are literal braces",
-    ),
-]
+def template(names: str) -> Any:
+    """An objective template: checked as `loops.objective_template` parses it, its syntax in the document;
+    `names`: what its braces may name."""
+    return Annotated[
+        str,
+        BeforeValidator(_template),
+        Field(
+            json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
+            description=f"the objective, with {names}; {{{{ and }}}} are literal braces",
+        ),
+    ]
+
+
+Template = template("{dotted.paths} into the delivery's JSON payload (e.g. {issue.title})")
 Events = Annotated[
     list[Word],  # type: ignore[valid-type]
     Field(
@@ -72,7 +77,7 @@ Actions = Annotated[
 
 class TriggerIn(Body):
     name: Name  # type: ignore[valid-type]
-    objective_template: Template
+    objective_template: Template  # type: ignore[valid-type]
     events: Events | None = None
     actions: Actions | None = None
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
@@ -84,7 +89,7 @@ class TriggerChange(Body):
     """The fields of a trigger to change (absent or null: as it is)."""
 
     name: Name | None = None  # type: ignore[valid-type]
-    objective_template: Template | None = None
+    objective_template: Template | None = None  # type: ignore[valid-type]
     events: Events | None = None
     actions: Actions | None = None
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
@@ -157,15 +162,7 @@ CatchUp = whole(
     description="after downtime, the latest missed firing at most this old still runs, once; 0: only on-time firings",
 )
 OverlapPolicy = Literal["skip", "buffer_one", "cancel_other", "allow_all"]
-ScheduleTemplate = Annotated[
-    str,
-    BeforeValidator(_template),
-    Field(
-        json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
-        description="the objective, with {date}, {time}, {schedule.name}, {last_run.id} or {last_run.outcome}; "
-        "{{ and }} are literal braces",
-    ),
-]
+ScheduleTemplate = template("{date}, {time}, {schedule.name}, {last_run.id} or {last_run.outcome}")
 
 
 class ScheduleTiming(Body):
@@ -178,7 +175,7 @@ class ScheduleTiming(Body):
 
 class ScheduleIn(ScheduleTiming):
     name: Name  # type: ignore[valid-type]
-    objective_template: ScheduleTemplate
+    objective_template: ScheduleTemplate  # type: ignore[valid-type]
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
     max_cost_usd: Cap = None  # type: ignore[valid-type]
     overlap: OverlapPolicy = "skip"
@@ -190,7 +187,7 @@ class ScheduleChange(ScheduleTiming):
     """The fields of a schedule to change (absent or null: as it is)."""
 
     name: Name | None = None  # type: ignore[valid-type]
-    objective_template: ScheduleTemplate | None = None
+    objective_template: ScheduleTemplate | None = None  # type: ignore[valid-type]
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
     max_cost_usd: Cap = None  # type: ignore[valid-type]
     overlap: OverlapPolicy | None = None
