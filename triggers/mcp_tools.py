@@ -53,7 +53,9 @@ def _schedule(user: Any, schedule_id: int) -> Schedule:
 Shown = Callable[[Any], dict[str, Any]]  # a trigger or schedule as a tool answers it
 
 
-def _listing(model: type[Trigger] | type[Schedule], instance_of: FindInstance, instance: int | str, shown: Shown) -> Work:
+def _listing(
+    model: type[Trigger] | type[Schedule], instance_of: FindInstance, instance: int | str, shown: Shown
+) -> Work:
     """The body of list_triggers and list_schedules: the caller's items of `instance`, each as `shown` says."""
 
     def work(user: Any, device: Any) -> Any:
@@ -179,7 +181,7 @@ def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance)
         timezone: schemas.TimeZone | None = None,  # type: ignore[valid-type]
         max_iterations: Iterations = None,
         max_cost_usd: Dollars = None,
-        overlap: schemas.OverlapPolicy = "skip",
+        overlap: schemas.OverlapPolicy = "skip",  # type: ignore[valid-type]
         catch_up_minutes: schemas.CatchUp | None = None,  # type: ignore[valid-type]
     ) -> dict[str, Any]:
         """Make a schedule on one of your instances: a cron expression (five fields, in `timezone`) or an

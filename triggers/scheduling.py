@@ -225,7 +225,7 @@ def schedule_change(
             anchor=schedule.created_at,
         )
         changed["cron"], changed["interval_minutes"] = timing.cron, timing.interval_minutes
-    save_changed(user, schedule, changed, via, request, then=lambda changed_schedule: reschedule(changed_schedule, now))
+    save_changed(user, schedule, changed, via, request, then=lambda saved: reschedule(saved, now))
     return schedule
 
 

@@ -20,6 +20,7 @@ from tether.limits import (
     SCHEDULE_INTERVAL_MINUTES,
 )
 from tether.schema import SPACE, Body, clean_text, flag, refuse, text, whole
+from triggers import models
 
 Name = text(nonblank=True, max_length=NAME_MAX_CHARS)
 Word = text(nonblank=True, max_length=NAME_MAX_CHARS)
@@ -161,7 +162,7 @@ CatchUp = whole(
     unit=" of minutes",
     description="after downtime, the latest missed firing at most this old still runs, once; 0: only on-time firings",
 )
-OverlapPolicy = Literal["skip", "buffer_one", "cancel_other", "allow_all"]
+OverlapPolicy = Literal[tuple(models.Schedule.Overlap.values)]  # type: ignore[valid-type]  # the model's choices
 ScheduleTemplate = template("{date}, {time}, {schedule.name}, {last_run.id} or {last_run.outcome}")
 
 
@@ -178,7 +179,7 @@ class ScheduleIn(ScheduleTiming):
     objective_template: ScheduleTemplate  # type: ignore[valid-type]
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
     max_cost_usd: Cap = None  # type: ignore[valid-type]
-    overlap: OverlapPolicy = "skip"
+    overlap: OverlapPolicy = "skip"  # type: ignore[valid-type]
     catch_up_minutes: CatchUp | None = None  # type: ignore[valid-type]
     active: flag(description="false: made paused") | None = None  # type: ignore[valid-type]
 
@@ -190,7 +191,7 @@ class ScheduleChange(ScheduleTiming):
     objective_template: ScheduleTemplate | None = None  # type: ignore[valid-type]
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
     max_cost_usd: Cap = None  # type: ignore[valid-type]
-    overlap: OverlapPolicy | None = None
+    overlap: OverlapPolicy | None = None  # type: ignore[valid-type]
     catch_up_minutes: CatchUp | None = None  # type: ignore[valid-type]
     active: flag(description="false pauses the schedule; true resumes it from now") | None = None  # type: ignore[valid-type]
 
