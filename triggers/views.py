@@ -28,6 +28,11 @@ def _see_other(instance: Instance) -> HttpResponse:
     return see_other("triggers:list", instance.pk)
 
 
+def _show_once(request: HttpRequest, trigger: Trigger, secret: str) -> None:
+    """Keep a new secret for the one page that shows it (`NEW_SECRET`)."""
+    request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
+
+
 def owned(request: HttpRequest, model: type[Trigger] | type[Schedule], item_id: int) -> Any:
     """The caller's trigger or schedule `item_id` (`services.owned`); anyone else's is a 404."""
     found = services.owned(model, request.user, item_id)
@@ -70,7 +75,7 @@ def trigger_list(request: HttpRequest, instance_id: int) -> HttpResponse:
         except services.TriggerRefused as exc:
             show_refusal(form, exc)
         else:
-            request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
+            _show_once(request, trigger, secret)
             return _see_other(instance)
     created = request.session.pop(NEW_SECRET, None) if request.method == "GET" else None
     triggers = list(services.of_instance(Trigger, request.user, instance))
@@ -94,7 +99,7 @@ def trigger_list(request: HttpRequest, instance_id: int) -> HttpResponse:
 def trigger_rotate(request: HttpRequest, trigger_id: int) -> HttpResponse:
     trigger = _own_trigger(request, trigger_id)
     secret = services.trigger_rotate(user=request.user, trigger=trigger, via="console", request=request)
-    request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
+    _show_once(request, trigger, secret)
     return _see_other(trigger.instance)
 
 
