@@ -181,8 +181,7 @@ def schedule_create(
         created_at=now,
     )
     schedule.next_fire_at = schedule_timing(schedule).next_after(now) if active else None
-    audited = detail(schedule, when=schedule.when(), objective_template=schedule.objective_template[:500])
-    save_created(user, schedule, audited, via, request)
+    save_created(user, schedule, via, request, when=schedule.when(), objective_template=schedule.objective_template[:500])
     return schedule
 
 

@@ -105,10 +105,11 @@ def shown(changed: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def save_created(user: Any, item: Trigger | Schedule, audited: dict[str, Any], via: str, request: Any) -> None:
-    """Save a new trigger or schedule and record its creation (`audited`: the detail), in one transaction."""
+def save_created(user: Any, item: Trigger | Schedule, via: str, request: Any, **more: Any) -> None:
+    """Save a new trigger or schedule and record its creation (its `detail`, then `more`), in one transaction."""
     with transaction.atomic():
-        item.save()
+        item.save()  # first: the audit detail names it by its new id
+        audited = detail(item, **more)
         trail.record(user=user, action=f"{item._meta.model_name}.create", request=request, via=via, detail=audited)
 
 
@@ -226,7 +227,7 @@ def trigger_create(
         max_per_minute=max_per_minute or HOOK_RATE_DEFAULT,
     )
     secret = trigger.new_secret()
-    save_created(user, trigger, detail(trigger, objective_template=trigger.objective_template[:500]), via, request)
+    save_created(user, trigger, via, request, objective_template=trigger.objective_template[:500])
     return trigger, secret
 
 
