@@ -51,6 +51,12 @@ def trigger_json(request: HttpRequest | None, trigger: Trigger) -> dict[str, Any
     }
 
 
+def secret_answer(request: HttpRequest, response: HttpResponse, trigger: Trigger, secret: str) -> dict[str, Any]:
+    """The trigger with its new secret: the one answer that holds it, so never kept (nor compressed)."""
+    response["Cache-Control"] = "no-store"
+    return {**trigger_json(request, trigger), "secret": secret}
+
+
 def delivery_json(delivery: Delivery) -> dict[str, Any]:
     return {
         "id": delivery.pk,
@@ -99,11 +105,10 @@ def trigger_create(
     request: HttpRequest, response: HttpResponse, instance_id: Id, payload: schemas.TriggerIn
 ) -> Any:
     instance = owned_instance(request, instance_id)
-    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
     trigger, secret = services.trigger_create(
         user=request.user, instance=instance, request=request, **payload.model_dump()
     )
-    return Status(201, {**trigger_json(request, trigger), "secret": secret})
+    return Status(201, secret_answer(request, response, trigger, secret))
 
 
 @route(router.get, TRIGGER, "trigger-detail", schemas.Trigger, "Get a trigger")
@@ -138,9 +143,8 @@ def trigger_rotate(
     request: HttpRequest, response: HttpResponse, instance_id: Id, trigger_id: Id, payload: Empty = NO_BODY
 ) -> Any:
     trigger = _trigger(request, instance_id, trigger_id)
-    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
     secret = services.trigger_rotate(user=request.user, trigger=trigger, request=request)
-    return {**trigger_json(request, trigger), "secret": secret}
+    return secret_answer(request, response, trigger, secret)
 
 
 @route(
