@@ -13,7 +13,6 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from ninja import Body, Router, Status
 
-from budgets import money
 from loops.schemas import Empty
 from triggers import schemas, services
 from triggers.models import Delivery, Schedule, Trigger
@@ -44,14 +43,18 @@ def trigger_json(request: HttpRequest | None, trigger: Trigger) -> dict[str, Any
         "events": list(trigger.events or []),
         "actions": list(trigger.actions or []),
         "max_iterations": trigger.max_iterations,
-        "max_cost_usd": None
-        if trigger.max_cost_micros is None
-        else money.usd_string(trigger.max_cost_micros),
+        "max_cost_usd": services.cap_usd(trigger),
         "max_per_minute": trigger.max_per_minute,
         "active": trigger.active,
         "secret_set_at": trigger.secret_set_at.isoformat(),
         "created_at": trigger.created_at.isoformat(),
     }
+
+
+def secret_answer(request: HttpRequest, response: HttpResponse, trigger: Trigger, secret: str) -> dict[str, Any]:
+    """The trigger with its new secret: the one answer that holds it, so never kept (nor compressed)."""
+    response["Cache-Control"] = "no-store"
+    return {**trigger_json(request, trigger), "secret": secret}
 
 
 def delivery_json(delivery: Delivery) -> dict[str, Any]:
@@ -102,11 +105,10 @@ def trigger_create(
     request: HttpRequest, response: HttpResponse, instance_id: Id, payload: schemas.TriggerIn
 ) -> Any:
     instance = owned_instance(request, instance_id)
-    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
     trigger, secret = services.trigger_create(
         user=request.user, instance=instance, request=request, **payload.model_dump()
     )
-    return Status(201, {**trigger_json(request, trigger), "secret": secret})
+    return Status(201, secret_answer(request, response, trigger, secret))
 
 
 @route(router.get, TRIGGER, "trigger-detail", schemas.Trigger, "Get a trigger")
@@ -141,9 +143,8 @@ def trigger_rotate(
     request: HttpRequest, response: HttpResponse, instance_id: Id, trigger_id: Id, payload: Empty = NO_BODY
 ) -> Any:
     trigger = _trigger(request, instance_id, trigger_id)
-    response["Cache-Control"] = "no-store"  # the answer holds a secret: never kept, never compressed
     secret = services.trigger_rotate(user=request.user, trigger=trigger, request=request)
-    return {**trigger_json(request, trigger), "secret": secret}
+    return secret_answer(request, response, trigger, secret)
 
 
 @route(

@@ -31,21 +31,25 @@ def _template_field(rows: int, help_text: str) -> forms.CharField:
 class _Named(Checked):
     """What a trigger's and a schedule's forms share: a name, and an objective template (its newlines as one)."""
 
+    FIELDS = _labelled(name="The name", objective_template="The objective template")
+    MORE: tuple[str, ...] = ()  # what the service also takes, read by the form itself (not through the schema)
+
     name = forms.CharField(max_length=limits.NAME_MAX_CHARS, strip=True)
 
     def clean_objective_template(self) -> str:
         return normalise_newlines(self.cleaned_data["objective_template"])
 
+    def values(self) -> dict[str, Any]:
+        """The valid form as its service's arguments."""
+        return {name: self.cleaned_data.get(name) for name in (*self.FIELDS, *self.MORE)}
+
 
 class TriggerForm(_Named):
     SCHEMA = schemas.TriggerIn
-    FIELDS = _labelled(
-        name="The name",
-        objective_template="The objective template",
-        events="The events",
-        actions="The actions",
-        max_per_minute="Runs a minute",
-    )
+    FIELDS = {
+        **_Named.FIELDS,
+        **_labelled(events="The events", actions="The actions", max_per_minute="Runs a minute"),
+    }
 
     objective_template = _template_field(
         4, "Fields in braces are paths into the delivery's JSON, e.g. Triage issue #{issue.number}: {issue.title}"
@@ -70,25 +74,24 @@ class TriggerForm(_Named):
     def clean_actions(self) -> list[str]:
         return _names(self.cleaned_data["actions"])
 
-    def values(self) -> dict[str, Any]:
-        return {name: self.cleaned_data[name] for name in self.FIELDS}
-
 
 class ScheduleForm(_Named):
     """A schedule, made or changed: checked by the API's schema; the timing and the budget by the service."""
 
     SCHEMA = schemas.ScheduleIn
-    FIELDS = _labelled(
-        name="The name",
-        objective_template="The objective template",
-        cron="The cron expression",
-        interval_minutes="The interval",
-        timezone="The time zone",
-        max_iterations="Max iterations",
-        max_cost_usd="The cost cap",
-        overlap="The overlap policy",
-        catch_up_minutes="The catch-up window",
-    )
+    FIELDS = {
+        **_Named.FIELDS,
+        **_labelled(
+            cron="The cron expression",
+            interval_minutes="The interval",
+            timezone="The time zone",
+            max_iterations="Max iterations",
+            max_cost_usd="The cost cap",
+            overlap="The overlap policy",
+            catch_up_minutes="The catch-up window",
+        ),
+    }
+    MORE = ("starts_at", "ends_at")  # wall-clock times in the schedule's time zone
 
     objective_template = _template_field(
         3, "Fields in braces: {date}, {time}, {schedule.name}, {last_run.id}, {last_run.outcome}"
@@ -143,13 +146,10 @@ class ScheduleForm(_Named):
             zone = timing.check_time_zone(data.get("timezone") or "UTC")
         except timing.TimingError:
             return data  # the service names the time zone
-        for name in ("starts_at", "ends_at"):
+        for name in self.MORE:
             if data.get(name) is not None:
                 data[name] = data[name].replace(tzinfo=None).replace(tzinfo=zone)
         return data
-
-    def values(self) -> dict[str, Any]:
-        return {name: self.cleaned_data.get(name) for name in (*self.FIELDS, "starts_at", "ends_at")}
 
     @classmethod
     def of(cls, schedule: Schedule) -> ScheduleForm:
@@ -159,7 +159,7 @@ class ScheduleForm(_Named):
         initial["max_cost_usd"] = (
             None if schedule.max_cost_micros is None else money.micros_to_decimal(schedule.max_cost_micros)
         )
-        for name in ("starts_at", "ends_at"):
+        for name in cls.MORE:
             value = getattr(schedule, name)
             initial[name] = value.astimezone(zone).replace(tzinfo=None) if value else None
         return cls(initial=initial)

@@ -46,17 +46,42 @@ def _own(model: type[Trigger] | type[Schedule], user: Any, item_id: int) -> Any:
     return found
 
 
-def _trigger(user: Any, trigger_id: int) -> Trigger:
-    return _own(Trigger, user, trigger_id)
-
-
 def _schedule(user: Any, schedule_id: int) -> Schedule:
     return _own(Schedule, user, schedule_id)
 
 
-def _listed(model: type[Trigger] | type[Schedule], user: Any, instance: Any, shown: Callable[[Any], Any]) -> Any:
-    """The caller's triggers or schedules of `instance` (`services.of_instance`), each as `shown` says."""
-    return {f"{model._meta.model_name}s": [shown(item) for item in services.of_instance(model, user, instance)]}
+Shown = Callable[[Any], dict[str, Any]]  # a trigger or schedule as a tool answers it
+
+
+def _listing(
+    model: type[Trigger] | type[Schedule], instance_of: FindInstance, instance: int | str, shown: Shown
+) -> Work:
+    """The body of list_triggers and list_schedules: the caller's items of `instance`, each as `shown` says."""
+
+    def work(user: Any, device: Any) -> Any:
+        items = services.of_instance(model, user, instance_of(user, instance))
+        return {f"{model._meta.model_name}s": [shown(item) for item in items]}
+
+    return work
+
+
+def _pausing(model: type[Trigger] | type[Schedule], change: Any, shown: Shown, item_id: int, paused: bool) -> Work:
+    """The body of pause_trigger and pause_schedule: pause (or resume) the caller's item through `change`."""
+
+    def work(user: Any, device: Any) -> Any:
+        item = _own(model, user, item_id)
+        return shown(services.set_active(change, user, item, not paused, via="mcp", request=device))
+
+    return work
+
+
+def _deleting(model: type[Trigger] | type[Schedule], delete: Any, item_id: int) -> Work:
+    """The body of delete_trigger and delete_schedule: delete the caller's item through `delete`."""
+
+    def work(user: Any, device: Any) -> Any:
+        return services.delete_with(delete, user, _own(model, user, item_id), via="mcp", request=device)
+
+    return work
 
 
 def _trigger_answer(trigger: Trigger) -> dict[str, Any]:
@@ -90,18 +115,14 @@ def _register_triggers(server: MCPServer, run: Call, instance_of: FindInstance) 
     @server.tool()
     async def list_triggers(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
         """List the webhook triggers of one of your instances (never their secrets)."""
-
-        def work(user, device):
-            return _listed(Trigger, user, instance_of(user, instance), _trigger_answer)
-
-        return await run(ctx, work)
+        return await run(ctx, _listing(Trigger, instance_of, instance, _trigger_answer))
 
     @server.tool()
     async def create_trigger(
         ctx: Context,
         instance: InstanceRef,
         name: schemas.Name,  # type: ignore[valid-type]
-        objective_template: schemas.Template,
+        objective_template: schemas.Template,  # type: ignore[valid-type]
         events: schemas.Events | None = None,
         actions: schemas.Actions | None = None,
         max_iterations: Iterations = None,
@@ -133,24 +154,12 @@ def _register_triggers(server: MCPServer, run: Call, instance_of: FindInstance) 
     @server.tool()
     async def pause_trigger(ctx: Context, trigger_id: ItemId, paused: bool = True) -> dict[str, Any]:
         """Pause one of your triggers (its deliveries are refused), or resume it with paused=false."""
-
-        def work(user, device):
-            trigger = services.set_active(
-                services.trigger_change, user, _trigger(user, trigger_id), not paused, via="mcp", request=device
-            )
-            return _trigger_answer(trigger)
-
-        return await run(ctx, work)
+        return await run(ctx, _pausing(Trigger, services.trigger_change, _trigger_answer, trigger_id, paused))
 
     @server.tool()
     async def delete_trigger(ctx: Context, trigger_id: ItemId) -> dict[str, Any]:
         """Delete one of your triggers: its url answers 404 from then on; the runs it started stay."""
-
-        def work(user, device):
-            trigger = _trigger(user, trigger_id)
-            return services.delete_with(services.trigger_delete, user, trigger, via="mcp", request=device)
-
-        return await run(ctx, work)
+        return await run(ctx, _deleting(Trigger, services.trigger_delete, trigger_id))
 
 
 def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance) -> None:
@@ -159,24 +168,20 @@ def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance)
     @server.tool()
     async def list_schedules(ctx: Context, instance: InstanceRef) -> dict[str, Any]:
         """List the schedules of one of your instances, each with its next five firings."""
-
-        def work(user, device):
-            return _listed(Schedule, user, instance_of(user, instance), schedule_json)
-
-        return await run(ctx, work)
+        return await run(ctx, _listing(Schedule, instance_of, instance, schedule_json))
 
     @server.tool()
     async def create_schedule(
         ctx: Context,
         instance: InstanceRef,
         name: schemas.Name,  # type: ignore[valid-type]
-        objective_template: schemas.ScheduleTemplate,
+        objective_template: schemas.ScheduleTemplate,  # type: ignore[valid-type]
         cron: schemas.Cron | None = None,  # type: ignore[valid-type]
         interval_minutes: schemas.Interval | None = None,  # type: ignore[valid-type]
         timezone: schemas.TimeZone | None = None,  # type: ignore[valid-type]
         max_iterations: Iterations = None,
         max_cost_usd: Dollars = None,
-        overlap: schemas.OverlapPolicy = "skip",
+        overlap: schemas.OverlapPolicy = "skip",  # type: ignore[valid-type]
         catch_up_minutes: schemas.CatchUp | None = None,  # type: ignore[valid-type]
     ) -> dict[str, Any]:
         """Make a schedule on one of your instances: a cron expression (five fields, in `timezone`) or an
@@ -206,24 +211,12 @@ def _register_schedules(server: MCPServer, run: Call, instance_of: FindInstance)
     @server.tool()
     async def pause_schedule(ctx: Context, schedule_id: ItemId, paused: bool = True) -> dict[str, Any]:
         """Pause one of your schedules, or resume it with paused=false (it fires again from now; nothing is caught up)."""
-
-        def work(user, device):
-            schedule = services.set_active(
-                scheduling.schedule_change, user, _schedule(user, schedule_id), not paused, via="mcp", request=device
-            )
-            return schedule_json(schedule)
-
-        return await run(ctx, work)
+        return await run(ctx, _pausing(Schedule, scheduling.schedule_change, schedule_json, schedule_id, paused))
 
     @server.tool()
     async def delete_schedule(ctx: Context, schedule_id: ItemId) -> dict[str, Any]:
         """Delete one of your schedules and its firing history; the runs it started stay."""
-
-        def work(user, device):
-            schedule = _schedule(user, schedule_id)
-            return services.delete_with(scheduling.schedule_delete, user, schedule, via="mcp", request=device)
-
-        return await run(ctx, work)
+        return await run(ctx, _deleting(Schedule, scheduling.schedule_delete, schedule_id))
 
 
 def _register_schedule_runs(server: MCPServer, run: Call) -> None:

@@ -19,7 +19,7 @@ from triggers import scheduling
 from triggers.forms import ScheduleForm
 from triggers.models import Schedule
 from triggers.services import TriggerRefused, of_instance
-from triggers.views import owned, paused
+from triggers.views import deleted, owned, paused
 from web.console.views import _nav, see_other, show_refusal
 
 FIRINGS_SHOWN = 20
@@ -145,7 +145,4 @@ def schedule_run(request: HttpRequest, schedule_id: int) -> HttpResponse:
 @require_POST
 def schedule_delete(request: HttpRequest, schedule_id: int) -> HttpResponse:
     schedule = _own_schedule(request, schedule_id)
-    instance_id = schedule.instance_id
-    scheduling.schedule_delete(user=request.user, schedule=schedule, via="console", request=request)
-    messages.success(request, f"Deleted schedule “{schedule.name}”; the runs it started stay.")
-    return _see_other(instance_id)
+    return deleted(request, scheduling.schedule_delete, schedule, "triggers:schedules", "; the runs it started stay.")

@@ -12,12 +12,11 @@ from typing import Any
 from django.http import HttpRequest
 from ninja import Body, Router, Status
 
-from budgets import money
 from loops.schemas import Empty
 from triggers import scheduling, schemas
 from triggers.api import listed, owned
 from triggers.models import Firing, Schedule
-from triggers.services import delete_with
+from triggers.services import cap_usd, delete_with
 from web.api import owned_instance
 from web.rest import Id, route
 
@@ -41,9 +40,7 @@ def schedule_json(schedule: Schedule) -> dict[str, Any]:
         "starts_at": schedule.starts_at.isoformat() if schedule.starts_at else None,
         "ends_at": schedule.ends_at.isoformat() if schedule.ends_at else None,
         "max_iterations": schedule.max_iterations,
-        "max_cost_usd": None
-        if schedule.max_cost_micros is None
-        else money.usd_string(schedule.max_cost_micros),
+        "max_cost_usd": cap_usd(schedule),
         "overlap": schedule.overlap,
         "catch_up_minutes": schedule.catch_up_minutes,
         "active": schedule.active,

@@ -39,17 +39,20 @@ from loops import objective_template, services
 from loops.models import Run
 from reviews import notify
 from tether import redaction
-from tether.limits import FIRINGS_KEPT, OBJECTIVE_MAX_CHARS, SCHEDULE_MISSED_RECORDED
+from tether.limits import FIRINGS_KEPT, SCHEDULE_MISSED_RECORDED
 from triggers.models import Firing, Schedule
 from triggers.services import (
     TriggerRefused,
-    cap,
-    change_action,
     changed_cap,
     check_instance,
     check_owner,
-    checked_template,
     delete_owned,
+    detail,
+    keep_newest,
+    render_objective,
+    save_changed,
+    save_created,
+    source_fields,
     start_run,
     stored,
 )
@@ -112,17 +115,6 @@ def next_firings(
     return [first, *schedule_timing(schedule).times_after(first, limit=count - 1)]
 
 
-def _detail(schedule: Schedule, **more: Any) -> dict[str, Any]:
-    return {"schedule": schedule.pk, "instance": schedule.instance_id, "name": schedule.name, **more}
-
-
-def _shown(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v[:500] if isinstance(v, str) else v.isoformat() if isinstance(v, datetime) else v)
-        for k, v in values.items()
-    }
-
-
 TIMING = ("cron", "interval_minutes", "timezone", "starts_at", "ends_at")
 CHANGEABLE = (
     "name",
@@ -177,34 +169,19 @@ def schedule_create(
         anchor=now,
     )
     schedule = Schedule(
-        instance=instance,
-        owner=user,
-        name=name.strip(),
-        objective_template=checked_template(objective_template),
+        **source_fields(user, instance, name, objective_template, max_iterations, max_cost_usd),
         cron=timing.cron,
         interval_minutes=timing.interval_minutes,
         timezone=timing.time_zone,
         starts_at=starts_at,
         ends_at=ends_at,
-        max_iterations=max_iterations,
-        max_cost_micros=cap(max_cost_usd),
         overlap=_overlap(overlap),
         catch_up_minutes=catch_up_minutes or 0,
         active=active,
         created_at=now,
     )
-    with transaction.atomic():
-        schedule.next_fire_at = schedule_timing(schedule).next_after(now) if active else None
-        schedule.save()
-        trail.record(
-            user=user,
-            action="schedule.create",
-            request=request,
-            via=via,
-            detail=_detail(
-                schedule, when=schedule.when(), objective_template=schedule.objective_template[:500]
-            ),
-        )
+    schedule.next_fire_at = schedule_timing(schedule).next_after(now) if active else None
+    save_created(user, schedule, via, request, when=schedule.when(), objective_template=schedule.objective_template[:500])
     return schedule
 
 
@@ -247,17 +224,7 @@ def schedule_change(
             anchor=schedule.created_at,
         )
         changed["cron"], changed["interval_minutes"] = timing.cron, timing.interval_minutes
-    with transaction.atomic():
-        Schedule.objects.filter(pk=schedule.pk).update(**changed)
-        schedule.refresh_from_db()
-        reschedule(schedule, now)
-        trail.record(
-            user=user,
-            action=change_action(schedule, changed),
-            request=request,
-            via=via,
-            detail=_detail(schedule, changed=_shown(changed)),
-        )
+    save_changed(user, schedule, changed, via, request, then=lambda saved: reschedule(saved, now))
     return schedule
 
 
@@ -269,7 +236,7 @@ def reschedule(schedule: Schedule, now: datetime) -> None:
 
 def schedule_delete(*, user: Any, schedule: Schedule, via: str = "api", request: Any = None) -> None:
     """Delete `user`'s schedule and its firings (the runs it started stay)."""
-    delete_owned(user, schedule, _detail(schedule), via, request)
+    delete_owned(user, schedule, via, request)
 
 
 def run_now(
@@ -287,7 +254,7 @@ def run_now(
             action="schedule.run_now",
             request=request,
             via=via,
-            detail=_detail(locked, firing=firing.pk, outcome=firing.outcome, run=firing.run_id),
+            detail=detail(locked, firing=firing.pk, outcome=firing.outcome, run=firing.run_id),
         )
     return firing
 
@@ -533,11 +500,8 @@ def _start(schedule: Schedule, firing: Firing, now: datetime, problem: str, note
             reason=why,
         )
         return firing
-    limit = min(schedule.instance.objective_max_chars, OBJECTIVE_MAX_CHARS)
     try:
-        objective = objective_template.render(
-            schedule.objective_template, _template_data(schedule, firing.scheduled_for), max_chars=limit
-        )
+        objective = render_objective(schedule, _template_data(schedule, firing.scheduled_for))
     except objective_template.TemplateError as exc:
         return _record(
             firing, Firing.Outcome.SKIPPED, f"the objective template cannot be filled: {exc.message}"
@@ -553,5 +517,4 @@ def _start(schedule: Schedule, firing: Firing, now: datetime, problem: str, note
 
 
 def _forget_old(schedule: Schedule) -> None:
-    stale = Firing.objects.filter(schedule=schedule).values_list("pk", flat=True)[FIRINGS_KEPT:]
-    Firing.objects.filter(pk__in=list(stale)).delete()
+    keep_newest(Firing.objects.filter(schedule=schedule), FIRINGS_KEPT)

@@ -20,6 +20,7 @@ from tether.limits import (
     SCHEDULE_INTERVAL_MINUTES,
 )
 from tether.schema import SPACE, Body, clean_text, flag, refuse, text, whole
+from triggers import models
 
 Name = text(nonblank=True, max_length=NAME_MAX_CHARS)
 Word = text(nonblank=True, max_length=NAME_MAX_CHARS)
@@ -46,15 +47,20 @@ def _template(value: Any) -> str:
     return value
 
 
-Template = Annotated[
-    str,
-    BeforeValidator(_template),
-    Field(
-        json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
-        description="the objective, with {dotted.paths} into the delivery's JSON payload (e.g. {issue.title}); "
-        "{{ and }} are literal braces",
-    ),
-]
+def template(names: str) -> Any:
+    """An objective template: checked as `loops.objective_template` parses it, its syntax in the document;
+    `names`: what its braces may name."""
+    return Annotated[
+        str,
+        BeforeValidator(_template),
+        Field(
+            json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
+            description=f"the objective, with {names}; {{{{ and }}}} are literal braces",
+        ),
+    ]
+
+
+Template = template("{dotted.paths} into the delivery's JSON payload (e.g. {issue.title})")
 Events = Annotated[
     list[Word],  # type: ignore[valid-type]
     Field(
@@ -72,7 +78,7 @@ Actions = Annotated[
 
 class TriggerIn(Body):
     name: Name  # type: ignore[valid-type]
-    objective_template: Template
+    objective_template: Template  # type: ignore[valid-type]
     events: Events | None = None
     actions: Actions | None = None
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
@@ -84,7 +90,7 @@ class TriggerChange(Body):
     """The fields of a trigger to change (absent or null: as it is)."""
 
     name: Name | None = None  # type: ignore[valid-type]
-    objective_template: Template | None = None
+    objective_template: Template | None = None  # type: ignore[valid-type]
     events: Events | None = None
     actions: Actions | None = None
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
@@ -156,16 +162,8 @@ CatchUp = whole(
     unit=" of minutes",
     description="after downtime, the latest missed firing at most this old still runs, once; 0: only on-time firings",
 )
-OverlapPolicy = Literal["skip", "buffer_one", "cancel_other", "allow_all"]
-ScheduleTemplate = Annotated[
-    str,
-    BeforeValidator(_template),
-    Field(
-        json_schema_extra={"pattern": TEMPLATE_PATTERN, "minLength": 1, "maxLength": OBJECTIVE_MAX_CHARS},
-        description="the objective, with {date}, {time}, {schedule.name}, {last_run.id} or {last_run.outcome}; "
-        "{{ and }} are literal braces",
-    ),
-]
+OverlapPolicy = Literal[tuple(models.Schedule.Overlap.values)]  # type: ignore[valid-type]  # the model's choices
+ScheduleTemplate = template("{date}, {time}, {schedule.name}, {last_run.id} or {last_run.outcome}")
 
 
 class ScheduleTiming(Body):
@@ -178,10 +176,10 @@ class ScheduleTiming(Body):
 
 class ScheduleIn(ScheduleTiming):
     name: Name  # type: ignore[valid-type]
-    objective_template: ScheduleTemplate
+    objective_template: ScheduleTemplate  # type: ignore[valid-type]
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
     max_cost_usd: Cap = None  # type: ignore[valid-type]
-    overlap: OverlapPolicy = "skip"
+    overlap: OverlapPolicy = "skip"  # type: ignore[valid-type]
     catch_up_minutes: CatchUp | None = None  # type: ignore[valid-type]
     active: flag(description="false: made paused") | None = None  # type: ignore[valid-type]
 
@@ -190,10 +188,10 @@ class ScheduleChange(ScheduleTiming):
     """The fields of a schedule to change (absent or null: as it is)."""
 
     name: Name | None = None  # type: ignore[valid-type]
-    objective_template: ScheduleTemplate | None = None
+    objective_template: ScheduleTemplate | None = None  # type: ignore[valid-type]
     max_iterations: Iterations | None = None  # type: ignore[valid-type]
     max_cost_usd: Cap = None  # type: ignore[valid-type]
-    overlap: OverlapPolicy | None = None
+    overlap: OverlapPolicy | None = None  # type: ignore[valid-type]
     catch_up_minutes: CatchUp | None = None  # type: ignore[valid-type]
     active: flag(description="false pauses the schedule; true resumes it from now") | None = None  # type: ignore[valid-type]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -92,12 +92,58 @@ def check_owner(user: Any, item: Trigger | Schedule) -> None:
         raise TriggerRefused(f"{item._meta.model_name} {item.pk} not found", 404)
 
 
-def delete_owned(user: Any, item: Trigger | Schedule, detail: dict[str, Any], via: str, request: Any) -> None:
+def detail(item: Trigger | Schedule, **more: Any) -> dict[str, Any]:
+    """The audit detail of a trigger or schedule: which one, its instance and its name, then `more`."""
+    return {item._meta.model_name: item.pk, "instance": item.instance_id, "name": item.name, **more}
+
+
+def shown(changed: Mapping[str, Any]) -> dict[str, Any]:
+    """A change as the audit trail keeps it: text cut to 500 characters, times in ISO 8601."""
+    return {
+        k: (v[:500] if isinstance(v, str) else v.isoformat() if isinstance(v, datetime) else v)
+        for k, v in changed.items()
+    }
+
+
+def save_created(user: Any, item: Trigger | Schedule, via: str, request: Any, **more: Any) -> None:
+    """Save a new trigger or schedule and record its creation (its `detail`, then `more`), in one transaction."""
+    with transaction.atomic():
+        item.save()  # first: the audit detail names it by its new id
+        audited = detail(item, **more)
+        trail.record(user=user, action=f"{item._meta.model_name}.create", request=request, via=via, detail=audited)
+
+
+def save_changed[Item: (Trigger, Schedule)](
+    user: Any,
+    item: Item,
+    changed: dict[str, Any],
+    via: str,
+    request: Any,
+    then: Callable[[Item], None] | None = None,
+) -> None:
+    """Store `changed` on `user`'s trigger or schedule, reload it, run `then` on it, and audit the change: one
+    transaction."""
+    with transaction.atomic():
+        type(item).objects.filter(pk=item.pk).update(**changed)
+        item.refresh_from_db()
+        if then is not None:
+            then(item)
+        trail.record(
+            user=user,
+            action=change_action(item, changed),
+            request=request,
+            via=via,
+            detail=detail(item, changed=shown(changed)),
+        )
+
+
+def delete_owned(user: Any, item: Trigger | Schedule, via: str, request: Any) -> None:
     """Delete `user`'s trigger or schedule (its deliveries or firings go with it; its runs stay), audited."""
     check_owner(user, item)
+    audited = detail(item)
     with transaction.atomic():
         item.delete()
-        trail.record(user=user, action=f"{item._meta.model_name}.delete", request=request, via=via, detail=detail)
+        trail.record(user=user, action=f"{item._meta.model_name}.delete", request=request, via=via, detail=audited)
 
 
 def checked_template(template: str) -> str:
@@ -113,6 +159,11 @@ def cap(value: Any) -> int | None:
     return None if value in (None, "") else money.usd_to_micros(value, exact=True)
 
 
+def cap_usd(source: Trigger | Schedule) -> str | None:
+    """A trigger's or schedule's cap on each run's cost, in dollars as the API writes them (None: no cap)."""
+    return None if source.max_cost_micros is None else money.usd_string(source.max_cost_micros)
+
+
 def stored(name: str, value: Any) -> Any:
     """A trigger's or schedule's changed field as it is kept: the objective template checked, the name stripped."""
     if name == "objective_template":
@@ -120,6 +171,21 @@ def stored(name: str, value: Any) -> Any:
     if name == "name":
         return value.strip()
     return value
+
+
+def source_fields(
+    user: Any, instance: Any, name: str, objective_template: str, max_iterations: int | None, max_cost_usd: Any
+) -> dict[str, Any]:
+    """What a new trigger or schedule stores of what both start runs with: the caller's instance, the name
+    stripped, the objective template checked, the run's caps (the cost in micros)."""
+    return {
+        "instance": instance,
+        "owner": user,
+        "name": name.strip(),
+        "objective_template": checked_template(objective_template),
+        "max_iterations": max_iterations,
+        "max_cost_micros": cap(max_cost_usd),
+    }
 
 
 def changed_cap(item: Trigger | Schedule, changes: Mapping[str, Any], changed: dict[str, Any]) -> None:
@@ -136,10 +202,6 @@ def change_action(item: Trigger | Schedule, changed: Mapping[str, Any]) -> str:
     if set(changed) == {"active"}:
         return f"{noun}.resume" if changed["active"] else f"{noun}.pause"
     return f"{noun}.change"
-
-
-def _detail(trigger: Trigger, **more: Any) -> dict[str, Any]:
-    return {"trigger": trigger.pk, "instance": trigger.instance_id, "name": trigger.name, **more}
 
 
 def trigger_create(
@@ -159,26 +221,13 @@ def trigger_create(
     """Create a trigger on `user`'s `instance`; return it and its secret (shown this once)."""
     check_instance(user, instance)
     trigger = Trigger(
-        instance=instance,
-        owner=user,
-        name=name.strip(),
-        objective_template=checked_template(objective_template),
+        **source_fields(user, instance, name, objective_template, max_iterations, max_cost_usd),
         events=list(dict.fromkeys(events or [])),
         actions=list(dict.fromkeys(actions or [])),
-        max_iterations=max_iterations,
-        max_cost_micros=cap(max_cost_usd),
         max_per_minute=max_per_minute or HOOK_RATE_DEFAULT,
     )
     secret = trigger.new_secret()
-    with transaction.atomic():
-        trigger.save()
-        trail.record(
-            user=user,
-            action="trigger.create",
-            request=request,
-            via=via,
-            detail=_detail(trigger, objective_template=trigger.objective_template[:500]),
-        )
+    save_created(user, trigger, via, request, objective_template=trigger.objective_template[:500])
     return trigger, secret
 
 
@@ -199,19 +248,8 @@ def trigger_change(
         if getattr(trigger, name) != value:
             changed[name] = value
     changed_cap(trigger, changes, changed)
-    if not changed:
-        return trigger
-    with transaction.atomic():
-        Trigger.objects.filter(pk=trigger.pk).update(**changed)
-        trigger.refresh_from_db()
-        shown = {k: (v[:500] if isinstance(v, str) else v) for k, v in changed.items()}
-        trail.record(
-            user=user,
-            action=change_action(trigger, changed),
-            request=request,
-            via=via,
-            detail=_detail(trigger, changed=shown),
-        )
+    if changed:
+        save_changed(user, trigger, changed, via, request)
     return trigger
 
 
@@ -221,13 +259,13 @@ def trigger_rotate(*, user: Any, trigger: Trigger, via: str = "api", request: An
     secret = trigger.new_secret()
     with transaction.atomic():
         trigger.save(update_fields=["secret_encrypted", "secret_set_at"])
-        trail.record(user=user, action="trigger.rotate", request=request, via=via, detail=_detail(trigger))
+        trail.record(user=user, action="trigger.rotate", request=request, via=via, detail=detail(trigger))
     return secret
 
 
 def trigger_delete(*, user: Any, trigger: Trigger, via: str = "api", request: Any = None) -> None:
     """Delete `user`'s trigger and its deliveries (the runs it started stay)."""
-    delete_owned(user, trigger, _detail(trigger), via, request)
+    delete_owned(user, trigger, via, request)
 
 
 def start_run(source: Trigger | Schedule, objective: str, origin: services.Origin) -> Run:
@@ -239,10 +277,23 @@ def start_run(source: Trigger | Schedule, objective: str, origin: services.Origi
             user=source.owner,
             objective=objective,
             max_iterations=source.max_iterations,
-            max_cost_usd=None if source.max_cost_micros is None else money.usd_string(source.max_cost_micros),
+            max_cost_usd=cap_usd(source),
             via="system",
             origin=origin,
         )
+
+
+def render_objective(source: Trigger | Schedule, data: Any) -> str:
+    """Fill the trigger's or schedule's objective template from `data`, within its instance's objective bound
+    (`objective_template.TemplateError` when it cannot be filled)."""
+    limit = min(source.instance.objective_max_chars, OBJECTIVE_MAX_CHARS)
+    return objective_template.render(source.objective_template, data, max_chars=limit)
+
+
+def keep_newest(rows: QuerySet[Any], kept: int) -> None:
+    """Forget all but the first `kept` of `rows` (a trigger's deliveries or a schedule's firings, newest first)."""
+    stale = rows.values_list("pk", flat=True)[kept:]
+    rows.model.objects.filter(pk__in=list(stale)).delete()
 
 
 # --- a delivery ---------------------------------------------------------------------------------------
@@ -307,14 +358,18 @@ def _keep(asked: _Request, outcome: str, status: int, reason: str = "", run: Run
         body_bytes=asked.body_bytes,
         run=run,
     )
-    stale = Delivery.objects.filter(trigger=asked.trigger).values_list("pk", flat=True)[DELIVERIES_KEPT:]
-    Delivery.objects.filter(pk__in=list(stale)).delete()
+    keep_newest(Delivery.objects.filter(trigger=asked.trigger), DELIVERIES_KEPT)
     return delivery
 
 
 def _refuse(asked: _Request, status: int, reason: str) -> Answer:
     delivery = _keep(asked, Delivery.Outcome.REFUSED, status, reason)
     return Answer(status, {"error": reason, "delivery": delivery.pk})
+
+
+def _refuse_start(asked: _Request, exc: services.Refused) -> Answer:
+    """Refuse a delivery whose run `loops.services` will not start (its server-side refusals read as 409)."""
+    return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
 
 
 def _run_answer(run: Run) -> dict[str, Any]:
@@ -377,9 +432,8 @@ def receive(
     if ignored := _not_answered(trigger, asked.event, payload):
         delivery = _keep(asked, Delivery.Outcome.IGNORED, 202, ignored)
         return Answer(202, {"delivery": delivery.pk, "outcome": "ignored", "reason": ignored})
-    cap = min(trigger.instance.objective_max_chars, OBJECTIVE_MAX_CHARS)
     try:
-        objective = objective_template.render(trigger.objective_template, payload, max_chars=cap)
+        objective = render_objective(trigger, payload)
     except objective_template.TemplateError as exc:
         return _refuse(
             asked, 400, f"the objective template cannot be filled from this payload: {exc.message}"
@@ -424,7 +478,7 @@ def _start(asked: _Request, objective: str) -> Answer:
     try:
         services.ensure_startable(trigger.instance)  # outside the transaction: it may probe the sandbox
     except services.Refused as exc:
-        return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
+        return _refuse_start(asked, exc)
     origin = services.Origin(Run.Origin.TRIGGER, {"trigger": trigger.pk, "delivery": asked.delivery_id})
     try:
         with transaction.atomic():
@@ -447,7 +501,7 @@ def _start(asked: _Request, objective: str) -> Answer:
             try:
                 run = start_run(trigger, objective, origin)
             except services.Refused as exc:
-                return _refuse(asked, exc.status if exc.status < 500 else 409, exc.message)
+                return _refuse_start(asked, exc)
             delivery = _keep(asked, Delivery.Outcome.STARTED, 201, f"started run {run.pk}", run=run)
     except IntegrityError:  # the same delivery raced this one to the unique key: that one started the run
         first = _started(trigger, asked.delivery_id)

@@ -28,6 +28,11 @@ def _see_other(instance: Instance) -> HttpResponse:
     return see_other("triggers:list", instance.pk)
 
 
+def _show_once(request: HttpRequest, trigger: Trigger, secret: str) -> None:
+    """Keep a new secret for the one page that shows it (`NEW_SECRET`)."""
+    request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
+
+
 def owned(request: HttpRequest, model: type[Trigger] | type[Schedule], item_id: int) -> Any:
     """The caller's trigger or schedule `item_id` (`services.owned`); anyone else's is a 404."""
     found = services.owned(model, request.user, item_id)
@@ -42,6 +47,14 @@ def paused(request: HttpRequest, change: Any, item: Trigger | Schedule, back: st
     active = request.POST.get("active") == "1"
     services.set_active(change, request.user, item, active, via="console", request=request)
     messages.success(request, f"{item._meta.model_name.capitalize()} “{item.name}” {'resumed' if active else 'paused'}.")
+    return see_other(back, item.instance_id)
+
+
+def deleted(request: HttpRequest, delete: Any, item: Trigger | Schedule, back: str, after: str) -> HttpResponse:
+    """Delete a trigger or a schedule through its service's delete, say so (`after` ends the sentence); then back
+    to the instance's page named `back`."""
+    services.delete_with(delete, request.user, item, via="console", request=request)
+    messages.success(request, f"Deleted {item._meta.model_name} “{item.name}”{after}")
     return see_other(back, item.instance_id)
 
 
@@ -62,7 +75,7 @@ def trigger_list(request: HttpRequest, instance_id: int) -> HttpResponse:
         except services.TriggerRefused as exc:
             show_refusal(form, exc)
         else:
-            request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
+            _show_once(request, trigger, secret)
             return _see_other(instance)
     created = request.session.pop(NEW_SECRET, None) if request.method == "GET" else None
     triggers = list(services.of_instance(Trigger, request.user, instance))
@@ -86,7 +99,7 @@ def trigger_list(request: HttpRequest, instance_id: int) -> HttpResponse:
 def trigger_rotate(request: HttpRequest, trigger_id: int) -> HttpResponse:
     trigger = _own_trigger(request, trigger_id)
     secret = services.trigger_rotate(user=request.user, trigger=trigger, via="console", request=request)
-    request.session[NEW_SECRET] = {"trigger": trigger.pk, "secret": secret}
+    _show_once(request, trigger, secret)
     return _see_other(trigger.instance)
 
 
@@ -100,7 +113,4 @@ def trigger_pause(request: HttpRequest, trigger_id: int) -> HttpResponse:
 @require_POST
 def trigger_delete(request: HttpRequest, trigger_id: int) -> HttpResponse:
     trigger = _own_trigger(request, trigger_id)
-    instance = trigger.instance
-    services.trigger_delete(user=request.user, trigger=trigger, via="console", request=request)
-    messages.success(request, f"Deleted trigger “{trigger.name}”: its URL answers 404 from now on.")
-    return _see_other(instance)
+    return deleted(request, services.trigger_delete, trigger, "triggers:list", ": its URL answers 404 from now on.")
