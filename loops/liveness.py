@@ -43,12 +43,16 @@ def beat(holder: str, runs: Iterable[int] = ()) -> None:
     _cache().set(_key(holder), {"at": time.time(), "runs": sorted(runs)}, timeout=max(int(silent * 4), 10))
 
 
-def _last_beat(holder: str) -> dict[str, Any] | None:
-    """The holder's last beat, or None when there is none; raises when the cache cannot be read."""
+def _recent_beat(holder: str) -> dict[str, Any] | None:
+    """The holder's last beat if it is recent; None when there is none or it fell silent.
+
+    Raises when the cache cannot be read.
+    """
     last = _cache().get(_key(holder))
     if last is None:
         return None
-    return last if isinstance(last, dict) else {"at": float(last), "runs": []}
+    last = last if isinstance(last, dict) else {"at": float(last), "runs": []}
+    return None if time.time() - last["at"] > settings.TETHER_HOLDER_SILENT_SECONDS else last
 
 
 def _in_sight(holder: str) -> tuple[bool, bool]:
@@ -81,11 +85,10 @@ def holder_gone(holder: str) -> bool:
     if dead or not judged:
         return dead
     try:
-        last = _last_beat(holder)
+        return _recent_beat(holder) is None
     except Exception:
         log.warning("driver beats unreadable; treating %s as alive", holder, exc_info=True)
         return False
-    return last is None or time.time() - last["at"] > settings.TETHER_HOLDER_SILENT_SECONDS
 
 
 def still_driving(holder: str, run_id: int) -> bool:
@@ -98,9 +101,7 @@ def still_driving(holder: str, run_id: int) -> bool:
     if dead or not judged:
         return False
     try:
-        last = _last_beat(holder)
+        last = _recent_beat(holder)
     except Exception:
         return False  # unknown: the reaper does what it always did
-    if last is None or time.time() - last["at"] > settings.TETHER_HOLDER_SILENT_SECONDS:
-        return False
-    return run_id in last.get("runs", ())
+    return last is not None and run_id in last.get("runs", ())
