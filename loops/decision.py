@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from instances.brains.text import storable
+from tether.storable import storable
 
 if TYPE_CHECKING:
     from loops.policy import Check

@@ -32,10 +32,10 @@ from django.utils import timezone
 
 from instances import credentials
 from instances.brains.base import JournaledCall, JournaledTurn, JournalError
-from instances.brains.text import storable
 from loops.models import ToolCall
 from tether import dbfaults
 from tether.redaction import redact_data
+from tether.storable import storable
 
 
 def key_of(run_id: int, iteration: int, turn: int, index: int) -> str:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from instances import sandbox
-from instances.brains.text import storable
 from tether import dbfaults
+from tether.storable import storable
 
 # What a program may see of the platform's own environment: nothing but a search
 # path (the system's, plus the interpreter Tether runs on) and a locale.

@@ -51,15 +51,3 @@ def render_checks(checks: Iterable[Mapping[str, Any]]) -> str:
         state = "passed" if ok else "FAILED" if ok is False else "unknown"
         lines.append(f"- {name}: {state}" + (f"\n{clip(output, 1500)}" if output and not ok else ""))
     return "Latest check results:\n" + "\n".join(lines) if lines else ""
-
-
-
-def storable(value: Any) -> Any:
-    """Return `value` with every NUL in its text replaced: a program or a model may print one; PostgreSQL's text cannot hold it."""
-    if isinstance(value, str):
-        return value.replace("\x00", "\ufffd")
-    if isinstance(value, list):
-        return [storable(v) for v in value]
-    if isinstance(value, dict):
-        return {storable(k): storable(v) for k, v in value.items()}
-    return value

@@ -6,7 +6,6 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from instances.brains.text import storable
 from loops import decision
 from loops.decision import (
     CHECK_OUTPUT_CHARS,
@@ -23,6 +22,7 @@ from loops.decision import (
     parse,
 )
 from loops.policy import Check
+from tether.storable import storable
 
 NOT_UNDERSTOOD = "could not be understood"
 

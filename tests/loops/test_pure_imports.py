@@ -27,6 +27,7 @@ ALLOWED = {
     "loops.outcomes",
     "loops.policy",
     "loops.progress",
+    "tether.storable",  # pure: text the records can hold (no NUL)
 }
 FORBIDDEN_AT_RUNTIME = ("django", "datetime", "socket", "subprocess", "sqlite3", "random")
 

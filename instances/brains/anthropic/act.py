@@ -28,11 +28,12 @@ from instances.brains.base import (
     Reply,
     check_delegate,
 )
-from instances.brains.text import clip, render_checks, storable
+from instances.brains.text import clip, render_checks
 from instances.pinned import Pinned
 from instances.tools import ToolContext, ToolResult, definitions, run_tool
 from instances.tools.mcp import McpTools, is_mcp_name
 from tether import tracing
+from tether.storable import storable
 
 log = logging.getLogger(__name__)
 
